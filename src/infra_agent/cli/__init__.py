@@ -1,0 +1,1 @@
+"""The ``infra-agent`` command line: one verb per job, each with ``--json``."""

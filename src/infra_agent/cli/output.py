@@ -1,0 +1,40 @@
+"""Shared CLI plumbing: one way to print results (rich text or JSON) and errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from infra_agent.errors import InfraAgentError
+
+# stderr for progress and errors so that `--json` output on stdout stays parseable.
+console = Console()
+err_console = Console(stderr=True)
+
+
+def emit(result: Any, as_json: bool, render: Callable[[Console], None]) -> None:
+    """Print ``result`` as JSON when ``--json`` was given, else call ``render``."""
+    if as_json:
+        if hasattr(result, "model_dump"):
+            result = result.model_dump(mode="json")
+        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+    else:
+        render(console)
+
+
+@contextmanager
+def user_errors(as_json: bool = False) -> Iterator[None]:
+    """Turn project errors into a clean message and exit status 2 (no traceback)."""
+    try:
+        yield
+    except InfraAgentError as exc:
+        if as_json:
+            sys.stdout.write(json.dumps({"error": type(exc).__name__, "message": str(exc)}, indent=2) + "\n")
+        err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        raise typer.Exit(code=2) from None

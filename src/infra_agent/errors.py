@@ -1,0 +1,54 @@
+"""The project's exception tree.
+
+User mistakes (bad YAML, an unknown knob, an unreachable server) raise a subclass of
+``InfraAgentError`` whose message a person can act on: it names the file, the field
+path, what was expected and what was found.  The CLI prints that message and exits
+with status 2, without a traceback.  Internal invariants are plain ``assert``s.
+"""
+
+from __future__ import annotations
+
+
+class InfraAgentError(Exception):
+    """Base of every error the CLI reports as a clean one-line (or few-line) message."""
+
+
+class ConfigError(InfraAgentError):
+    """A workspace or spec file is malformed, or a value is outside its domain."""
+
+    def __init__(self, file: str | None, field: str | None, expected: str, got: object) -> None:
+        self.file = file
+        self.field = field
+        self.expected = expected
+        self.got = got
+        where = file or "<config>"
+        if field:
+            where = f"{where}: {field}"
+        super().__init__(f"{where}: expected {expected}, got {got!r}")
+
+
+class TargetError(InfraAgentError):
+    """The system under test cannot be reached, started, or spoke an unexpected protocol."""
+
+
+class ServerStartError(TargetError):
+    """A server exited early or never became ready; carries the exit code and log tail."""
+
+    def __init__(self, message: str, exit_code: int | None, log_tail: str, log_path: str | None = None) -> None:
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+        self.log_path = log_path
+        detail = f"{message} (exit code {exit_code})" if exit_code is not None else message
+        if log_path:
+            detail += f"\nlog: {log_path}"
+        if log_tail:
+            detail += "\n--- log tail ---\n" + log_tail.rstrip()
+        super().__init__(detail)
+
+
+class BenchmarkError(InfraAgentError):
+    """A benchmark could not produce a trustworthy result."""
+
+
+class KernelSpecError(InfraAgentError):
+    """A kernel spec failed to import or is incomplete; names the spec and variant."""

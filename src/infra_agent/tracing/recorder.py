@@ -1,0 +1,220 @@
+"""The span recorder: per-thread buffers, a process-wide tracer, Chrome trace output.
+
+Why a process-wide tracer: spans are emitted from deep inside engine code running on
+several threads; threading a tracer object through every call would couple the
+engine's signatures to instrumentation.  The tracer holds only configuration and
+buffers, never per-step state.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+ENV_VAR = "INFRA_AGENT_TRACE"
+# A bound per thread keeps a forgotten trace from eating the machine's memory.
+MAX_EVENTS_PER_THREAD = 2_000_000
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _ThreadBuffer:
+    __slots__ = ("tid", "name", "events", "dropped")
+
+    def __init__(self, tid: int, name: str) -> None:
+        self.tid = tid
+        self.name = name
+        # (name, cat, start_ns, dur_ns or -1 for instant, args)
+        self.events: list[tuple[str, str, int, int, dict[str, Any] | None]] = []
+        self.dropped = 0
+
+
+class Tracer:
+    """Collects spans from every thread of the process."""
+
+    def __init__(self, path: str | None = None, enabled: bool = False) -> None:
+        self.enabled = enabled
+        self.path = path
+        self._local = threading.local()
+        self._buffers: list[_ThreadBuffer] = []
+        self._lock = threading.Lock()
+        # Anchor of the span clock on the wall clock, so other samplers (py-spy, a
+        # PyTorch profiler trace) can be aligned with these spans later.
+        self.origin_perf_ns = time.perf_counter_ns()
+        self.origin_unix_ns = time.time_ns()
+
+    def _buffer(self) -> _ThreadBuffer:
+        buf: _ThreadBuffer | None = getattr(self._local, "buf", None)
+        if buf is None:
+            thread = threading.current_thread()
+            buf = _ThreadBuffer(threading.get_native_id(), thread.name)
+            self._local.buf = buf
+            with self._lock:
+                self._buffers.append(buf)
+        return buf
+
+    def record(self, name: str, cat: str, start_ns: int, dur_ns: int, args: dict[str, Any] | None) -> None:
+        buf = self._buffer()
+        if len(buf.events) >= MAX_EVENTS_PER_THREAD:
+            buf.dropped += 1
+            return
+        buf.events.append((name, cat, start_ns, dur_ns, args))
+
+    def reset(self) -> None:
+        with self._lock:
+            for buf in self._buffers:
+                buf.events.clear()
+                buf.dropped = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        """The trace so far as a Chrome trace JSON object (``traceEvents`` form)."""
+        pid = os.getpid()
+        events: list[dict[str, Any]] = [
+            {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": f"pid {pid}"}}
+        ]
+        with self._lock:
+            buffers = list(self._buffers)
+        dropped = 0
+        for buf in buffers:
+            events.append({"ph": "M", "pid": pid, "tid": buf.tid, "name": "thread_name", "args": {"name": buf.name}})
+            dropped += buf.dropped
+            for name, cat, start_ns, dur_ns, args in list(buf.events):
+                ev: dict[str, Any] = {
+                    "name": name,
+                    "cat": cat,
+                    "pid": pid,
+                    "tid": buf.tid,
+                    "ts": (start_ns - self.origin_perf_ns) / 1000.0,
+                }
+                if dur_ns < 0:
+                    ev["ph"] = "i"
+                    ev["s"] = "t"
+                else:
+                    ev["ph"] = "X"
+                    ev["dur"] = dur_ns / 1000.0
+                if args:
+                    ev["args"] = args
+                events.append(ev)
+        return {
+            "traceEvents": events,
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "producer": "infra_agent.tracing",
+                "clock_origin_unix_ns": self.origin_unix_ns,
+                "dropped_events": dropped,
+            },
+        }
+
+    def dump(self, path: str | os.PathLike[str] | None = None) -> Path:
+        target = Path(path or self.path or "infra-agent.trace.json")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(self.snapshot(), fh)
+        os.replace(tmp, target)  # a reader never sees a half-written trace
+        return target
+
+
+_TRACER: Tracer | None = None
+_TRACER_LOCK = threading.Lock()
+
+
+def get_tracer() -> Tracer:
+    """The process tracer, configured from ``INFRA_AGENT_TRACE`` on first use."""
+    global _TRACER
+    if _TRACER is None:
+        with _TRACER_LOCK:
+            if _TRACER is None:
+                path = os.environ.get(ENV_VAR) or None
+                tracer = Tracer(path=path, enabled=path is not None)
+                if path is not None:
+                    atexit.register(_dump_at_exit, tracer)
+                _TRACER = tracer
+    return _TRACER
+
+
+def _dump_at_exit(tracer: Tracer) -> None:
+    if tracer.enabled and tracer.path:
+        tracer.dump(tracer.path)
+
+
+class span:  # noqa: N801 - reads as a function at call sites, like contextlib helpers
+    """A timed interval; a context manager and a decorator."""
+
+    __slots__ = ("name", "cat", "args", "_start")
+
+    def __init__(self, name: str, cat: str = "default", **args: Any) -> None:
+        self.name = name
+        self.cat = cat
+        self.args = args or None
+        self._start = 0
+
+    def __enter__(self) -> span:
+        tracer = _TRACER or get_tracer()
+        if tracer.enabled:
+            self._start = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._start:
+            end = time.perf_counter_ns()
+            tracer = _TRACER or get_tracer()
+            tracer.record(self.name, self.cat, self._start, end - self._start, self.args)
+            self._start = 0
+
+    def __call__(self, fn: F) -> F:
+        name, cat, args = self.name, self.cat, self.args or {}
+
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            tracer = _TRACER or get_tracer()
+            if not tracer.enabled:
+                return fn(*a, **kw)
+            start = time.perf_counter_ns()
+            try:
+                return fn(*a, **kw)
+            finally:
+                tracer.record(name, cat, start, time.perf_counter_ns() - start, args or None)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def instant(name: str, cat: str = "default", **args: Any) -> None:
+    tracer = _TRACER or get_tracer()
+    if tracer.enabled:
+        tracer.record(name, cat, time.perf_counter_ns(), -1, args or None)
+
+
+def is_enabled() -> bool:
+    return (_TRACER or get_tracer()).enabled
+
+
+def enable(path: str | os.PathLike[str] | None = None) -> Tracer:
+    tracer = get_tracer()
+    if path is not None:
+        tracer.path = str(path)
+    tracer.enabled = True
+    return tracer
+
+
+def disable() -> None:
+    get_tracer().enabled = False
+
+
+def reset() -> None:
+    get_tracer().reset()
+
+
+def snapshot() -> dict[str, Any]:
+    return get_tracer().snapshot()
+
+
+def dump(path: str | os.PathLike[str] | None = None) -> Path:
+    return get_tracer().dump(path)
