@@ -1,0 +1,177 @@
+"""Streaming OpenAI client: one request in, one ``RequestRecord`` out.
+
+Timing follows vLLM ``bench serve``: TTFT runs from the moment the request is sent to
+the first chunk that carries *content* (a role-only first chunk, as chat servers send,
+does not count); every later content chunk adds one inter-token gap.  Output tokens
+come from the server's ``usage`` when it reports them (we ask with
+``stream_options.include_usage``), else from the number of content chunks.
+
+A request never raises: transport and protocol problems are written into the record
+(``error``/``error_kind``) so one bad request cannot kill a window, and the runner
+decides what a pattern of failures means (unreachable server, wrong protocol).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+Endpoint = Literal["completions", "chat"]
+ErrorKind = Literal["", "connect", "timeout", "http", "protocol", "other"]
+
+_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+@dataclass(slots=True)
+class RequestInput:
+    """What to send: a prompt string (completions) or a message list (chat)."""
+
+    prompt: str | list[dict[str, str]]
+    prompt_len: int
+    output_len: int
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    success: bool = False
+    prompt_len: int = 0
+    output_len: int = 0
+    ttft: float = 0.0  # seconds, send -> first content token
+    itl: list[float] = field(default_factory=list)  # seconds, one per gap between content chunks
+    latency: float = 0.0  # seconds, send -> end of stream
+    start: float = 0.0  # perf_counter() at send
+    error: str = ""
+    error_kind: ErrorKind = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOptions:
+    endpoint: Endpoint = "completions"
+    model: str = "default"
+    temperature: float = 0.0
+    ignore_eos: bool = True
+
+
+def endpoint_path(endpoint: str) -> str:
+    assert endpoint in _PATHS, f"unknown endpoint {endpoint!r}"
+    return _PATHS[endpoint]
+
+
+def make_http_client(max_connections: int, timeout_s: float = 600.0) -> httpx.AsyncClient:
+    # trust_env=False: a proxy from the environment must never sit between the load
+    # generator and a loopback server; it would distort every latency.
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    timeout = httpx.Timeout(timeout_s, connect=10.0)
+    return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+
+
+def build_payload(req: RequestInput, opts: RequestOptions) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "model": opts.model,
+        "max_tokens": req.output_len,
+        "temperature": opts.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if opts.ignore_eos:
+        payload["ignore_eos"] = True  # vLLM extension; servers that do not know it ignore it
+    if opts.endpoint == "chat":
+        payload["messages"] = req.prompt if isinstance(req.prompt, list) else [{"role": "user", "content": req.prompt}]
+    else:
+        payload["prompt"] = req.prompt if isinstance(req.prompt, str) else "\n".join(m["content"] for m in req.prompt)
+    return payload
+
+
+def _chunk_content(data: dict[str, Any], chat: bool) -> str:
+    choices = data.get("choices")
+    if not choices:
+        return ""
+    choice = choices[0]
+    if not chat:
+        return choice.get("text") or ""
+    delta = choice.get("delta") or {}
+    # Reasoning tokens are generated tokens too; vLLM counts them toward TTFT/ITL.
+    return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
+
+
+async def send_request(client: httpx.AsyncClient, base_url: str, req: RequestInput, opts: RequestOptions) -> RequestRecord:
+    """Send one streaming request and time it.  Never raises for request-level trouble."""
+    rec = RequestRecord(prompt_len=req.prompt_len)
+    url = base_url.rstrip("/") + endpoint_path(opts.endpoint)
+    chat = opts.endpoint == "chat"
+    payload = build_payload(req, opts)
+    chunks = 0
+    usage_tokens: int | None = None
+    saw_data = False
+    perf = time.perf_counter
+    rec.start = st = perf()
+    last = st
+    try:
+        async with client.stream("POST", url, json=payload) as resp:
+            if resp.status_code != 200:
+                body = (await resp.aread())[:300].decode(errors="replace")
+                rec.error, rec.error_kind = f"HTTP {resp.status_code} from {url}: {body}", "http"
+                return rec
+            ctype = resp.headers.get("content-type", "")
+            if "text/event-stream" not in ctype:
+                body = (await resp.aread())[:200].decode(errors="replace")
+                rec.error_kind = "protocol"
+                rec.error = (
+                    f"{url} answered with content-type {ctype or '<none>'!r}, not a server-sent event stream; "
+                    f"expected an OpenAI-compatible server that honours stream=true (body starts: {body!r})"
+                )
+                return rec
+            async for line in resp.aiter_lines():
+                # Cheap SSE parsing: only "data:" lines matter; comments, event names
+                # and blank separators are skipped without decoding.
+                if not line.startswith("data:"):
+                    continue
+                body_s = line[5:].strip()
+                if body_s == "[DONE]":
+                    break
+                now = perf()
+                try:
+                    data = json.loads(body_s)
+                except json.JSONDecodeError:
+                    rec.error, rec.error_kind = f"{url} streamed a non-JSON data line: {body_s[:120]!r}", "protocol"
+                    return rec
+                saw_data = True
+                if "error" in data and not data.get("choices"):
+                    rec.error, rec.error_kind = f"server error in stream: {str(data['error'])[:200]}", "http"
+                    return rec
+                usage = data.get("usage")
+                if usage and usage.get("completion_tokens") is not None:
+                    usage_tokens = int(usage["completion_tokens"])
+                    if usage.get("prompt_tokens"):
+                        rec.prompt_len = int(usage["prompt_tokens"])
+                if _chunk_content(data, chat):
+                    if chunks == 0:
+                        rec.ttft = now - st
+                    else:
+                        rec.itl.append(now - last)
+                    last = now
+                    chunks += 1
+            rec.latency = perf() - st
+    except httpx.ConnectError as exc:
+        rec.error, rec.error_kind = f"cannot connect to {url}: {exc}", "connect"
+        return rec
+    except httpx.TimeoutException as exc:
+        rec.error, rec.error_kind = f"timed out talking to {url}: {type(exc).__name__}", "timeout"
+        return rec
+    except (httpx.HTTPError, OSError) as exc:
+        # A server that dies mid-stream lands here (RemoteProtocolError / ReadError).
+        rec.error, rec.error_kind = f"{type(exc).__name__} from {url}: {exc}", "other"
+        return rec
+    if not saw_data:
+        rec.error, rec.error_kind = f"{url} sent an event stream without any OpenAI 'data:' chunks", "protocol"
+        return rec
+    if chunks == 0:
+        rec.error, rec.error_kind = "stream ended without a single content token", "protocol"
+        return rec
+    rec.output_len = usage_tokens if usage_tokens is not None else chunks
+    rec.success = True
+    return rec

@@ -1,0 +1,160 @@
+"""``infra-agent bench URL|WORKSPACE``: one E2E serving benchmark, vLLM-compatible JSON.
+
+URL mode takes the workload from flags.  WORKSPACE mode takes it from a scenario of
+``infra-agent.yaml`` (flags given on the command line override it) and starts the
+target server itself, with ``--set knob=value`` on top of the knob defaults.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from infra_agent.bench.results import write_result
+from infra_agent.bench.runner import only_scenario, run_benchmark, run_workspace_scenario
+from infra_agent.cli.output import emit, user_errors
+from infra_agent.errors import ConfigError
+from infra_agent.workspace import load_workspace
+from infra_agent.workspace.models import Scenario
+
+_URL = re.compile(r"^https?://")
+
+
+def parse_sets(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in pairs:
+        if "=" not in item:
+            raise ConfigError(None, "--set", "knob=value", item)
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def parse_percentiles(text: str) -> list[float]:
+    try:
+        values = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise ConfigError(None, "--percentiles", "comma-separated numbers in (0, 100], e.g. 50,90,99", text) from None
+    if not values or not all(0 < p <= 100 for p in values):
+        raise ConfigError(None, "--percentiles", "comma-separated numbers in (0, 100]", text)
+    return values
+
+
+def _scenario(data: dict[str, Any]) -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err["loc"])
+        raise ConfigError(None, field, err["msg"], err.get("input")) from None
+
+
+def render_result(result: dict[str, Any], console: Console, output: Path | None = None) -> None:
+    if not result.get("ok", True):
+        console.print(f"[bold red]run failed:[/] {result.get('error')}")
+        if result.get("log_tail"):
+            console.print(result["log_tail"], markup=False, highlight=False)
+        return
+    table = Table(title=f"serving benchmark: {result.get('url')} ({result.get('endpoint')})", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows: list[tuple[str, str]] = [
+        ("completed / failed", f"{result['completed']} / {result['failed']}"),
+        ("duration [s]", f"{result['duration']:.2f}"),
+        ("request throughput [req/s]", f"{result['request_throughput']:.3f}"),
+        ("output throughput [tok/s]", f"{result['output_throughput']:.1f}"),
+        ("total token throughput [tok/s]", f"{result['total_token_throughput']:.1f}"),
+    ]
+    if result.get("request_goodput") is not None:
+        rows.append(("request goodput [req/s]", f"{result['request_goodput']:.3f}"))
+    pkeys = sorted({k.split("_", 1)[0] for k in result if re.match(r"^p[\d.]+_ttft_ms$", k)}, key=lambda s: float(s[1:]))
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        parts = [f"mean {result[f'mean_{m}_ms']:.2f}", f"median {result[f'median_{m}_ms']:.2f}"]
+        parts += [f"{p} {result[f'{p}_{m}_ms']:.2f}" for p in pkeys if p != "p50"]  # p50 is the median
+        rows.append((f"{m.upper()} [ms]", "  ".join(parts)))
+    for phase, d in (result.get("server_metrics") or {}).items():
+        mean = "reset" if d.get("reset") else ("-" if d["mean_s"] is None else f"{d['mean_s'] * 1e3:.2f}")
+        rows.append((f"server {phase} mean [ms] (n)", f"{mean} ({d.get('count')})"))
+    for name, value in rows:
+        table.add_row(Text(name), Text(value))  # Text: "[ms]" is a unit, not rich markup
+    console.print(table)
+    errors = [e for e in result.get("errors", []) if e]
+    if errors:
+        console.print(f"[yellow]{len(errors)} failed request(s); first: {errors[0]}[/]")
+    if output is not None:
+        console.print(f"result written to {output}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench(
+        target: str = typer.Argument(..., help="An OpenAI-compatible base URL (http://host:port) or a workspace folder."),
+        scenario: Optional[str] = typer.Option(None, "--scenario", help="Workspace scenario name."),
+        set_: list[str] = typer.Option([], "--set", help="Knob override knob=value (workspace mode); repeatable."),
+        num_requests: Optional[int] = typer.Option(None, "--num-requests"),
+        max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency"),
+        request_rate: Optional[float] = typer.Option(None, "--request-rate", help="Requests/s; inf sends all at once."),
+        burstiness: Optional[float] = typer.Option(None, "--burstiness", help="Gamma shape of the gaps; 1 is Poisson."),
+        dataset: str = typer.Option("random", "--dataset", help="URL mode: random | jsonl | shared_prefix."),
+        input_len: int = typer.Option(128, "--input-len"),
+        output_len: int = typer.Option(64, "--output-len"),
+        range_ratio: float = typer.Option(0.0, "--range-ratio"),
+        dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="JSONL prompt file (--dataset jsonl)."),
+        prefix_len: int = typer.Option(256, "--prefix-len"),
+        num_prefixes: int = typer.Option(1, "--num-prefixes"),
+        seed: int = typer.Option(0, "--seed"),
+        endpoint: str = typer.Option("completions", "--endpoint", help="completions | chat"),
+        model: Optional[str] = typer.Option(None, "--model", help="Model name to send (default: first of /v1/models)."),
+        metrics_url: Optional[str] = typer.Option(None, "--metrics-url", help="URL mode: Prometheus /metrics to diff."),
+        warmup: int = typer.Option(1, "--warmup-requests"),
+        temperature: float = typer.Option(0.0, "--temperature", help="URL mode: sampling temperature sent."),
+        slo_ttft_ms: Optional[float] = typer.Option(None, "--slo-ttft-ms"),
+        slo_tpot_ms: Optional[float] = typer.Option(None, "--slo-tpot-ms"),
+        slo_e2el_ms: Optional[float] = typer.Option(None, "--slo-e2el-ms"),
+        percentiles: str = typer.Option("99", "--percentiles", help="Comma-separated, e.g. 50,90,95,99."),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result JSON here."),
+        no_progress: bool = typer.Option(False, "--no-progress"),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ) -> None:
+        """Run one serving benchmark and print vLLM-style metrics (+ server phases)."""
+        with user_errors(as_json):
+            pcts = parse_percentiles(percentiles)
+            load = {k: v for k, v in (("num_requests", num_requests), ("max_concurrency", max_concurrency),
+                                       ("request_rate", request_rate), ("burstiness", burstiness)) if v is not None}
+            if _URL.match(target):
+                slo = {k: v for k, v in (("ttft_ms", slo_ttft_ms), ("tpot_ms", slo_tpot_ms), ("e2el_ms", slo_e2el_ms)) if v is not None}
+                ds: dict[str, Any]
+                if dataset == "random":
+                    ds = {"kind": "random", "input_len": input_len, "output_len": output_len, "range_ratio": range_ratio, "seed": seed}
+                elif dataset == "jsonl":
+                    if dataset_path is None:
+                        raise ConfigError(None, "--dataset-path", "a JSONL file for --dataset jsonl", None)
+                    ds = {"kind": "jsonl", "path": str(dataset_path), "output_len": output_len}
+                elif dataset == "shared_prefix":
+                    ds = {"kind": "shared_prefix", "prefix_len": prefix_len, "suffix_len": input_len, "output_len": output_len,
+                          "num_prefixes": num_prefixes, "seed": seed}
+                else:
+                    raise ConfigError(None, "--dataset", "random, jsonl or shared_prefix", dataset)
+                sc = _scenario({"dataset": ds, "num_requests": load.pop("num_requests", 100), **load, "endpoint": endpoint,
+                                "warmup_requests": warmup, "slo": slo or None, "temperature": temperature})
+                result = run_benchmark(target.rstrip("/"), sc, model=model, metrics_url=metrics_url, progress=not no_progress,
+                                       percentiles=pcts)
+            else:
+                ws = load_workspace(target)
+                name = scenario or only_scenario(ws)
+                base = ws.scenario(name)
+                sc = _scenario({**base.model_dump(), **load}) if load else base
+                result = run_workspace_scenario(ws, name, parse_sets(set_), scenario=sc, progress=not no_progress, percentiles=pcts)
+            if output is not None:
+                write_result(result, output)
+            emit(result, as_json, lambda console: render_result(result, console, output))
+            if not result.get("ok", True):
+                raise typer.Exit(code=1)

@@ -1,0 +1,148 @@
+"""``infra-agent kernel check|bench SPEC``: the kernel lab from the command line.
+
+``check`` exits 1 when any comparison fails; ``bench`` exits 1 when any entry was
+refused for failing its check (speed is never reported for those).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra_agent.cli.output import emit, err_console, user_errors
+
+
+def _fmt(x: float | None, spec: str = ".3g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _render_check(console: Console, report: Any) -> None:
+    from infra_agent.kernels.correctness import CheckReport
+
+    assert isinstance(report, CheckReport)
+    title = f"{report.spec}  ({report.device}, seeds {report.seeds})"
+    table = Table(title=title, title_justify="left")
+    for col in ("variant", "vs", "precision", "output", "max abs", "max rel", "ULP", "rel fro", "tolerance", "result", "worst idx", "condition"):
+        table.add_column(col, overflow="fold")
+    for r in report.rows():
+        s = r.stats
+        verdict = "[green]pass[/]" if r.status == "passed" else "[bold red]FAIL[/]"
+        cond = f"{r.shape} {r.dtype} seed={r.seed}"
+        table.add_row(
+            r.variant, r.against, r.precision, r.output,
+            _fmt(s.max_abs if s else None), _fmt(s.max_rel if s else None), _fmt(s.max_ulp if s else None, ".0f"),
+            _fmt(s.rel_fro if s else None), r.tolerance, verdict,
+            str(list(s.worst_index)) if s else "-", cond if s else f"{cond}: {r.message}",
+        )
+    console.print(table)
+    for r in report.rows():
+        if r.status == "failed" and r.stats is not None and r.stats.reason:
+            console.print(f"  [red]FAIL[/] {r.condition.label() if r.condition else ''}: {r.message}", highlight=False)
+    for msg in report.skipped:
+        console.print(f"  [yellow]skipped[/] {msg}", highlight=False)
+
+
+def _render_bench(console: Console, report: Any) -> None:
+    from infra_agent.kernels.microbench import BenchReport
+
+    assert isinstance(report, BenchReport)
+    for check in report.checks:
+        _render_check(console, check)
+    c = report.ceilings
+    if c is not None:
+        console.print(f"[bold]ceilings measured in this run on {c.device}:[/] " + "; ".join(c.notes), highlight=False)
+    table = Table(title=f"{report.spec} timing", title_justify="left")
+    for col in ("variant", "precision", "shape", "median µs", "95% CI µs", "GB/s", "GFLOP/s", "bound", "fraction", "headroom", "status"):
+        table.add_column(col, overflow="fold")
+    for e in report.entries:
+        t, rl = e.timing, e.roofline
+        table.add_row(
+            e.variant, e.precision, f"{e.shape} {e.dtype}",
+            _fmt(t.median_s * 1e6 if t else None, ".4g"),
+            f"[{t.ci_low_s * 1e6:.4g}, {t.ci_high_s * 1e6:.4g}]" if t else "-",
+            _fmt(rl.achieved_Bps / 1e9 if rl and rl.achieved_Bps else None, ".4g"),
+            _fmt(rl.achieved_flops_per_s / 1e9 if rl and rl.achieved_flops_per_s else None, ".4g"),
+            rl.bound if rl else "-",
+            _fmt(rl.fraction if rl else None, ".1%"), _fmt(rl.headroom if rl else None, ".1%"),
+            (e.status + (f": {e.message}" if e.message else "")) if e.status == "timed" else f"[red]{e.status}[/]: {e.message}",
+        )
+    console.print(table)
+    if report.work:
+        work = Table(title=f"{report.spec} work accounting", title_justify="left")
+        for col in ("variant", "shape", "op", "calls", "distinct keys", "repeat x", "repeated FLOP", "share of counted"):
+            work.add_column(col)
+        for variant, counted in report.work.items():
+            for op in counted["ops"]:
+                share = op["repeated_flops"] / counted["total_flops"] if counted["total_flops"] else 0.0
+                work.add_row(variant, counted["shape"], op["op"], str(op["calls"]), str(op["unique_keys"]),
+                             f"{op['repeat_factor']:.3g}", f"{op['repeated_flops']:.4g}", f"{share:.1%}")
+        console.print(work)
+    for msg in report.skipped:
+        console.print(f"  [yellow]skipped[/] {msg}", highlight=False)
+
+
+def _run(mode: str, spec_path: str, spec_name: str | None, config: dict[str, Any], as_json: bool) -> None:
+    from infra_agent.kernels.loader import load_specs, select
+    from infra_agent.kernels.probe import run_lab
+
+    with user_errors(as_json):
+        specs = select(load_specs(spec_path), spec_name)
+        if as_json:
+            fb, reports = run_lab(specs, mode, config)
+        else:
+            with err_console.status(f"kernel {mode}: {', '.join(s.name for s in specs)}"):
+                fb, reports = run_lab(specs, mode, config)
+    result = {"ok": fb.ok, "mode": mode, "reports": [r.to_dict() for r in reports], "feedback": fb.model_dump(mode="json")}
+    render = _render_bench if mode == "bench" else _render_check
+
+    def show(console: Console) -> None:
+        for r in reports:
+            render(console, r)
+        console.print("[green]ok[/]" if fb.ok else f"[bold red]FAILED[/]: {fb.error}")
+
+    emit(result, as_json, show)
+    if not fb.ok:
+        raise typer.Exit(code=1)
+
+
+def register(app: typer.Typer) -> None:
+    kernel = typer.Typer(help="Kernel lab: correctness across variants and precisions, microbenchmarks, roofline.", no_args_is_help=True)
+
+    @kernel.command("check")
+    def check(
+        spec: str = typer.Argument(..., help="Path to a spec file (Python, declares KernelSpec objects)."),
+        spec_name: Optional[str] = typer.Option(None, "--spec-name", help="Only this spec of the file."),
+        seeds: int = typer.Option(2, "--seeds", min=1, help="Fresh random seeds per shape (unless the spec pins them)."),
+        device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)."),
+        precision: Optional[list[str]] = typer.Option(None, "--precision", help="Only these precision modes (repeatable)."),
+        variant: Optional[list[str]] = typer.Option(None, "--variant", help="Only these partition variants (repeatable)."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Candidate vs reference and every partition variant vs the unpartitioned kernel."""
+        config = {"seeds": seeds, "device": device, "precisions": precision or None, "variants": variant or None}
+        _run("check", spec, spec_name, config, as_json)
+
+    @kernel.command("bench")
+    def bench(
+        spec: str = typer.Argument(..., help="Path to a spec file."),
+        spec_name: Optional[str] = typer.Option(None, "--spec-name", help="Only this spec of the file."),
+        device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)."),
+        seeds: int = typer.Option(2, "--seeds", min=1, help="Seeds for the correctness gate."),
+        precision: Optional[list[str]] = typer.Option(None, "--precision", help="Only these precision modes (repeatable)."),
+        variant: Optional[list[str]] = typer.Option(None, "--variant", help="Only these partition variants (repeatable)."),
+        budget_s: float = typer.Option(0.3, "--budget-s", help="CPU timing budget per entry, seconds."),
+        copy_mib: Optional[int] = typer.Option(None, "--copy-mib", help="Size of the bandwidth-ceiling copy (default 256 CPU / 1024 GPU)."),
+        matmul_n: Optional[int] = typer.Option(None, "--matmul-n", help="n of the n^3 compute-ceiling matmul (default 1024 CPU / 8192 GPU)."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Check first, then time every passing (variant, precision) against ceilings measured now."""
+        config = {
+            "seeds": seeds, "device": device, "precisions": precision or None, "variants": variant or None,
+            "budget_s": budget_s, "copy_bytes": copy_mib * 2**20 if copy_mib else None, "matmul_n": matmul_n,
+        }
+        _run("bench", spec, spec_name, config, as_json)
+
+    app.add_typer(kernel, name="kernel")

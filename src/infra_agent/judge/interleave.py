@@ -1,0 +1,105 @@
+"""Interleaved A/B runs: A B A B … so that machine drift hits both sides alike.
+
+On a shared machine the background load changes from minute to minute.  Running all
+A's and then all B's would attribute that change to the candidate; alternating puts
+each A next to a B, and the judge pairs them (``bootstrap_ratio(paired=True)``).
+With ``order="abba"`` every other pair is flipped (A B B A …), which also cancels a
+linear trend inside a pair.
+
+For two knob configurations both servers are started once and kept up for the whole
+schedule: restarting per run would add start-up noise and minutes of cost.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from infra_agent.bench.runner import default_log_dir, only_scenario, run_benchmark, run_on_target
+from infra_agent.judge.verdict import Comparison, Gate, compare_runs
+from infra_agent.target import open_target
+from infra_agent.workspace.models import Scenario, Workspace
+
+RunFn = Callable[[], dict[str, Any]]
+OnRun = Callable[[str, int, dict[str, Any]], None]  # (side "a"/"b", pair index, result)
+
+
+@dataclass
+class InterleavedRuns:
+    a: list[dict[str, Any]] = field(default_factory=list)
+    b: list[dict[str, Any]] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)
+
+    def complete_pairs(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Pairs where both runs succeeded; a failed run drops its partner so pairing holds."""
+        keep = [i for i in range(min(len(self.a), len(self.b))) if self.a[i].get("ok", True) and self.b[i].get("ok", True)]
+        return [self.a[i] for i in keep], [self.b[i] for i in keep]
+
+    def judge(self, metrics: Sequence[str], gates: Sequence[Gate] = (), **kwargs: Any) -> Comparison:
+        a, b = self.complete_pairs()
+        return compare_runs(a, b, metrics, gates, **kwargs)
+
+    def write(self, path_a: str | Path, path_b: str | Path) -> None:
+        """One file per side, ``{"runs": [...]}``, the form ``infra-agent compare`` reads."""
+        for path, runs in ((path_a, self.a), (path_b, self.b)):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps({"interleaved": True, "runs": runs}, indent=1) + "\n")
+
+
+def interleave(run_a: RunFn, run_b: RunFn, pairs: int, *, order: Literal["abab", "abba"] = "abab", on_run: OnRun | None = None) -> InterleavedRuns:
+    """Call ``run_a``/``run_b`` alternately ``pairs`` times each; failed runs are kept."""
+    assert pairs >= 1
+    out = InterleavedRuns()
+    for i in range(pairs):
+        flip = order == "abba" and i % 2 == 1
+        for side in ("b", "a") if flip else ("a", "b"):
+            result = (run_a if side == "a" else run_b)()
+            (out.a if side == "a" else out.b).append(result)
+            out.order.append(side)
+            if on_run is not None:
+                on_run(side, i, result)
+    return out
+
+
+def interleave_urls(
+    url_a: str, url_b: str, scenario: Scenario, pairs: int, *, order: Literal["abab", "abba"] = "abab",
+    on_run: OnRun | None = None, **run_kwargs: Any,
+) -> InterleavedRuns:
+    """Two already-running servers, the same scenario, alternated."""
+    run_kwargs.setdefault("progress", False)
+    return interleave(
+        lambda: run_benchmark(url_a, scenario, **run_kwargs),
+        lambda: run_benchmark(url_b, scenario, **run_kwargs),
+        pairs, order=order, on_run=on_run,
+    )
+
+
+def interleave_knobs(
+    workspace: Workspace,
+    knobs_a: Mapping[str, object],
+    knobs_b: Mapping[str, object],
+    pairs: int,
+    *,
+    scenario_name: str | None = None,
+    scenario: Scenario | None = None,
+    log_dir: str | Path | None = None,
+    order: Literal["abab", "abba"] = "abab",
+    on_run: OnRun | None = None,
+) -> InterleavedRuns:
+    """Start the workspace target twice (knob sets A and B), then alternate runs on them."""
+    name = scenario_name or only_scenario(workspace)
+    sc = scenario or workspace.scenario(name)
+    va, vb = workspace.resolve_knobs(knobs_a), workspace.resolve_knobs(knobs_b)
+    logs = Path(log_dir) if log_dir else default_log_dir(workspace)
+    with ExitStack() as stack:
+        ta = stack.enter_context(open_target(workspace, va, logs))
+        tb = stack.enter_context(open_target(workspace, vb, logs))
+        return interleave(
+            lambda: run_on_target(ta, sc, scenario_name=name, knobs=va, progress=False),
+            lambda: run_on_target(tb, sc, scenario_name=name, knobs=vb, progress=False),
+            pairs, order=order, on_run=on_run,
+        )

@@ -1,0 +1,151 @@
+"""Load kernel specs from a Python file by path.
+
+Each load executes the file as a fresh, anonymous module and collects the
+``KernelSpec`` objects from its namespace, so two loads share no state and nothing
+stays in ``sys.modules``.  Every way a spec can be broken -- the file fails to
+import, a spec declares no reference, the input factory throws on a declared shape --
+becomes a ``KernelSpecError`` naming the file, the spec and the variant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import sys
+import traceback
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from infra_agent.errors import KernelSpecError
+from infra_agent.kernels.spec import KernelSpec, Shape, shape_label
+
+_counter = itertools.count()
+
+
+def spec_error(spec: KernelSpec | str, variant: str | None, problem: str, origin: str | None = None) -> KernelSpecError:
+    """A ``KernelSpecError`` whose message starts with file, spec and variant."""
+    name = spec.name if isinstance(spec, KernelSpec) else spec
+    where = origin if origin is not None else (spec.origin if isinstance(spec, KernelSpec) else "")
+    head = f"{where or '<spec>'}: spec '{name}'"
+    if variant:
+        head += f", variant '{variant}'"
+    return KernelSpecError(f"{head}: {problem}")
+
+
+def _exec_file(path: Path) -> ModuleType:
+    module_name = f"_infra_agent_kernel_spec_{next(_counter)}"
+    importer = importlib.util.spec_from_file_location(module_name, path)
+    if importer is None or importer.loader is None:
+        raise KernelSpecError(f"{path}: not a loadable Python file")
+    module = importlib.util.module_from_spec(importer)
+    # dataclasses and typing resolve names through sys.modules while the file runs,
+    # and a spec file may import helpers that sit next to it; both are undone after.
+    sys.modules[module_name] = module
+    sys.path.insert(0, str(path.parent))
+    try:
+        importer.loader.exec_module(module)
+    except KernelSpecError as exc:
+        raise KernelSpecError(f"{path}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - any failure of user code is a spec error
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
+        line = f" (line {frames[-1].lineno})" if frames else ""
+        raise KernelSpecError(f"{path}{line}: spec file failed to import: {type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.modules.pop(module_name, None)
+        try:
+            sys.path.remove(str(path.parent))
+        except ValueError:
+            pass
+    return module
+
+
+def _collect(module: ModuleType, path: Path) -> list[KernelSpec]:
+    found: list[KernelSpec] = []
+
+    def take(obj: Any) -> None:
+        if isinstance(obj, KernelSpec):
+            found.append(obj)
+        elif isinstance(obj, (list, tuple)) and obj and all(isinstance(o, KernelSpec) for o in obj):
+            found.extend(obj)
+
+    factory = getattr(module, "specs", None)
+    if callable(factory):
+        try:
+            produced = factory()
+        except Exception as exc:  # noqa: BLE001
+            raise KernelSpecError(f"{path}: specs() raised {type(exc).__name__}: {exc}") from exc
+        take(produced if not isinstance(produced, Iterable) or isinstance(produced, KernelSpec) else list(produced))
+    for name, obj in vars(module).items():
+        if not name.startswith("_"):
+            take(obj)
+    # The same object may be reachable under two names (SPEC and SPECS = [SPEC]).
+    unique: list[KernelSpec] = []
+    for s in found:
+        if not any(s is u for u in unique):
+            unique.append(s)
+    return unique
+
+
+def _check_inputs(spec: KernelSpec, shape: Shape, dtype: torch.dtype) -> None:
+    try:
+        produced = spec.inputs(shape, dtype, 0, "cpu")
+    except Exception as exc:  # noqa: BLE001
+        raise spec_error(
+            spec, "inputs", f"input factory raised {type(exc).__name__}: {exc} for shape [{shape_label(shape)}] dtype={dtype}"
+        ) from exc
+    if not isinstance(produced, dict) or not produced:
+        raise spec_error(spec, "inputs", f"input factory must return a non-empty dict of tensors, got {type(produced).__name__}")
+    for v in spec.variants:
+        try:
+            v.supports(shape)
+        except Exception as exc:  # noqa: BLE001
+            raise spec_error(spec, v.name, f"applies() raised {type(exc).__name__}: {exc} for shape [{shape_label(shape)}]") from exc
+
+
+def validate(spec: KernelSpec, check_inputs: bool = True) -> None:
+    problems = spec.problems()
+    if problems:
+        where, what = problems[0]
+        variant = where if any(v.name == where for v in spec.variants) else None
+        field = "" if variant else f"{where}: "
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise spec_error(spec, variant, f"{field}{what}{more}")
+    if check_inputs:
+        # One cheap call per declared check shape catches a broken factory before any
+        # kernel runs, so a failure is blamed on the spec rather than the kernel.
+        for shape in spec.shapes:
+            _check_inputs(spec, shape, spec.dtypes[0])
+
+
+def load_specs(path: str | Path, check_inputs: bool = True) -> list[KernelSpec]:
+    """All specs declared in the file at ``path``, validated, with ``origin`` set."""
+    p = Path(path).resolve()
+    if not p.is_file():
+        raise KernelSpecError(f"{path}: no such spec file")
+    module = _exec_file(p)
+    specs = [dataclasses.replace(s, origin=str(p)) for s in _collect(module, p)]
+    if not specs:
+        raise KernelSpecError(f"{p}: defines no KernelSpec (expected a module-level KernelSpec, a list of them, or specs())")
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise KernelSpecError(f"{p}: spec name(s) {dupes} declared more than once")
+    for s in specs:
+        validate(s, check_inputs=check_inputs)
+    return specs
+
+
+def select(specs: list[KernelSpec], name: str | None) -> list[KernelSpec]:
+    """The spec called ``name``, or all of them when ``name`` is None."""
+    if name is None:
+        return specs
+    chosen = [s for s in specs if s.name == name]
+    if not chosen:
+        origin = specs[0].origin if specs else "<spec>"
+        raise KernelSpecError(f"{origin}: no spec named '{name}' (have {[s.name for s in specs]})")
+    return chosen

@@ -1,0 +1,140 @@
+"""``refstack``: serve the reference stack, list its knobs.
+
+    refstack serve --preset tiny --port 0 [--knob value ...]
+    refstack knobs [--json]
+
+The ``serve`` options are built from ``refstack.knobs.KNOBS``, so the help, the
+``knobs`` listing and the checks always agree.  Any usage error ends the process
+with a one-line message and a non-zero status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import sys
+from typing import Any
+
+import click
+
+from refstack.knobs import KNOBS, Knob, KnobError, engine_config, parse_knobs
+
+
+class _KnobType(click.ParamType):
+    """Parses a flag through its knob, so domain errors read the same everywhere."""
+
+    def __init__(self, knob: Knob) -> None:
+        self.knob = knob
+        self.name = knob.type
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return self.knob.parse(value)
+        except KnobError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _option(knob: Knob) -> click.Option:
+    help_text = f"{knob.help} [{knob.describe_domain()}; default {knob.default!r}; affects {', '.join(knob.components)}]"
+    return click.Option([knob.flag, knob.name], type=_KnobType(knob), default=None, metavar=knob.type.upper(),
+                        help=help_text)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """refstack: the reference hybrid-attention inference stack."""
+
+
+def _serve(**raw: Any) -> None:
+    values = parse_knobs({k: v for k, v in raw.items() if v is not None})
+    # Imported here: torch and the model are heavy, and `refstack knobs` needs neither.
+    import uvicorn
+
+    from refstack.server import create_app
+
+    sock = _bind(values["host"], values["port"])
+    app = create_app(engine_config(values))
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level=values["log_level"], timeout_graceful_shutdown=5))
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
+    # handler it found.  A Python handler (not the default "die") lets the process end
+    # normally afterwards, so atexit hooks run -- INFRA_AGENT_TRACE is written then.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _after_graceful_shutdown)
+    asyncio.run(_serve_until_stopped(server, sock, url))
+
+
+def _after_graceful_shutdown(signum: int, frame: Any) -> None:
+    """Runs once uvicorn has already stopped cleanly; nothing is left to do."""
+
+
+async def _serve_until_stopped(server: Any, sock: socket.socket, url: str) -> None:
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        # Flushed: the parent process (a test fixture, the agent) waits for this line.
+        print(f"refstack serving on {url}", flush=True)
+    await task
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise click.ClickException(f"cannot bind {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+cli.add_command(click.Command(
+    "serve", params=[_option(k) for k in KNOBS], callback=_serve,
+    help="Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics, /debug/trace).",
+))
+
+
+@cli.command("knobs")
+@click.option("--json", "as_json", is_flag=True, help="Print the knobs as JSON.")
+def knobs_cmd(as_json: bool) -> None:
+    """List every launch knob: name, type, domain, default, components, help."""
+    if as_json:
+        click.echo(json.dumps([k.to_dict() for k in KNOBS], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="refstack serve knobs")
+    for col in ("flag", "type", "domain", "default", "components", "help"):
+        table.add_column(col, overflow="fold")
+    for k in KNOBS:
+        table.add_row(k.flag, k.type, k.describe_domain(), repr(k.default), ", ".join(k.components), k.help)
+    # Wide when piped, so an agent reading the table gets whole rows.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        rv = cli.main(args=argv, prog_name="refstack", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.Abort:
+        click.echo("refstack: aborted", err=True)
+        return 1
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.format_message(), err=True)  # bare `refstack`: the help, as click prints it
+        return exc.exit_code
+    except click.ClickException as exc:
+        message = " ".join(exc.format_message().split())  # one line, whatever click composed
+        click.echo(f"refstack: error: {message}", err=True)
+        return exc.exit_code
+    return rv if isinstance(rv, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The engine's launch configuration: one frozen dataclass, passed down as an object.
+
+Every field here is a knob (see ``refstack.knobs``); the CLI builds this from the
+parsed flags and nothing reads configuration from a global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+LM_HEAD_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "3xtf32", "bf16")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What the engine needs to build its model and run its step loop."""
+
+    preset: str = "tiny"
+    # Continuous batching limits.
+    max_running: int = 32  # requests admitted at once (each holds one cache slot)
+    max_batch_tokens: int = 512  # tokens forwarded per engine step (decode + prefill)
+    prefill_chunk: int = 256  # longest prefill piece of one request per step
+    max_waiting: int = 256  # queued requests before new ones are refused (HTTP 503)
+    # Cache geometry; 0 means "take it from the model preset / max_running".
+    num_slots: int = 0
+    max_seq_len: int = 0
+    seed: int = 0  # seeds the model weights and unseeded sampling
+    lm_head_precision: str = "fp32"
+    torch_threads: int = 0  # 0 leaves torch's default
+    # Calibration: an added sleep per engine step, so a benchmark can inject a slowdown
+    # of known size and check that its measurements see it.
+    step_delay_ms: float = 0.0
+    # Keep spans in memory for /debug/trace even without INFRA_AGENT_TRACE.
+    trace: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.max_running >= 1, "max_running must be >= 1"
+        assert self.max_batch_tokens >= 1, "max_batch_tokens must be >= 1"
+        assert self.prefill_chunk >= 1, "prefill_chunk must be >= 1"
+        assert self.max_waiting >= 0, "max_waiting must be >= 0"
+        assert self.num_slots >= 0 and self.max_seq_len >= 0
+        assert self.lm_head_precision in LM_HEAD_PRECISIONS, self.lm_head_precision
+        assert self.step_delay_ms >= 0.0, "step_delay_ms must be >= 0"
+        assert self.torch_threads >= 0
+
+    @property
+    def slots(self) -> int:
+        """Cache slots: one per running request unless set explicitly."""
+        return self.num_slots or self.max_running
+
+    def with_overrides(self, **overrides: Any) -> EngineConfig:
+        return replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

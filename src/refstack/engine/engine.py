@@ -1,0 +1,287 @@
+"""The engine: a step loop on its own thread, fed and drained thread-safely.
+
+Other threads call ``add_request`` / ``abort`` (both only touch a locked inbox);
+the loop thread ("engine-loop") owns the scheduler, the model and the cache, and
+hands each step's deltas to the request's sink.  ``stream()`` adapts a sink to an
+asyncio consumer; ``generate()`` is the synchronous form for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from infra_agent import tracing
+from refstack.engine.config import EngineConfig
+from refstack.engine.consumers import RequestStream, run_to_completion
+from refstack.engine.request import Request, RequestOutput, RequestState, RequestStats, Sink
+from refstack.engine.sampling import SamplingParams, make_generator, sample_tokens
+from refstack.engine.scheduler import ScheduledChunk, Scheduler
+
+log = logging.getLogger(__name__)
+THREAD_NAME = "engine-loop"
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at ``max_waiting``; the caller should retry later."""
+
+
+class EngineObserver(Protocol):
+    """Receives counts and timings from the engine thread (the server's metrics)."""
+
+    def on_prompt_tokens(self, n: int) -> None: ...
+    def on_generation_tokens(self, n: int) -> None: ...
+    def on_request_finished(self, stats: RequestStats) -> None: ...
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, model: Any = None, tokenizer: Any = None,
+                 observer: EngineObserver | None = None) -> None:
+        self.config = config
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        if model is None or tokenizer is None:
+            from refstack.model import ByteTokenizer, HybridConfig, HybridModel
+
+            overrides: dict[str, Any] = {"lm_head_precision": config.lm_head_precision, "seed": config.seed}
+            if config.max_seq_len:
+                overrides["max_seq_len"] = config.max_seq_len
+            model = model or HybridModel(HybridConfig.preset(config.preset).with_overrides(**overrides))
+            tokenizer = tokenizer or ByteTokenizer()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_seq_len = config.max_seq_len or model.config.max_seq_len
+        self.cache = model.new_cache(num_slots=config.slots, max_seq_len=self.max_seq_len)
+        self.scheduler = Scheduler(config, config.slots)
+        self.observer = observer
+        self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._inbox: list[Request] = []
+        self._aborts: list[str] = []
+        self._num_waiting = 0  # inbox + scheduler queue, kept under the lock for max_waiting
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        # Read by /metrics from other threads; written once per step by the loop thread.
+        self.num_running = 0
+        self.num_slots_used = 0
+
+    # ---- thread-safe front door -------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return self._num_waiting
+
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, sink: Sink,
+                    request_id: str | None = None) -> str:
+        assert len(prompt_ids) >= 1, "a prompt needs at least one token"
+        rid = request_id or f"req-{next(self._ids)}"
+        # Unseeded requests still get a distinct, reproducible stream per engine seed.
+        seed = params.seed if params.seed is not None else zlib.crc32(f"{self.config.seed}:{rid}".encode())
+        req = Request(rid, list(prompt_ids), params, make_generator(seed), sink,
+                      self.tokenizer.stream_decoder())
+        with self._wake:
+            if self._num_waiting >= self.config.max_waiting:
+                raise QueueFullError(f"{self._num_waiting} requests already waiting (max_waiting)")
+            self._num_waiting += 1
+            self._inbox.append(req)
+            self._wake.notify()
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        with self._wake:
+            self._aborts.append(request_id)
+            self._wake.notify()
+
+    # ---- lifecycle --------------------------------------------------------------
+    @property
+    def is_running(self) -> bool:
+        """True while the loop thread is alive (False also if it died)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        assert self._thread is None, "engine already started"
+        self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._stop or self._inbox or self._aborts or self.scheduler.has_work()):
+                    self._wake.wait()
+                if self._stop:
+                    return
+            try:
+                self.step()
+            except Exception:  # a model bug must not hang every client: fail them all, keep serving
+                log.exception("engine step failed; failing the running requests")
+                for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+                    self._finish(req, "error")
+
+    # ---- one step ---------------------------------------------------------------
+    def step(self) -> bool:
+        """Run one scheduling + forward + sampling step; False when there was nothing to do."""
+        self._drain_inbox()
+        if not self.scheduler.has_work():
+            return False
+        with tracing.span("engine.step", cat="engine"):
+            with tracing.span("schedule", cat="engine"):
+                out = self.scheduler.schedule()
+                for req in out.admitted:
+                    self.cache.reset_slot(req.slot)
+            with self._lock:
+                self._num_waiting -= len(out.admitted)
+            ready: list[tuple[ScheduledChunk, torch.Tensor]] = []
+            if out.decode:
+                # Ascending slots let the model slice its caches instead of gathering.
+                decode = sorted(out.decode, key=lambda c: c.request.slot)
+                with tracing.span("decode", cat="engine", batch=len(decode)):
+                    ready += self._forward(decode)
+            if out.prefill:
+                with tracing.span("prefill", cat="engine", chunks=len(out.prefill),
+                                  tokens=out.num_tokens - len(out.decode)):
+                    ready += self._forward(out.prefill)
+            if ready:
+                with tracing.span("sample", cat="engine", batch=len(ready)):
+                    self._sample(ready)
+            self.num_running = len(self.scheduler.running)
+            self.num_slots_used = self.scheduler.num_slots_used
+            if self.config.step_delay_ms > 0:
+                with tracing.span("step_delay", cat="engine"):
+                    time.sleep(self.config.step_delay_ms / 1000.0)
+        return True
+
+    def _forward(self, chunks: list[ScheduledChunk]) -> list[tuple[ScheduledChunk, torch.Tensor]]:
+        from refstack.model import SeqChunk
+
+        logits = self.model.forward_chunks(
+            [SeqChunk(slot=c.request.slot, token_ids=c.token_ids, start_pos=c.start_pos) for c in chunks],
+            self.cache,
+        )
+        ready = []
+        prompt_done = 0
+        for i, c in enumerate(chunks):
+            c.request.num_computed += len(c.token_ids)
+            if c.completes_prefill:
+                ready.append((c, logits[i]))
+                if not c.request.output_ids:
+                    prompt_done += len(c.request.prompt_ids)
+        if prompt_done and self.observer is not None:
+            self.observer.on_prompt_tokens(prompt_done)
+        return ready
+
+    def _sample(self, ready: list[tuple[ScheduledChunk, torch.Tensor]]) -> None:
+        reqs = [c.request for c, _ in ready]
+        tokens = sample_tokens(torch.stack([row for _, row in ready]),
+                               [r.params for r in reqs], [r.generator for r in reqs])
+        now = time.monotonic()
+        for req, tok in zip(reqs, tokens):
+            if not req.output_ids:
+                req.first_token_at = now
+            req.output_ids.append(tok)
+            reason = self._append_text(req, tok)
+            if reason is None and len(req.output_ids) >= req.params.max_tokens:
+                reason = "length"
+            if reason is None and req.num_tokens >= self.max_seq_len:
+                reason = "length"  # the context is full; the next token has no cache row
+            if reason is not None:
+                self._finish(req, reason)
+            else:
+                self._emit(req, finished=False)
+        if self.observer is not None:
+            self.observer.on_generation_tokens(len(tokens))
+
+    def _append_text(self, req: Request, tok: int) -> str | None:
+        """Extend the request's text; the finish reason if an EOS or stop string ended it."""
+        if tok in self.eos_ids and not req.params.ignore_eos:
+            return "stop"
+        checked = len(req.text)
+        req.text += req.decoder.feed(tok)
+        cut = req.stop_matcher.find(req.text, checked)
+        if cut >= 0:
+            req.text = req.text[:cut]
+            return "stop"
+        return None
+
+    def _emit(self, req: Request, finished: bool) -> None:
+        upto = len(req.text) if finished else min(len(req.text), req.stop_matcher.safe_len(req.text))
+        upto = max(upto, req.emitted_chars)
+        delta = req.text[req.emitted_chars : upto]
+        new_ids = tuple(req.output_ids[req.emitted_tokens :])
+        if not delta and not new_ids and not finished:
+            return
+        req.emitted_chars = upto
+        req.emitted_tokens = len(req.output_ids)
+        req.sink(RequestOutput(req.request_id, delta, new_ids, finished, req.finish_reason,
+                               len(req.prompt_ids), len(req.output_ids)))
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req.state is RequestState.RUNNING:
+            self.scheduler.finish(req)
+        elif req.state is RequestState.WAITING:
+            with self._lock:
+                self._num_waiting -= 1
+            if req in self.scheduler.waiting:
+                self.scheduler.waiting.remove(req)
+        req.state = RequestState.FINISHED
+        req.finish_reason = reason
+        req.finished_at = time.monotonic()
+        if reason not in ("abort", "error"):
+            req.text += req.decoder.flush()
+        self._emit(req, finished=True)
+        if self.observer is not None:
+            self.observer.on_request_finished(req.stats())
+        self.num_running = len(self.scheduler.running)
+        self.num_slots_used = self.scheduler.num_slots_used
+
+    def _drain_inbox(self) -> None:
+        with self._lock:
+            new, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+        for req in new:
+            self.scheduler.add(req)
+        for rid in aborts:
+            req = self._find(rid)
+            if req is not None:
+                self._finish(req, "abort")
+
+    def _find(self, request_id: str) -> Request | None:
+        for req in itertools.chain(self.scheduler.waiting, self.scheduler.running):
+            if req.request_id == request_id:
+                return req
+        return None
+
+    # ---- consumers --------------------------------------------------------------
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
+               request_id: str | None = None) -> RequestStream:
+        """Queue a request for an asyncio consumer (call on the event loop's thread).
+
+        Raises ``QueueFullError`` at once, before any response is started.
+        """
+        stream = RequestStream(self, asyncio.get_running_loop())
+        stream.request_id = self.add_request(prompt_ids, params, stream.sink, request_id)
+        return stream
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams]) -> list[RequestOutput]:
+        """Run prompts to completion; one cumulative output per prompt, in order.
+
+        Drives ``step()`` itself when the loop thread is not running.
+        """
+        return run_to_completion(self, prompts, params)

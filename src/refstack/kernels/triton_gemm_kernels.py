@@ -1,0 +1,115 @@
+"""The Triton kernels behind ``triton_gemm`` (device code only).
+
+Kept apart from the host wrappers because ``@triton.jit`` functions must live at
+module level (the JIT resolves callees through module globals), and importing this
+module imports Triton -- which ``refstack`` only does on first use on a CUDA device
+(or under ``TRITON_INTERPRET=1``).  ``triton_gemm``'s docstring explains the design.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import triton
+import triton.language as tl
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def configs(kind: str) -> list[Any]:
+    """Autotune space.  Shared memory per stage is (BM+BN)*BK*4 bytes (x2 for the
+    presplit kernel, which streams four tiles); Hopper has 227 KB per SM, so large
+    tiles trade pipeline depth against tile size.  128x256 / 256x128 tiles with 8
+    warps give each warpgroup a 64-row wgmma slab and keep the MMA:load ratio high,
+    which matters most when every tile step issues three MMAs."""
+    if interpreting():  # one small config: the interpreter is slow and exact
+        return [triton.Config({"BM": 32, "BN": 32, "BK": 16, "GROUP_M": 2}, num_stages=1, num_warps=4)]
+    #          BM   BN   BK stages warps
+    single = [(128, 256, 32, 3, 8), (256, 128, 32, 3, 8), (128, 128, 32, 4, 4),
+              (128, 128, 64, 3, 8), (128, 256, 64, 2, 8), (64, 128, 32, 4, 4)]
+    split = [(128, 256, 16, 4, 8), (256, 128, 16, 4, 8), (128, 128, 32, 3, 8),
+             (128, 128, 32, 3, 4), (128, 256, 32, 2, 8), (128, 128, 16, 5, 4), (64, 128, 32, 3, 4)]
+    table = split if kind == "presplit" else single
+    return [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
+            for bm, bn, bk, s, w in table]
+
+
+
+@triton.jit
+def _tile_offsets(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    # Grouped ordering: GROUP_M row-blocks walk the N dimension together, so a B
+    # column block is fetched from HBM once per group rather than once per row-block.
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(M, BM)
+    n_n = tl.cdiv(N, BN)
+    per_group = GROUP_M * n_n
+    first_m = (pid // per_group) * GROUP_M
+    rows = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % per_group) % rows)
+    pid_n = (pid % per_group) // rows
+    return pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN)
+
+
+@triton.jit
+def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                 PRECISION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, GROUP_M: tl.constexpr):
+    rm, rn = _tile_offsets(M, N, BM, BN, GROUP_M)
+    rk = tl.arange(0, BK)
+    a_p = a_ptr + rm[:, None] * sam + rk[None, :] * sak
+    b_p = b_ptr + rk[:, None] * sbk + rn[None, :] * sbn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_p, mask=(rm[:, None] < M) & (rk[None, :] + k0 < K), other=0.0)
+        b = tl.load(b_p, mask=(rk[:, None] + k0 < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_p += BK * sak
+        b_p += BK * sbk
+    c_p = c_ptr + rm[:, None] * scm + rn[None, :] * scn
+    tl.store(c_p, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _gemm3_kernel(a_ptr, alo_ptr, b_ptr, blo_ptr, c_ptr, M, N, K,
+                  sam, sak, sbk, sbn, scm, scn, EXPLICIT_HI: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    rm, rn = _tile_offsets(M, N, BM, BN, GROUP_M)
+    rk = tl.arange(0, BK)
+    a_off = rm[:, None] * sam + rk[None, :] * sak  # a_lo shares a's strides
+    b_off = rk[:, None] * sbk + rn[None, :] * sbn  # b_lo shares b's strides
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a_m = (rm[:, None] < M) & (rk[None, :] + k0 < K)
+        b_m = (rk[:, None] + k0 < K) & (rn[None, :] < N)
+        a = tl.load(a_ptr + a_off, mask=a_m, other=0.0)
+        a_lo = tl.load(alo_ptr + a_off, mask=a_m, other=0.0)
+        b = tl.load(b_ptr + b_off, mask=b_m, other=0.0)
+        b_lo = tl.load(blo_ptr + b_off, mask=b_m, other=0.0)
+        if EXPLICIT_HI:  # interpreter: dots are exact, so truncate the big parts here
+            a = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+            b = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        # Small products first: added to a small accumulator they lose less.
+        acc = tl.dot(a_lo, b, acc, input_precision="tf32")
+        acc = tl.dot(a, b_lo, acc, input_precision="tf32")
+        acc = tl.dot(a, b, acc, input_precision="tf32")
+        a_off += BK * sak
+        b_off += BK * sbk
+    c_p = c_ptr + rm[:, None] * scm + rn[None, :] * scn
+    tl.store(c_p, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _split_lo_kernel(x_ptr, lo_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    tl.store(lo_ptr + offs, x - hi, mask=offs < n)
+
+
+_KEY = ["M", "N", "K"]
+gemm_kernel = triton.autotune(configs=configs("single"), key=_KEY + ["PRECISION"])(_gemm_kernel)
+gemm3_kernel = triton.autotune(configs=configs("presplit"), key=_KEY)(_gemm3_kernel)
+split_lo_kernel = _split_lo_kernel

@@ -1,0 +1,143 @@
+"""Every launch flag of ``refstack serve`` as a typed knob.
+
+A knob has a name, a type, a domain (min/max or choices), a default, the components it
+affects and a help line.  The CLI builds its options from this list, and
+``refstack knobs --json`` prints it, so an agent reads the same domains the server
+enforces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from refstack.engine.config import LM_HEAD_PRECISIONS, EngineConfig
+
+PRESETS: tuple[str, ...] = ("tiny", "small")
+LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+class KnobError(ValueError):
+    """A knob value outside its type or domain; the message is one line a person can act on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    name: str
+    type: str  # "int" | "float" | "str" | "bool" | "choice"
+    default: Any
+    components: tuple[str, ...]
+    help: str
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def domain(self) -> dict[str, Any]:
+        if self.type == "choice":
+            return {"choices": list(self.choices)}
+        if self.type == "bool":
+            return {"choices": [True, False]}
+        if self.min is None and self.max is None:
+            return {}
+        return {"min": self.min, "max": self.max}
+
+    def describe_domain(self) -> str:
+        if self.type in ("choice", "bool"):
+            return "|".join(str(c).lower() for c in self.domain()["choices"])
+        if self.min is None and self.max is None:
+            return self.type
+        return f"{self.type} in [{self.min}, {self.max}]"
+
+    def parse(self, raw: Any) -> Any:
+        """The typed value of ``raw`` (a flag's string or an already typed value)."""
+        where = f"expected {self.describe_domain()}, got {raw!r}"
+        if self.type == "bool":
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in _TRUE or text in _FALSE:
+                return text in _TRUE
+            raise KnobError(where)
+        if self.type == "choice":
+            if str(raw) not in self.choices:
+                raise KnobError(where)
+            return str(raw)
+        if self.type == "str":
+            return str(raw)
+        try:
+            value: int | float = int(str(raw)) if self.type == "int" else float(str(raw))
+        except ValueError:
+            raise KnobError(where) from None
+        if value != value or (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+            raise KnobError(where)  # NaN fails every range
+        return value
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "flag": self.flag, "type": self.type, "domain": self.domain(),
+                "default": self.default, "components": list(self.components), "help": self.help}
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("preset", "choice", "tiny", ("model",), "Model size preset (seeded random weights).", choices=PRESETS),
+    Knob("host", "str", "127.0.0.1", ("server",), "Address to bind; loopback by default."),
+    Knob("port", "int", 0, ("server",), "TCP port; 0 takes a free port (the URL is printed).", min=0, max=65535),
+    Knob("max_running", "int", 32, ("engine.scheduler",),
+         "Most requests running at once (each holds a cache slot).", min=1, max=4096),
+    Knob("max_batch_tokens", "int", 512, ("engine.scheduler", "model"),
+         "Token budget of one engine step: decode tokens plus prefill chunks.", min=1, max=65536),
+    Knob("prefill_chunk", "int", 256, ("engine.scheduler", "model"),
+         "Longest prefill piece one request gets per step (chunked prefill).", min=1, max=65536),
+    Knob("max_waiting", "int", 256, ("engine.scheduler", "server"),
+         "Queue cap: beyond it new requests get HTTP 503 with Retry-After.", min=0, max=1_000_000),
+    Knob("num_slots", "int", 0, ("engine.cache",),
+         "Cache slots (KV rows + KDA state); 0 means one per max_running.", min=0, max=4096),
+    Knob("max_seq_len", "int", 0, ("engine.cache", "model"),
+         "Context length (prompt + completion); 0 takes the preset's.", min=0, max=65536),
+    Knob("seed", "int", 0, ("model", "engine.sampler"),
+         "Seeds the model weights and the sampling of requests without a seed.", min=0, max=2**31 - 1),
+    Knob("lm_head_precision", "choice", "fp32", ("model.lm_head",),
+         "Arithmetic precision of the LM head GEMM (passed into HybridConfig).", choices=LM_HEAD_PRECISIONS),
+    Knob("torch_threads", "int", 0, ("runtime",),
+         "torch intra-op threads for the engine; 0 keeps torch's default.", min=0, max=1024),
+    Knob("step_delay_ms", "float", 0.0, ("engine.loop",),
+         "CALIBRATION knob: sleep this long in every engine step.  Benchmarks use it to inject a "
+         "slowdown of known size and check that their measurements detect it; leave 0 otherwise.",
+         min=0.0, max=60_000.0),
+    Knob("trace", "bool", False, ("tracing",),
+         "Record spans in memory for GET /debug/trace (INFRA_AGENT_TRACE=path also writes a file at exit)."),
+    Knob("log_level", "choice", "warning", ("server",), "uvicorn log level.", choices=LOG_LEVELS),
+)
+
+_SERVER_ONLY = ("host", "port", "log_level")
+
+
+def knob(name: str) -> Knob:
+    for k in KNOBS:
+        if k.name == name:
+            return k
+    raise KnobError(f"unknown knob {name!r}; known: {', '.join(k.name for k in KNOBS)}")
+
+
+def parse_knobs(raw: dict[str, Any]) -> dict[str, Any]:
+    """Typed values for every knob: the given ones parsed, the rest at their defaults."""
+    unknown = sorted(set(raw) - {k.name for k in KNOBS})
+    if unknown:
+        raise KnobError(f"unknown knob(s) {unknown}")
+    values = {}
+    for k in KNOBS:
+        try:
+            values[k.name] = k.parse(raw[k.name]) if raw.get(k.name) is not None else k.default
+        except KnobError as exc:
+            raise KnobError(f"{k.flag}: {exc}") from None
+    return values
+
+
+def engine_config(values: dict[str, Any]) -> EngineConfig:
+    """The engine's share of the knob values (the server-only ones are left out)."""
+    return EngineConfig(**{k: v for k, v in values.items() if k not in _SERVER_ONLY})

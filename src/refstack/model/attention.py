@@ -1,0 +1,102 @@
+"""Grouped-query full attention with RoPE over a slotted KV cache."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from infra_agent import tracing
+from refstack.model.batch import ForwardBatch
+from refstack.model.cache import ModelCache
+from refstack.model.config import HybridConfig
+from refstack.model.layers import Linear
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos, sin of shape [max_seq_len, head_dim // 2] (rotate-half convention)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [T, heads, D]; cos, sin [T, D/2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class AttentionLayer(nn.Module):
+    def __init__(self, config: HybridConfig, layer: int, gen: torch.Generator) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.split_sizes = [
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        ]
+        self.qkv_proj = Linear(config.hidden_size, sum(self.split_sizes), gen)
+        self.o_proj = Linear(
+            self.num_heads * self.head_dim, config.hidden_size, gen, scale=1.0 / math.sqrt(2 * config.num_layers)
+        )
+
+    def forward(self, x: Tensor, batch: ForwardBatch, cache: ModelCache) -> Tensor:
+        with tracing.span("attention", cat="attn", layer=self.layer, tokens=batch.num_tokens):
+            T = x.shape[0]
+            q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+            assert batch.rope is not None, "the model sets the RoPE tables for the batch"
+            cos, sin = batch.rope
+            q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos, sin)
+            k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)
+            v = v.view(T, self.num_kv_heads, self.head_dim)
+            keys, values = cache.keys[self.layer], cache.values[self.layer]
+            nd = batch.num_decode
+            parts: list[Tensor] = []
+            if nd:
+                parts.append(self._decode(q[:nd], k[:nd], v[:nd], batch, keys, values))
+            for span in batch.prefills:
+                s = slice(span.begin, span.end)
+                parts.append(self._prefill(q[s], k[s], v[s], span.slot, span.start_pos, keys, values))
+            o = parts[0] if len(parts) == 1 else torch.cat(parts)
+            return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
+
+    def _decode(self, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch, keys: Tensor, values: Tensor) -> Tensor:
+        """All decode tokens at once; shorter sequences mask the padded tail."""
+        B = q.shape[0]
+        pos = batch.decode_positions
+        # Advanced indices on dims 0 and 2 around a slice: the indexed view is [B, kv_heads, D].
+        keys[batch.decode_slots, :, pos] = k
+        values[batch.decode_slots, :, pos] = v
+        L = batch.max_decode_len
+        if batch.decode_slot_range is not None:
+            lo, hi = batch.decode_slot_range
+            k_ctx, v_ctx = keys[lo:hi, :, :L], values[lo:hi, :, :L]
+        else:
+            # Narrow to the longest live length first so the gather copies only that.
+            k_ctx = keys[:, :, :L].index_select(0, batch.decode_slots)
+            v_ctx = values[:, :, :L].index_select(0, batch.decode_slots)
+        mask = (torch.arange(L) <= pos.unsqueeze(1)).view(B, 1, 1, L)
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), k_ctx, v_ctx, attn_mask=mask, enable_gqa=True)
+        return out.squeeze(2)  # [B, heads, D]
+
+    def _prefill(
+        self, q: Tensor, k: Tensor, v: Tensor, slot: int, start: int, keys: Tensor, values: Tensor
+    ) -> Tensor:
+        """One sequence's chunk: causal over the cached prefix plus the chunk itself."""
+        n = q.shape[0]
+        end = start + n
+        keys[slot, :, start:end] = k.transpose(0, 1)
+        values[slot, :, start:end] = v.transpose(0, 1)
+        k_ctx, v_ctx = keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end]
+        qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, D]
+        if start == 0:
+            out = F.scaled_dot_product_attention(qh, k_ctx, v_ctx, is_causal=True, enable_gqa=True)
+        else:
+            # Query i sits at position start + i and sees keys 0..start + i.
+            mask = torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
+            out = F.scaled_dot_product_attention(qh, k_ctx, v_ctx, attn_mask=mask, enable_gqa=True)
+        return out.squeeze(0).transpose(0, 1)  # [n, heads, D]

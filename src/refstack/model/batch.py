@@ -1,0 +1,116 @@
+"""What one forward pass works on: the engine's chunks, flattened into one token stream.
+
+Token-wise work (norms, projections, MoE, LM head) runs once over all tokens of the
+step; only the sequence-mixing cores (KDA, attention) look at sequence boundaries.
+Decode tokens go first in the stream, so the batched decode path reads a plain
+slice ``[:num_decode]`` instead of gathering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class SeqChunk:
+    """Tokens of one sequence to run this step.
+
+    ``start_pos`` is how many tokens of this sequence the slot's cache/state already
+    holds.  One token is a decode step; more is (a chunk of) prefill.
+    """
+
+    slot: int
+    token_ids: Sequence[int]
+    start_pos: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSpan:
+    """A prefill chunk's place in the flattened stream: tokens ``[begin, end)``."""
+
+    slot: int
+    start_pos: int
+    begin: int
+    end: int
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    token_ids: Tensor  # [T] decode tokens first, then prefill chunks
+    positions: Tensor  # [T] absolute position of each token in its sequence
+    num_decode: int
+    decode_slots: Tensor  # [D]
+    decode_positions: Tensor  # [D] == start_pos of each decode chunk
+    # (first, last + 1) when the decode slots are consecutive ascending, so caches can
+    # be sliced rather than gathered.
+    decode_slot_range: tuple[int, int] | None
+    max_decode_len: int  # longest attended length among decode chunks (0 if none)
+    prefills: list[PrefillSpan]
+    last_token_index: Tensor  # [num_chunks] stream index of each chunk's last token, chunk order
+    # Filled by the model once per forward, shared by all attention layers.
+    rope: tuple[Tensor, Tensor] | None = field(default=None)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @classmethod
+    def from_chunks(cls, chunks: Sequence[SeqChunk], num_slots: int, max_seq_len: int) -> ForwardBatch:
+        if not chunks:
+            raise ValueError("forward_chunks: got no chunks")
+        seen: set[int] = set()
+        for c in chunks:
+            n = len(c.token_ids)
+            if n == 0:
+                raise ValueError(f"SeqChunk for slot {c.slot} has no tokens")
+            if not 0 <= c.slot < num_slots:
+                raise ValueError(f"SeqChunk slot {c.slot} outside the cache's {num_slots} slots")
+            if c.start_pos < 0 or c.start_pos + n > max_seq_len:
+                raise ValueError(
+                    f"SeqChunk slot {c.slot}: positions {c.start_pos}..{c.start_pos + n - 1} exceed "
+                    f"the cache's max_seq_len {max_seq_len}"
+                )
+            # Two chunks of one slot in a step would race on the same state.
+            if c.slot in seen:
+                raise ValueError(f"slot {c.slot} appears twice in one forward_chunks call")
+            seen.add(c.slot)
+
+        decode = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
+        prefill = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
+        ids: list[int] = []
+        pos: list[int] = []
+        last = [0] * len(chunks)
+        for i in decode:
+            c = chunks[i]
+            last[i] = len(ids)
+            ids.append(int(c.token_ids[0]))
+            pos.append(c.start_pos)
+        spans: list[PrefillSpan] = []
+        for i in prefill:
+            c = chunks[i]
+            begin = len(ids)
+            ids.extend(int(t) for t in c.token_ids)
+            pos.extend(range(c.start_pos, c.start_pos + len(c.token_ids)))
+            spans.append(PrefillSpan(c.slot, c.start_pos, begin, len(ids)))
+            last[i] = len(ids) - 1
+
+        dec_slots = [chunks[i].slot for i in decode]
+        dec_pos = [chunks[i].start_pos for i in decode]
+        slot_range = None
+        if dec_slots and dec_slots == list(range(dec_slots[0], dec_slots[0] + len(dec_slots))):
+            slot_range = (dec_slots[0], dec_slots[0] + len(dec_slots))
+        return cls(
+            token_ids=torch.tensor(ids, dtype=torch.long),
+            positions=torch.tensor(pos, dtype=torch.long),
+            num_decode=len(decode),
+            decode_slots=torch.tensor(dec_slots, dtype=torch.long),
+            decode_positions=torch.tensor(dec_pos, dtype=torch.long),
+            decode_slot_range=slot_range,
+            max_decode_len=max(dec_pos) + 1 if dec_pos else 0,
+            prefills=spans,
+            last_token_index=torch.tensor(last, dtype=torch.long),
+        )

@@ -1,0 +1,100 @@
+"""The KDA (Kimi Delta Attention) layer: projections around the gated delta rule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from infra_agent import tracing
+from refstack.model.batch import ForwardBatch
+from refstack.model.cache import ModelCache
+from refstack.model.config import HybridConfig
+from refstack.model.kda_ops import kda_chunked, kda_recurrent_step
+from refstack.model.layers import Linear, RMSNorm
+
+
+class KDALayer(nn.Module):
+    """Linear attention with a per-channel decayed delta-rule state ``[H, K, V]``.
+
+    - q, k: projections, L2-normalised per head (keeps the delta rule contractive);
+    - decay ``g = -exp(A_log) * softplus(f + dt_bias)`` per head and K channel, with
+      ``f`` a low-rank projection of x;
+    - ``beta = sigmoid(b)`` per head, the delta rule's step size;
+    - output: per-head RMSNorm, a sigmoid gate (low-rank projection of x), o_proj.
+    """
+
+    def __init__(self, config: HybridConfig, layer: int, gen: torch.Generator) -> None:
+        super().__init__()
+        H, K, V = config.kda_num_heads, config.kda_head_k_dim, config.kda_head_v_dim
+        self.layer = layer
+        self.num_heads, self.k_dim, self.v_dim = H, K, V
+        self.chunk_size = config.kda_chunk_size
+        self.scale = K**-0.5
+        rank = V  # the low-rank bottleneck of the decay and gate projections
+        # One fused input projection: q, k, v, decay-rank, beta, gate-rank. Decode is
+        # dominated by per-op overhead at small batch, so fewer, larger matmuls win.
+        self.split_sizes = [H * K, H * K, H * V, rank, H, rank]
+        self.in_proj = Linear(config.hidden_size, sum(self.split_sizes), gen)
+        # Small scale on the decay input so the random model keeps a memory of tens of
+        # tokens instead of forgetting everything every step.
+        self.f_proj = Linear(rank, H * K, gen, scale=0.5)
+        self.gate_proj = Linear(rank, H * V, gen)
+        # A in [1, 8] and a softplus(dt_bias) in [1e-3, 1e-1], log-uniform as in Mamba.
+        a = 1.0 + 7.0 * torch.rand(H, generator=gen)
+        self.A_log = nn.Parameter(a.log(), requires_grad=False)
+        dt = torch.exp(torch.empty(H * K).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)), requires_grad=False)  # softplus^-1
+        self.o_norm = RMSNorm(V, config.rms_eps, gen)
+        self.o_proj = Linear(H * V, config.hidden_size, gen, scale=1.0 / math.sqrt(2 * config.num_layers))
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """x [T, hidden] -> q, k, g [T, H, K]; v [T, H, V]; beta [T, H]; gate [T, H, V]."""
+        T = x.shape[0]
+        H, K, V = self.num_heads, self.k_dim, self.v_dim
+        q, k, v, f_low, b, gate_low = self.in_proj(x).split(self.split_sizes, dim=-1)
+        q = F.normalize(q.view(T, H, K), dim=-1)
+        k = F.normalize(k.view(T, H, K), dim=-1)
+        f = self.f_proj(f_low).view(T, H, K)
+        g = -torch.exp(self.A_log).view(H, 1) * F.softplus(f + self.dt_bias.view(H, K))
+        beta = torch.sigmoid(b)
+        gate = self.gate_proj(gate_low).view(T, H, V)
+        return q, k, v.reshape(T, H, V), g, beta, gate
+
+    def forward(self, x: Tensor, batch: ForwardBatch, cache: ModelCache) -> Tensor:
+        with tracing.span("kda", cat="kda", layer=self.layer, tokens=batch.num_tokens):
+            q, k, v, g, beta, gate = self.project(x)
+            states = cache.states[self.layer]
+            nd = batch.num_decode
+            parts: list[Tensor] = []
+            if nd:
+                parts.append(self._decode(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], batch, states))
+            for span in batch.prefills:
+                s = slice(span.begin, span.end)
+                # start_pos 0 starts from zero whatever the slot held before.
+                init = states[span.slot] if span.start_pos > 0 else torch.zeros_like(states[span.slot])
+                o, final = kda_chunked(q[s], k[s], v[s], g[s], beta[s], init, self.scale, self.chunk_size)
+                states[span.slot] = final
+                parts.append(o)
+            o = parts[0] if len(parts) == 1 else torch.cat(parts)
+            o = self.o_norm(o) * torch.sigmoid(gate)
+            return self.o_proj(o.flatten(1))
+
+    def _decode(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, batch: ForwardBatch, states: Tensor
+    ) -> Tensor:
+        # A decode at position 0 (a one-token prompt) must not see a stale state.
+        fresh = batch.decode_positions == 0
+        if bool(fresh.any()):
+            states.index_fill_(0, batch.decode_slots[fresh], 0.0)
+        if batch.decode_slot_range is not None:
+            # Consecutive slots: update the cache's states in place, no gather/scatter.
+            lo, hi = batch.decode_slot_range
+            o, _ = kda_recurrent_step(q, k, v, g, beta, states[lo:hi], self.scale, inplace=True)
+            return o
+        state = states.index_select(0, batch.decode_slots)
+        o, new_state = kda_recurrent_step(q, k, v, g, beta, state, self.scale, inplace=True)
+        states.index_copy_(0, batch.decode_slots, new_state)
+        return o

@@ -1,0 +1,73 @@
+"""Small building blocks: seeded weights, linear, RMSNorm, embedding, LM head."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from infra_agent import tracing
+from refstack.kernels.precision import matmul as precision_matmul
+
+
+def seeded_weight(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter:
+    """A normal(0, std) parameter drawn from ``gen``.
+
+    Every weight comes from one generator seeded by the config, drawn in
+    construction order, so the same config always builds the same model and the
+    global RNG is never touched.
+    """
+    w = torch.empty(*shape, dtype=torch.float32)
+    w.normal_(0.0, std, generator=gen)
+    return nn.Parameter(w, requires_grad=False)
+
+
+class Linear(nn.Module):
+    """``y = x @ W^T`` without a bias; fan-in scaled init keeps activations near unit scale."""
+
+    def __init__(self, in_features: int, out_features: int, gen: torch.Generator, scale: float = 1.0) -> None:
+        super().__init__()
+        self.weight = seeded_weight(gen, out_features, in_features, std=scale / math.sqrt(in_features))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, gen: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.eps = eps
+        # A random gain around 1 (when a generator is given) so the norm is not a no-op
+        # that would hide a missing multiply in a test.
+        w = torch.ones(dim)
+        if gen is not None:
+            w += 0.1 * torch.randn(dim, generator=gen)
+        self.weight = nn.Parameter(w, requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab_size: int, dim: int, gen: torch.Generator) -> None:
+        super().__init__()
+        self.weight = seeded_weight(gen, vocab_size, dim, std=1.0)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class LMHead(nn.Module):
+    """Hidden states to logits through the selectable-precision matmul (case study A)."""
+
+    def __init__(self, dim: int, vocab_size: int, precision: str, gen: torch.Generator) -> None:
+        super().__init__()
+        self.precision = precision
+        # Stored as [dim, vocab] (already transposed) so each call is one plain a @ b.
+        self.weight_t = seeded_weight(gen, dim, vocab_size, std=1.0 / math.sqrt(dim))
+
+    def forward(self, h: Tensor) -> Tensor:
+        with tracing.span("lm_head", cat="lm_head", tokens=int(h.shape[0]), precision=self.precision):
+            return precision_matmul(h, self.weight_t, precision=self.precision)

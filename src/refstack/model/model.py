@@ -1,0 +1,79 @@
+"""The hybrid model: embedding, KDA / attention layers each followed by an MoE, LM head."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from infra_agent import tracing
+from refstack.model.attention import AttentionLayer, rope_tables
+from refstack.model.batch import ForwardBatch, SeqChunk
+from refstack.model.cache import ModelCache
+from refstack.model.config import HybridConfig
+from refstack.model.kda import KDALayer
+from refstack.model.layers import Embedding, LMHead, RMSNorm
+from refstack.model.moe import MoE
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: a sequence mixer (KDA or attention), then an MoE."""
+
+    def __init__(self, config: HybridConfig, layer: int, gen: torch.Generator) -> None:
+        super().__init__()
+        self.mixer_norm = RMSNorm(config.hidden_size, config.rms_eps, gen)
+        self.mixer: KDALayer | AttentionLayer = (
+            AttentionLayer(config, layer, gen) if config.is_full_attention(layer) else KDALayer(config, layer, gen)
+        )
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_eps, gen)
+        self.moe = MoE(config, layer, gen)
+
+    def forward(self, x: Tensor, batch: ForwardBatch, cache: ModelCache) -> Tensor:
+        x = x + self.mixer(self.mixer_norm(x), batch, cache)
+        return x + self.moe(self.mlp_norm(x))
+
+
+class HybridModel(nn.Module):
+    """Built from the config alone: weights are drawn from a generator seeded with ``config.seed``."""
+
+    def __init__(self, config: HybridConfig) -> None:
+        super().__init__()
+        self.config = config
+        gen = torch.Generator().manual_seed(config.seed)
+        self.embed = Embedding(config.vocab_size, config.hidden_size, gen)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, gen) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_eps, gen)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, config.lm_head_precision, gen)
+        cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.eval()
+
+    def new_cache(self, num_slots: int, max_seq_len: int | None = None) -> ModelCache:
+        return ModelCache(self.config, num_slots, max_seq_len)
+
+    @torch.inference_mode()
+    def forward_chunks(self, chunks: Sequence[SeqChunk], cache: ModelCache) -> Tensor:
+        """Run one step over the given chunks; next-token logits ``[len(chunks), vocab]``.
+
+        Each chunk's logits are for the token after its last one.  Chunks of one token
+        are decoded together in batched tensor ops; longer chunks are prefilled one
+        sequence at a time (chunkwise-parallel inside).
+        """
+        batch = ForwardBatch.from_chunks(chunks, cache.num_slots, cache.max_seq_len)
+        with tracing.span("model.forward", cat="model", num_chunks=len(chunks), tokens=batch.num_tokens):
+            batch.rope = (self.rope_cos[batch.positions], self.rope_sin[batch.positions])
+            x = self.embed(batch.token_ids)
+            for layer in self.layers:
+                x = layer(x, batch, cache)
+            # Only each chunk's last position needs logits: the LM head is the widest matmul.
+            h = self.norm(x.index_select(0, batch.last_token_index))
+            return self.lm_head(h)
+
+    def forward(self, chunks: Sequence[SeqChunk], cache: ModelCache) -> Tensor:
+        return self.forward_chunks(chunks, cache)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

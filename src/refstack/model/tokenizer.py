@@ -1,0 +1,100 @@
+"""Byte-level tokenizer: ids 0-255 are bytes, a few special tokens follow.
+
+Byte-level keeps the tokenizer exact and dependency-free: any text round-trips, and
+the model's random weights do not care about a learned vocabulary.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Mapping, Sequence
+
+SPECIAL_TOKENS: tuple[str, ...] = ("<|bos|>", "<|eos|>", "<|pad|>", "<|im_start|>", "<|im_end|>")
+NUM_BYTES = 256
+
+
+class StreamDecoder:
+    """Turns ids into text one at a time, holding back incomplete UTF-8 sequences.
+
+    A character of 2-4 bytes arrives as 2-4 tokens; emitting each byte on its own
+    would stream replacement characters to the client.
+    """
+
+    __slots__ = ("_decoder",)
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token_id: int) -> str:
+        """The text completed by this token ('' while a character is still partial)."""
+        if 0 <= token_id < NUM_BYTES:
+            return self._decoder.decode(bytes((token_id,)))
+        return ""  # special or unused ids print nothing
+
+    def feed_many(self, token_ids: Iterable[int]) -> str:
+        return "".join(self.feed(t) for t in token_ids)
+
+    def flush(self) -> str:
+        """Whatever is left at the end of the stream (a dangling partial char becomes U+FFFD)."""
+        return self._decoder.decode(b"", final=True)
+
+
+class ByteTokenizer:
+    """256 byte ids followed by the special tokens; ids beyond those are unused padding."""
+
+    def __init__(self) -> None:
+        self.special_ids: dict[str, int] = {tok: NUM_BYTES + i for i, tok in enumerate(SPECIAL_TOKENS)}
+        self.bos_id = self.special_ids["<|bos|>"]
+        self.eos_id = self.special_ids["<|eos|>"]
+        self.pad_id = self.special_ids["<|pad|>"]
+        self.im_start_id = self.special_ids["<|im_start|>"]
+        self.im_end_id = self.special_ids["<|im_end|>"]
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids in use; a model's vocab may be larger (padded for nice matmul shapes)."""
+        return NUM_BYTES + len(SPECIAL_TOKENS)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Ids that end a generation: plain end-of-sequence and end of a chat turn."""
+        return (self.eos_id, self.im_end_id)
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        # Special-token strings inside text stay plain bytes, so user text can never
+        # forge a turn boundary.
+        ids = list(text.encode("utf-8"))
+        return [self.bos_id, *ids] if add_bos else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of the byte ids; special and unused ids are skipped."""
+        return bytes(t for t in ids if 0 <= t < NUM_BYTES).decode("utf-8", errors="replace")
+
+    def id_to_piece(self, token_id: int) -> str:
+        if 0 <= token_id < NUM_BYTES:
+            return f"<0x{token_id:02X}>"
+        if token_id < self.vocab_size:
+            return SPECIAL_TOKENS[token_id - NUM_BYTES]
+        return f"<|unused_{token_id}|>"
+
+    def stream_decoder(self) -> StreamDecoder:
+        return StreamDecoder()
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """ChatML-like: ``<|im_start|>role\\ncontent<|im_end|>\\n`` per message.
+
+        With ``add_generation_prompt`` the open assistant header is appended so the
+        model's next tokens are the reply.
+        """
+        ids = [self.bos_id]
+        for i, msg in enumerate(messages):
+            if "role" not in msg or "content" not in msg:
+                raise ValueError(f"chat message {i}: expected keys 'role' and 'content', got {sorted(msg)}")
+            ids.append(self.im_start_id)
+            ids += self.encode(f"{msg['role']}\n{msg['content']}")
+            ids.append(self.im_end_id)
+            ids += self.encode("\n")
+        if add_generation_prompt:
+            ids.append(self.im_start_id)
+            ids += self.encode("assistant\n")
+        return ids

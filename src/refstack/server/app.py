@@ -1,0 +1,76 @@
+"""The FastAPI app factory: engine, metrics and routes for one server.
+
+``create_app`` builds everything (the model too) but starts nothing; the engine
+thread starts and stops with the app's lifespan.  There is no module-level app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+
+from infra_agent import tracing
+from refstack.engine import Engine, EngineConfig
+from refstack.server.errors import APIError, api_error_handler
+from refstack.server.metrics import EngineMetrics
+from refstack.server.openai_routes import register_openai_routes
+
+
+def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None) -> FastAPI:
+    """Build a server app; ``model``/``tokenizer`` default to the config's preset."""
+    if config.trace and not tracing.is_enabled():
+        tracing.enable()  # in memory only: /debug/trace serves it; INFRA_AGENT_TRACE adds the file
+    model_name = f"refstack-{config.preset}"
+    metrics = EngineMetrics(model_name)
+    engine = Engine(config, model=model, tokenizer=tokenizer, observer=metrics)
+    metrics.bind(engine)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.stop()
+
+    app = FastAPI(title="refstack", lifespan=lifespan)
+    app.state.engine = engine
+    app.state.metrics = metrics
+    app.state.model_name = model_name
+    app.add_exception_handler(APIError, api_error_handler)
+    register_openai_routes(app, engine, model_name)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not engine.is_running:
+            return JSONResponse({"status": "engine not running"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/debug/trace")
+    async def debug_trace(reset: bool = False) -> JSONResponse:
+        """The Chrome trace so far (empty unless tracing is on); ``?reset=true`` clears it."""
+        snap = tracing.snapshot()
+        if reset:
+            tracing.reset()
+        return JSONResponse(snap)
+
+    @app.get("/debug/engine")
+    async def debug_engine() -> JSONResponse:
+        return JSONResponse({
+            "config": config.to_dict(),
+            "num_running": engine.num_running,
+            "num_waiting": engine.num_waiting,
+            "num_slots_used": engine.num_slots_used,
+            "num_slots": config.slots,
+            "max_seq_len": engine.max_seq_len,
+        })
+
+    return app

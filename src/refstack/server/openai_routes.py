@@ -1,0 +1,172 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
+
+Streaming answers are server-sent events ending in ``data: [DONE]``.  A client that
+goes away aborts its request: the engine frees its slot at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from infra_agent import tracing
+from refstack.engine import Engine, QueueFullError, RequestOutput, SamplingParams
+from refstack.engine.consumers import RequestStream
+from refstack.server.errors import APIError, bad_request
+from refstack.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body, sampling_params
+
+# How often a request with nothing to send checks whether its client is still there.
+DISCONNECT_POLL_S = 0.25
+# Completions default to 16 tokens like OpenAI's legacy endpoint; chat fills the context.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+RETRY_AFTER_S = 1
+
+Chunk = Callable[[str, str | None, dict[str, int] | None], dict[str, Any]]
+
+
+def register_openai_routes(app: FastAPI, engine: Engine, model_name: str) -> None:
+    tok = engine.tokenizer
+    vocab = engine.model.config.vocab_size
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": 0, "owned_by": "refstack",
+            "max_model_len": engine.max_seq_len}]})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        body = parse_body(await request.body(), CompletionRequest)
+        if isinstance(body.prompt, str):
+            prompt_ids = tok.encode(body.prompt, add_bos=True)
+        else:
+            if any(not 0 <= t < vocab for t in body.prompt):
+                raise bad_request(f"token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
+            prompt_ids = list(body.prompt)
+        params = sampling_params(body, len(prompt_ids), engine.max_seq_len, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def chunk(text: str, finish: str | None, usage: dict[str, int] | None) -> dict[str, Any]:
+            out: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": model_name,
+                                   "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+            if usage is not None:
+                out["usage"] = usage
+            return out
+
+        return await _respond(engine, request, body.stream, _include_usage(body), prompt_ids, params, chunk, None)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        body = parse_body(await request.body(), ChatCompletionRequest)
+        prompt_ids = tok.apply_chat_template([m.model_dump() for m in body.messages])
+        params = sampling_params(body, len(prompt_ids), engine.max_seq_len, None, "messages")
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def chunk(text: str, finish: str | None, usage: dict[str, int] | None) -> dict[str, Any]:
+            if body.stream:
+                choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if text else {},
+                                          "logprobs": None, "finish_reason": finish}
+                obj = "chat.completion.chunk"
+            else:
+                choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                          "logprobs": None, "finish_reason": finish}
+                obj = "chat.completion"
+            out: dict[str, Any] = {"id": cid, "object": obj, "created": created, "model": model_name,
+                                   "choices": [choice]}
+            if usage is not None:
+                out["usage"] = usage
+            return out
+
+        role_chunk = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                      "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                   "logprobs": None, "finish_reason": None}]}
+        return await _respond(engine, request, body.stream, _include_usage(body), prompt_ids, params, chunk,
+                              role_chunk)
+
+
+def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
+    return body.stream_options is not None and body.stream_options.include_usage
+
+
+def _usage(out: RequestOutput) -> dict[str, int]:
+    return {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
+            "total_tokens": out.prompt_tokens + out.completion_tokens}
+
+
+async def _respond(engine: Engine, request: Request, stream: bool, include_usage: bool, prompt_ids: list[int],
+                   params: SamplingParams, chunk: Chunk, first: dict[str, Any] | None) -> Any:
+    try:
+        rs = engine.submit(prompt_ids, params)
+    except QueueFullError as exc:
+        raise APIError(503, f"server busy: {exc}; retry later", type="server_overloaded", code="queue_full",
+                       headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    tracing.instant("http.submit", cat="server", request_id=rs.request_id, path=request.url.path)
+    if stream:
+        return StreamingResponse(_sse(rs, request, include_usage, chunk, first), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Request-Id": rs.request_id})
+    text: list[str] = []
+    last: RequestOutput | None = None
+    async for out in _deltas(rs, request):
+        text.append(out.text)
+        last = out
+    if last is None or not last.finished:
+        return JSONResponse({}, status_code=499)  # the client is gone; nobody reads this
+    if last.finish_reason == "error":
+        raise APIError(500, "the engine failed while running this request", type="server_error")
+    return JSONResponse(chunk("".join(text), last.finish_reason, _usage(last)))
+
+
+async def _sse(rs: RequestStream, request: Request, include_usage: bool, chunk: Chunk,
+               first: dict[str, Any] | None) -> AsyncIterator[str]:
+    try:
+        if first is not None:
+            yield _event(first)
+        async for out in _deltas(rs, request):
+            if out.finished and out.finish_reason == "error":
+                yield _event(APIError(500, "the engine failed while running this request", type="server_error").body())
+                break
+            if out.finished:
+                if out.text:
+                    yield _event(chunk(out.text, None, None))
+                final = chunk("", out.finish_reason, _usage(out))
+                yield _event(final)
+                if include_usage:
+                    yield _event({**final, "choices": []})
+            elif out.text:
+                yield _event(chunk(out.text, None, None))
+        yield "data: [DONE]\n\n"
+    finally:
+        rs.abort()  # a write to a gone client closes this generator; free the slot now, not at GC
+
+
+async def _deltas(rs: RequestStream, request: Request) -> AsyncIterator[RequestOutput]:
+    """The request's deltas until it finishes or its client disconnects (then it is aborted)."""
+    next_check = time.monotonic() + DISCONNECT_POLL_S
+    try:
+        while not rs.finished:
+            try:
+                out = await asyncio.wait_for(rs.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                out = None
+            # Checked on a clock, not only when idle: a busy request of a client that gave
+            # up would otherwise run to max_tokens (nothing is written until the end).
+            if time.monotonic() >= next_check:
+                if await request.is_disconnected():
+                    return
+                next_check = time.monotonic() + DISCONNECT_POLL_S
+            if out is not None:
+                yield out
+    finally:
+        rs.abort()
+        tracing.instant("http.done", cat="server", request_id=rs.request_id)
+
+
+def _event(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"

@@ -1,0 +1,100 @@
+"""A tiny real OpenAI-compatible streaming server for client tests (run as a subprocess).
+
+``python fake_openai_server.py [--token-delay-ms D] [--mode stream|json|die-after] [--die-after N] [--no-usage] [--port P]``
+binds a free loopback port itself and prints ``READY http://127.0.0.1:PORT`` once serving.
+It exposes vLLM-named histograms under the ``refstack:`` prefix on /metrics so the
+Prometheus delta can be checked against what it served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+
+def build_app(token_delay_s: float, mode: str, die_after: int, usage: bool = True) -> FastAPI:
+    app = FastAPI()
+    registry = CollectorRegistry()
+    e2e = Histogram("refstack:e2e_request_latency_seconds", "e2e", registry=registry)
+    queue = Histogram("refstack:request_queue_time_seconds", "queue", registry=registry)
+    served = {"n": 0}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(registry).decode())
+
+    async def handle(req: Request, chat: bool):
+        body = await req.json()
+        served["n"] += 1
+        if mode == "die-after" and served["n"] > die_after:
+            print(f"fake server: simulated crash after {die_after} requests", flush=True)
+            os._exit(3)
+        if mode == "json":
+            return JSONResponse({"choices": [{"text": "hello", "index": 0}]})
+        n = int(body.get("max_tokens", 16))
+        include_usage = usage and bool((body.get("stream_options") or {}).get("include_usage"))
+        prompt_tokens = len(str(body.get("prompt") or body.get("messages")).encode())
+        t0 = time.perf_counter()
+        queue.observe(0.001)
+
+        async def gen():
+            if chat:  # real chat servers open with a role-only chunk; TTFT must skip it
+                yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
+            for i in range(n):
+                await asyncio.sleep(token_delay_s)
+                choice = {"index": 0, "delta": {"content": "x"}} if chat else {"index": 0, "text": "x"}
+                yield "data: " + json.dumps({"choices": [choice]}) + "\n\n"
+            if include_usage:
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+                yield "data: " + json.dumps({"choices": [], "usage": usage}) + "\n\n"
+            yield "data: [DONE]\n\n"
+            e2e.observe(time.perf_counter() - t0)
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(req: Request):
+        return await handle(req, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: Request):
+        return await handle(req, chat=True)
+
+    return app
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--token-delay-ms", type=float, default=2.0)
+    ap.add_argument("--mode", choices=["stream", "json", "die-after"], default="stream")
+    ap.add_argument("--die-after", type=int, default=0)
+    ap.add_argument("--no-usage", action="store_true", help="never send a usage chunk")
+    ap.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    args = ap.parse_args()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))  # 0: the OS picks a free port
+    port = sock.getsockname()[1]
+    app = build_app(args.token_delay_ms / 1e3, args.mode, args.die_after, usage=not args.no_usage)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    print(f"READY http://127.0.0.1:{port}", flush=True)
+    server.run(sockets=[sock])
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The streaming client against a real loopback server (fake_openai_server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from infra_agent.bench.client import RequestInput, RequestOptions, make_http_client, send_request
+from infra_agent.bench.runner import run_benchmark
+from infra_agent.errors import TargetError
+from infra_agent.workspace.models import Scenario
+
+
+def _one(url: str, endpoint: str, out: int = 8) -> object:
+    async def go():  # type: ignore[no-untyped-def]
+        async with make_http_client(2) as c:
+            return await send_request(c, url, RequestInput("abcd", 4, out), RequestOptions(endpoint=endpoint))  # type: ignore[arg-type]
+
+    return asyncio.run(go())
+
+
+def _scenario(**kw: object) -> Scenario:
+    return Scenario.model_validate({"dataset": {"kind": "random", "input_len": 16, "output_len": 6}, "num_requests": 12, **kw})
+
+
+def test_completions_stream_timings(fake_server_factory) -> None:  # type: ignore[no-untyped-def]
+    srv = fake_server_factory("--token-delay-ms", "10")
+    rec = _one(srv.url, "completions", out=8)
+    assert rec.success, rec.error
+    assert rec.output_len == 8  # from the usage chunk
+    assert len(rec.itl) == 7
+    assert rec.ttft >= 0.010  # one token delay before the first content chunk
+    assert all(g >= 0.008 for g in rec.itl)
+    assert rec.latency >= rec.ttft + sum(rec.itl) - 1e-6
+
+
+def test_chat_ttft_skips_role_only_chunk(fake_server_factory) -> None:  # type: ignore[no-untyped-def]
+    # The role chunk arrives at once; the first content token only after 50 ms.
+    srv = fake_server_factory("--token-delay-ms", "50")
+    rec = _one(srv.url, "chat", out=3)
+    assert rec.success, rec.error
+    assert rec.ttft >= 0.045
+    assert rec.output_len == 3 and len(rec.itl) == 2
+
+
+def test_output_tokens_from_chunks_without_usage(fake_server_factory) -> None:  # type: ignore[no-untyped-def]
+    srv = fake_server_factory("--token-delay-ms", "1", "--no-usage")
+    rec = _one(srv.url, "completions", out=5)
+    assert rec.success and rec.output_len == 5
+
+
+def test_run_benchmark_concurrency_and_server_metrics(fake_server) -> None:  # type: ignore[no-untyped-def]
+    res = run_benchmark(fake_server.url, _scenario(max_concurrency=3, warmup_requests=2), metrics_url=fake_server.metrics_url, progress=False)
+    assert res["ok"] and res["completed"] == 12 and res["failed"] == 0
+    assert res["total_output_tokens"] == 72
+    assert res["model_id"] == "fake-model"
+    # The fake server observes e2e once per request: warmup requests fall outside the window.
+    assert res["server_metrics"]["e2e"]["count"] == 12
+    assert res["server_metrics"]["queue"]["mean_s"] == pytest.approx(0.001)
+    assert len(res["ttfts"]) == len(res["itls"]) == len(res["errors"]) == 12
+
+
+def test_rate_based_run(fake_server) -> None:  # type: ignore[no-untyped-def]
+    res = run_benchmark(fake_server.url, _scenario(request_rate=40.0, burstiness=1.0), progress=False)
+    assert res["completed"] == 12
+    assert res["request_rate"] == 40.0
+
+
+def test_unreachable_url_is_a_target_error() -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    with pytest.raises(TargetError, match="cannot reach"):
+        run_benchmark(f"http://127.0.0.1:{port}", _scenario(), progress=False)
+
+
+def test_non_streaming_server_is_a_target_error(fake_server_factory) -> None:  # type: ignore[no-untyped-def]
+    srv = fake_server_factory("--mode", "json")
+    with pytest.raises(TargetError, match="OpenAI-compatible streaming"):
+        run_benchmark(srv.url, _scenario(), progress=False)
+    rec = _one(srv.url, "completions")
+    assert not rec.success and rec.error_kind == "protocol" and "event stream" in rec.error

@@ -1,0 +1,40 @@
+"""KDA-like decode step tiled over V: tile-size variants, each with its work hook."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from infra_agent.kernels.spec import KernelSpec, Tolerance, Variant
+from infra_agent.kernels.tiled_kda import (
+    kda_decode_bytes,
+    kda_decode_flops,
+    kda_decode_inputs,
+    kda_decode_reference,
+    kda_decode_tiled,
+)
+
+# V columns are independent, so any BV computes the same per-column sums; only the
+# BLAS reduction order over K may differ between tile widths.
+SAME_COLUMNS = Tolerance(rel_fro=1e-6)
+
+SPEC = KernelSpec(
+    name="kda_decode",
+    kernel=partial(kda_decode_tiled, BV=32),
+    reference=kda_decode_reference,
+    inputs=kda_decode_inputs,
+    shapes=[{"N": 2, "H": 2, "K": 32, "V": 128}],
+    dtypes=(torch.float32,),
+    precisions=("fp32",),
+    tolerances={"fp32": Tolerance(rel_fro=1e-5)},
+    out_dtypes=lambda dt, p: {"o": dt, "state": torch.float32},
+    variants=[
+        Variant(f"BV={bv}", partial(kda_decode_tiled, BV=bv), work=partial(kda_decode_tiled, BV=bv))
+        for bv in (16, 64, 128)
+    ],
+    partition_tolerances={"fp32": SAME_COLUMNS},
+    work=partial(kda_decode_tiled, BV=32),
+    flops=kda_decode_flops,
+    bytes_moved=kda_decode_bytes,
+)

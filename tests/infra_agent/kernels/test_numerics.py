@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from infra_agent.kernels.numerics import Condition, compare, split_3xtf32, tf32_truncate, ulp_distance
+from infra_agent.kernels.spec import Tolerance
+
+
+def _next_up(x: torch.Tensor) -> torch.Tensor:
+    return torch.nextafter(x, torch.full_like(x, math.inf))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_ulp_one_step_is_one(dtype: torch.dtype) -> None:
+    x = torch.tensor([1.0, -3.5, 1e-3, 100.0], dtype=dtype)
+    if dtype in (torch.float16, torch.bfloat16):
+        # nextafter has no half kernels on the CPU: step the bit pattern instead.
+        bits = x.view(torch.int16)
+        up = torch.where(x >= 0, bits + 1, bits - 1).view(dtype)
+    else:
+        up = _next_up(x)
+    assert ulp_distance(up, x).tolist() == [1.0] * 4
+    assert ulp_distance(x, x).tolist() == [0.0] * 4
+
+
+def test_ulp_known_distances() -> None:
+    # bf16 keeps 7 mantissa bits: 1.0 -> 1.0078125 is one ULP, 1.0 -> 1.03125 is four.
+    a = torch.tensor([1.0078125, 1.03125], dtype=torch.bfloat16)
+    ref = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    assert ulp_distance(a, ref).tolist() == [1.0, 4.0]
+    # fp32: 2**-23 above 1.0 is one ULP, below 1.0 the spacing halves -> two ULP for -2**-23.
+    x = torch.tensor([1.0 + 2**-23, 1.0 - 2**-23], dtype=torch.float32)
+    assert ulp_distance(x, torch.ones(2, dtype=torch.float64)).tolist() == [1.0, 2.0]
+    # +0 and -0 are the same value; the smallest subnormals either side of 0 are two apart.
+    tiny = torch.tensor([2**-149], dtype=torch.float32)
+    assert ulp_distance(torch.tensor([-0.0]), torch.tensor([0.0])).item() == 0.0
+    assert ulp_distance(-tiny, tiny).item() == 2.0
+
+
+def test_ulp_nonfinite() -> None:
+    x = torch.tensor([float("nan"), float("inf"), float("inf")])
+    r = torch.tensor([1.0, float("inf"), 1.0])
+    assert ulp_distance(x, r).tolist() == [math.inf, 0.0, math.inf]
+
+
+def test_compare_hand_made() -> None:
+    ref = torch.tensor([[1.0, 2.0], [4.0, 0.0]], dtype=torch.float64)
+    out = torch.tensor([[1.0, 2.5], [4.0, 0.25]], dtype=torch.float32)
+    cond = Condition("s", "v", "M=2", "float32", 7, "fp32", "cpu")
+    st = compare(out, ref, Tolerance(atol=0.1, rtol=0.0), cond)
+    assert st.max_abs == pytest.approx(0.5)
+    assert st.max_rel == pytest.approx(0.25)  # 0.5 / 2.0; the zero reference is left out
+    assert st.rel_fro == pytest.approx(math.sqrt(0.25 + 0.0625) / math.sqrt(1 + 4 + 16))
+    assert st.worst_index == (0, 1) and st.worst_value == 2.5 and st.worst_ref == 2.0
+    assert not st.passed and st.n_violations == 2
+    assert st.condition is cond and "seed=7" in cond.label()
+    # A loose enough tolerance passes; rel_fro alone judges the whole tensor.
+    assert compare(out, ref, Tolerance(atol=0.6)).passed
+    assert not compare(out, ref, Tolerance(rel_fro=0.1)).passed
+    assert compare(out, ref, Tolerance(rel_fro=0.2)).passed
+
+
+def test_compare_worst_is_furthest_past_tolerance() -> None:
+    # With rtol, a small error on a small value can be worse than a bigger one on a big value.
+    ref = torch.tensor([1000.0, 0.01])
+    out = torch.tensor([1001.0, 0.02])
+    st = compare(out, ref, Tolerance(rtol=1e-2))
+    assert st.worst_index == (1,)
+    assert st.max_abs == pytest.approx(1.0)
+
+
+def test_compare_nan_fails_regardless_of_tolerance() -> None:
+    ref = torch.zeros(5)
+    out = torch.zeros(5)
+    out[3] = float("nan")
+    st = compare(out, ref, Tolerance(rel_fro=1e9, atol=1e9))
+    assert not st.passed and st.n_nonfinite == 1 and st.worst_index == (3,)
+    assert "non-finite" in st.reason
+
+
+def test_tf32_truncation_keeps_ten_mantissa_bits() -> None:
+    x = torch.tensor([1.0 + 2**-10, 1.0 + 2**-11, 1.0 + 2**-10 + 2**-11, -(1.0 + 2**-11), 3.0])
+    got = tf32_truncate(x)
+    # Bits below 2**-10 (relative) vanish, toward zero for both signs.
+    assert got.tolist() == [1.0 + 2**-10, 1.0, 1.0 + 2**-10, -1.0, 3.0]
+    assert (got.view(torch.int32) & 0x1FFF).eq(0).all()
+    r = torch.randn(10_000)
+    rel = ((r - tf32_truncate(r)) / r).abs()
+    assert float(rel.max()) < 2**-10 and float(rel.max()) > 2**-12
+
+
+def test_3xtf32_split_recovers_about_21_bits() -> None:
+    x = torch.randn(10_000)
+    big, small = split_3xtf32(x)
+    assert torch.equal(big, tf32_truncate(big)) and torch.equal(small, tf32_truncate(small))
+    rel = ((x.double() - big.double() - small.double()) / x.double()).abs().max()
+    assert float(rel) < 2**-20

@@ -1,0 +1,114 @@
+"""The engine on the real tiny model, driven in-process (no thread, no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from refstack.engine import Engine, EngineConfig, QueueFullError, SamplingParams
+from refstack.model import ByteTokenizer, HybridConfig, HybridModel
+
+TOK = ByteTokenizer()
+PROMPTS = [
+    "The quick brown fox",
+    "Hi",
+    "Continuous batching keeps every slot of the cache busy while requests come and go.",
+    "KDA linear attention carries a recurrent state; GQA keeps a KV cache.",
+    "x" * 40,
+]
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model() -> HybridModel:
+    return HybridModel(HybridConfig.preset("tiny"))
+
+
+def make_engine(model: HybridModel, **knobs: object) -> Engine:
+    return Engine(EngineConfig(preset="tiny", **knobs), model=model, tokenizer=TOK)  # type: ignore[arg-type]
+
+
+def ids(text: str) -> list[int]:
+    return TOK.encode(text, add_bos=True)
+
+
+def test_greedy_output_is_the_same_alone_and_in_a_batch(model: HybridModel) -> None:
+    alone = [make_engine(model).generate([ids(p)], GREEDY)[0] for p in PROMPTS]
+    # Small budgets force chunked prefill, and prefill chunks sharing steps with decodes.
+    batched = make_engine(model, max_batch_tokens=24, prefill_chunk=7).generate([ids(p) for p in PROMPTS], GREEDY)
+    assert [o.token_ids for o in batched] == [o.token_ids for o in alone]
+    assert [o.text for o in batched] == [o.text for o in alone]
+    assert all(len(o.token_ids) == GREEDY.max_tokens and o.finish_reason == "length" for o in batched)
+
+
+def test_greedy_output_does_not_depend_on_which_slot_or_neighbours(model: HybridModel) -> None:
+    engine = make_engine(model, max_running=3)
+    first = engine.generate([ids(PROMPTS[2])], GREEDY)[0]
+    # Same prompt again, now behind two others so it lands in slot 2 with a reused state.
+    again = engine.generate([ids(PROMPTS[0]), ids(PROMPTS[1]), ids(PROMPTS[2])], GREEDY)[2]
+    assert again.token_ids == first.token_ids
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent(model: HybridModel) -> None:
+    def run(seed: int, batch: bool) -> tuple[int, ...]:
+        p = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=seed, ignore_eos=True)
+        other = SamplingParams(max_tokens=6, temperature=0.7, seed=seed + 99, ignore_eos=True)
+        prompts = [ids(PROMPTS[1])] + ([ids(PROMPTS[0])] if batch else [])
+        params = [p] + ([other] if batch else [])
+        return make_engine(model).generate(prompts, params)[0].token_ids
+
+    assert run(7, batch=False) == run(7, batch=False)
+    assert run(7, batch=True) == run(7, batch=False)
+    assert run(7, batch=False) != run(8, batch=False)
+
+
+def test_tiny_top_p_is_greedy(model: HybridModel) -> None:
+    greedy = make_engine(model).generate([ids(PROMPTS[0])], GREEDY)[0]
+    nucleus = make_engine(model).generate(
+        [ids(PROMPTS[0])], SamplingParams(max_tokens=8, temperature=1.0, top_p=1e-6, seed=3, ignore_eos=True))[0]
+    assert nucleus.token_ids == greedy.token_ids
+
+
+def test_stop_string_cuts_the_text_and_ends_the_request(model: HybridModel) -> None:
+    long = make_engine(model).generate([ids(PROMPTS[1])], SamplingParams(max_tokens=30, temperature=0.0,
+                                                                           ignore_eos=True))[0]
+    # A stop string taken from inside the greedy text, preferring two characters, and
+    # skipping U+FFFD (it stands for bytes that are not valid UTF-8 on their own).
+    text = long.text
+    candidates = [text[i : i + k] for k in (2, 1) for i in range(1, len(text) - k) if "\ufffd" not in text[i : i + k]]
+    assert candidates, f"greedy text {text!r} holds no usable stop string"
+    stop = candidates[0]
+    out = make_engine(model).generate([ids(PROMPTS[1])], SamplingParams(max_tokens=30, temperature=0.0,
+                                                                          ignore_eos=True, stop=(stop,)))[0]
+    assert out.finish_reason == "stop"
+    assert out.text == long.text[: long.text.index(stop)]
+    assert len(out.token_ids) < len(long.token_ids)
+
+
+def test_max_tokens_and_context_end_give_length(model: HybridModel) -> None:
+    out = make_engine(model).generate([ids("abc")], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))[0]
+    assert (out.finish_reason, out.completion_tokens, len(out.token_ids)) == ("length", 5, 5)
+    # The engine itself stops at the end of the context even if max_tokens allows more.
+    short = make_engine(model, max_seq_len=32).generate(
+        [ids("a" * 20)], SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))[0]
+    assert short.finish_reason == "length"
+    assert short.prompt_tokens + short.completion_tokens == 32
+
+
+def test_abort_frees_the_slot_and_a_full_queue_refuses(model: HybridModel) -> None:
+    engine = make_engine(model, max_running=1, max_waiting=1)
+    seen = []
+    rid = engine.add_request(ids(PROMPTS[0]), SamplingParams(max_tokens=50, ignore_eos=True), seen.append)
+    engine.step()
+    engine.step()
+    assert engine.num_slots_used == 1 and engine.num_running == 1
+    engine.add_request(ids(PROMPTS[1]), GREEDY, seen.append)  # waits: max_running is 1
+    with pytest.raises(QueueFullError):
+        engine.add_request(ids(PROMPTS[1]), GREEDY, seen.append)
+    engine.abort(rid)
+    engine.step()  # processes the abort, then admits the waiting request into the freed slot
+    aborted = [o for o in seen if o.request_id == rid and o.finished]
+    assert len(aborted) == 1 and aborted[0].finish_reason == "abort"
+    assert engine.num_running == 1 and engine.num_waiting == 0
+    while engine.step():
+        pass
+    assert engine.num_slots_used == 0 and engine.num_running == 0

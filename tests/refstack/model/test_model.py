@@ -1,0 +1,129 @@
+"""The model gives the same next-token logits however a sequence is split into steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk
+
+ATOL, RTOL = 2e-5, 1e-5
+
+
+@pytest.fixture(scope="module")
+def model() -> HybridModel:
+    return HybridModel(HybridConfig.preset("tiny"))
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _prefill(model: HybridModel, cache, slot: int, ids: list[int], splits: list[int]) -> torch.Tensor:
+    """Feed ``ids`` in pieces ending at each split point; the last piece's logits."""
+    start = 0
+    logits = None
+    for end in [*splits, len(ids)]:
+        logits = model.forward_chunks([SeqChunk(slot, ids[start:end], start)], cache)
+        start = end
+    assert logits is not None
+    return logits[0]
+
+
+def test_prefill_whole_equals_chunks_equals_token_by_token(model: HybridModel) -> None:
+    ids = _prompt(45, seed=0)  # crosses KDA chunks (16) and is not a multiple of them
+    cache = model.new_cache(num_slots=3)
+    whole = _prefill(model, cache, 0, ids, [])
+    chunked = _prefill(model, cache, 1, ids, [7, 20, 33])
+    stepped = _prefill(model, cache, 2, ids, list(range(1, len(ids))))
+    torch.testing.assert_close(chunked, whole, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(stepped, whole, atol=ATOL, rtol=RTOL)
+    assert whole.shape == (model.config.vocab_size,)
+
+
+@pytest.mark.parametrize("slots", [[0, 1, 2, 3], [5, 1, 6, 3]])  # consecutive (sliced) and scattered (gathered)
+def test_batched_decode_equals_each_alone(model: HybridModel, slots: list[int]) -> None:
+    lengths = [3, 17, 30, 9]
+    prompts = [_prompt(n, seed=10 + i) for i, n in enumerate(lengths)]
+    batched = model.new_cache(num_slots=8)
+    alone = model.new_cache(num_slots=8)
+    for slot, p in zip(slots, prompts):
+        model.forward_chunks([SeqChunk(slot, p, 0)], batched)
+        model.forward_chunks([SeqChunk(slot, p, 0)], alone)
+    next_tokens = [7, 300, 65, 128]
+    for step in range(3):
+        chunks = [SeqChunk(s, [t], n + step) for s, t, n in zip(slots, next_tokens, lengths)]
+        out = model.forward_chunks(chunks, batched)
+        assert out.shape == (len(chunks), model.config.vocab_size)
+        for i, c in enumerate(chunks):
+            ref = model.forward_chunks([c], alone)[0]
+            torch.testing.assert_close(out[i], ref, atol=ATOL, rtol=RTOL)
+        next_tokens = out.argmax(-1).tolist()
+
+
+def test_mixed_prefill_and_decode_batch(model: HybridModel) -> None:
+    a, b, c = _prompt(12, seed=20), _prompt(25, seed=21), _prompt(6, seed=22)
+    mixed = model.new_cache(num_slots=4)
+    alone = model.new_cache(num_slots=4)
+    for cache in (mixed, alone):
+        model.forward_chunks([SeqChunk(0, a, 0)], cache)
+        model.forward_chunks([SeqChunk(1, b[:10], 0)], cache)
+    # Order in the call is kept in the output: prefill, decode, new prefill.
+    chunks = [SeqChunk(1, b[10:], 10), SeqChunk(0, [42], 12), SeqChunk(3, c, 0)]
+    out = model.forward_chunks(chunks, mixed)
+    for i, ch in enumerate(chunks):
+        torch.testing.assert_close(out[i], model.forward_chunks([ch], alone)[0], atol=ATOL, rtol=RTOL)
+
+
+def test_start_pos_zero_ignores_a_stale_slot(model: HybridModel) -> None:
+    cache = model.new_cache(num_slots=2)
+    ids = _prompt(20, seed=30)
+    fresh = model.forward_chunks([SeqChunk(0, ids, 0)], cache)
+    model.forward_chunks([SeqChunk(1, _prompt(33, seed=31), 0)], cache)  # slot 1 now holds another sequence
+    reused = model.forward_chunks([SeqChunk(1, ids, 0)], cache)  # no reset_slot on purpose
+    torch.testing.assert_close(reused, fresh, atol=ATOL, rtol=RTOL)
+    one = model.forward_chunks([SeqChunk(0, [5], 0)], cache)  # one-token prompt on a used slot
+    cache.reset_slot(1)
+    torch.testing.assert_close(model.forward_chunks([SeqChunk(1, [5], 0)], cache), one, atol=ATOL, rtol=RTOL)
+
+
+def test_weights_are_deterministic_per_seed() -> None:
+    cfg = HybridConfig.preset("tiny")
+    a, b, c = HybridModel(cfg), HybridModel(cfg), HybridModel(cfg.with_overrides(seed=1))
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[n], sb[n]) for n in sa)
+    assert not torch.equal(sa["embed.weight"], sc["embed.weight"])
+
+
+def test_greedy_decoding_is_not_degenerate(model: HybridModel) -> None:
+    tok = ByteTokenizer()
+    ids = tok.apply_chat_template([{"role": "user", "content": "Tell me a story."}])
+    cache = model.new_cache(num_slots=1)
+    logits = model.forward_chunks([SeqChunk(0, ids, 0)], cache)[0]
+    assert torch.isfinite(logits).all() and logits.std() > 0.1
+    out = []
+    for pos in range(len(ids), len(ids) + 24):
+        out.append(int(logits.argmax()))
+        logits = model.forward_chunks([SeqChunk(0, [out[-1]], pos)], cache)[0]
+    assert len(set(out)) > 4, out
+
+
+def test_lm_head_precision_modes_stay_close_to_fp32(model: HybridModel) -> None:
+    ids = _prompt(10, seed=40)
+    ref = model.forward_chunks([SeqChunk(0, ids, 0)], model.new_cache(1))
+    for precision, tol in (("3xtf32", 1e-5), ("tf32", 2e-2), ("bf16", 5e-2)):
+        other = HybridModel(model.config.with_overrides(lm_head_precision=precision))
+        got = other.forward_chunks([SeqChunk(0, ids, 0)], other.new_cache(1))
+        torch.testing.assert_close(got, ref, atol=tol, rtol=0)
+
+
+def test_bad_chunks_are_rejected(model: HybridModel) -> None:
+    cache = model.new_cache(num_slots=2, max_seq_len=16)
+    with pytest.raises(ValueError, match="twice"):
+        model.forward_chunks([SeqChunk(0, [1], 3), SeqChunk(0, [2], 4)], cache)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model.forward_chunks([SeqChunk(0, list(range(10)), 10)], cache)
+    with pytest.raises(ValueError, match="outside"):
+        model.forward_chunks([SeqChunk(2, [1], 0)], cache)
+    with pytest.raises(ValueError, match="no tokens"):
+        model.forward_chunks([SeqChunk(0, [], 0)], cache)

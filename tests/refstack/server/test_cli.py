@@ -1,0 +1,73 @@
+"""`refstack knobs` / `refstack serve` flags: typed knobs, help, one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from refstack.engine.config import EngineConfig
+from refstack.knobs import KNOBS, KnobError, engine_config, knob, parse_knobs
+
+REQUIRED = {"preset", "host", "port", "max_running", "max_batch_tokens", "prefill_chunk", "max_waiting", "num_slots",
+            "max_seq_len", "seed", "lm_head_precision", "torch_threads", "step_delay_ms"}
+
+
+def refstack(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "refstack.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_knobs_json_lists_every_knob_with_its_domain() -> None:
+    r = refstack("knobs", "--json")
+    assert r.returncode == 0, r.stderr
+    listed = {k["name"]: k for k in json.loads(r.stdout)}
+    assert REQUIRED <= set(listed)
+    for k in listed.values():
+        assert set(k) == {"name", "flag", "type", "domain", "default", "components", "help"}
+        assert k["components"] and k["help"]
+    assert listed["lm_head_precision"]["domain"] == {"choices": ["fp32", "tf32", "3xtf32", "bf16"]}
+    assert listed["step_delay_ms"]["domain"]["min"] == 0.0 and "calibration" in listed["step_delay_ms"]["help"].lower()
+    assert listed["max_running"]["domain"]["min"] == 1
+
+
+def test_serve_help_shows_every_knob() -> None:
+    r = refstack("serve", "--help")
+    assert r.returncode == 0
+    for k in KNOBS:
+        assert k.flag in r.stdout, k.flag
+
+
+@pytest.mark.parametrize("args", [
+    ["serve", "--no-such-knob", "1"],
+    ["serve", "--max-running", "0"],
+    ["serve", "--max-running", "lots"],
+    ["serve", "--lm-head-precision", "fp8"],
+    ["serve", "--step-delay-ms", "-1"],
+    ["serve", "--port", "70000"],
+    ["frobnicate"],
+])
+def test_bad_flags_exit_non_zero_with_one_line(args: list[str]) -> None:
+    r = refstack(*args)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("refstack: error:"), r.stderr
+    assert "refstack serving" not in r.stdout
+
+
+def test_engine_knobs_are_exactly_the_engine_config_fields() -> None:
+    server_only = {"host", "port", "log_level"}
+    assert {k.name for k in KNOBS} - server_only == {f.name for f in dataclasses.fields(EngineConfig)}
+    cfg = engine_config(parse_knobs({"max_running": "4", "lm_head_precision": "bf16", "trace": "yes"}))
+    assert (cfg.max_running, cfg.lm_head_precision, cfg.trace, cfg.max_batch_tokens) == (4, "bf16", True, 512)
+
+
+def test_knob_parse_checks_type_and_domain() -> None:
+    assert knob("step_delay_ms").parse("2.5") == 2.5
+    for name, bad in [("seed", "-1"), ("step_delay_ms", "nan"), ("preset", "huge"), ("trace", "maybe")]:
+        with pytest.raises(KnobError):
+            knob(name).parse(bad)
+    with pytest.raises(KnobError, match="--max-running"):
+        parse_knobs({"max_running": "0"})

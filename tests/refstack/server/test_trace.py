@@ -1,0 +1,74 @@
+"""Tracing: Chrome trace JSON with the named spans on the right threads, from
+/debug/trace while running and from the INFRA_AGENT_TRACE file at exit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ENGINE_SPANS = {"engine.step", "schedule", "prefill", "decode", "sample"}
+MODEL_SPANS = {"model.forward", "attention", "kda", "moe.dispatch", "moe.combine", "lm_head"}
+
+
+def spans_by_thread(trace: dict[str, Any]) -> dict[str, set[str]]:
+    """{thread name: {event names}}, after checking the events are well-formed Chrome trace."""
+    events = trace["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    out: dict[str, set[str]] = defaultdict(set)
+    for e in events:
+        if e["ph"] == "M":
+            continue
+        assert e["ph"] in ("X", "i") and isinstance(e["ts"], (int, float)) and e["pid"] and e["tid"] in names
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+        out[names[e["tid"]]].add(e["name"])
+    return out
+
+
+def drive(url: str) -> None:
+    async def go() -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            body = {"prompt": "trace me", "max_tokens": 4, "stream": True, "ignore_eos": True}
+            await asyncio.gather(*(client.post(url + "/v1/completions", json={**body, "seed": i}) for i in range(3)))
+
+    asyncio.run(go())
+
+
+def check(trace: dict[str, Any]) -> None:
+    threads = spans_by_thread(trace)
+    assert ENGINE_SPANS | MODEL_SPANS <= threads["engine-loop"], threads.get("engine-loop")
+    assert {"http.submit", "http.done"} <= threads["MainThread"]
+    # The engine's work happens on its own thread only.
+    others = set().union(*(names for t, names in threads.items() if t != "engine-loop"))
+    assert not (ENGINE_SPANS | MODEL_SPANS) & others
+    steps = [e for e in trace["traceEvents"] if e["name"] == "engine.step"]
+    for e in trace["traceEvents"]:
+        if e["name"] in ("prefill", "decode", "sample"):  # nested inside some step
+            assert any(s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + 1e-3 for s in steps)
+
+
+def test_trace_via_endpoint_and_file_at_exit(refstack_server_factory: Any, tmp_path: Path) -> None:
+    path = tmp_path / "refstack.trace.json"
+    server = refstack_server_factory(env={"INFRA_AGENT_TRACE": str(path)})
+    drive(server.url)
+    live = httpx.get(server.url + "/debug/trace").json()
+    json.dumps(live)  # plain JSON all the way down
+    check(live)
+    assert server.stop() == 0  # SIGTERM: a clean exit, which writes the file
+    on_disk = json.loads(path.read_text())
+    check(on_disk)
+    assert sum(e["name"] == "engine.step" for e in on_disk["traceEvents"]) >= \
+        sum(e["name"] == "engine.step" for e in live["traceEvents"])
+
+
+def test_trace_knob_keeps_spans_in_memory_and_reset_clears(refstack_server_factory: Any) -> None:
+    server = refstack_server_factory(["--trace", "true"])
+    drive(server.url)
+    check(httpx.get(server.url + "/debug/trace", params={"reset": "true"}).json())
+    after = httpx.get(server.url + "/debug/trace").json()
+    assert not [e for e in after["traceEvents"] if e.get("name") == "engine.step"]
