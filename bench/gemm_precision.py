@@ -6,7 +6,8 @@ Rows: cuBLAS fp32, cuBLAS tf32, 3 separate cuBLAS TF32 GEMMs (3xTF32 from librar
 calls), and refstack's Triton GEMM in tf32, tf32x3 "native" (``tl.dot`` splits in the
 K loop) and tf32x3 "presplit" (one residual pass, then three MMAs per tile from shared
 memory; timed end to end, residual pass included; "+b_lo cached" is the LM-head case
-where the weight's residual is computed once at load time).
+where the weight's residual is computed once at load time).  "B K-major" rows store the
+same B values transposed in memory ([N, K] row-major, the nn.Linear weight layout).
 
 Gates before speed: each result is checked against a float64 product of the same fp32
 inputs (relative Frobenius error) into an output buffer poisoned with NaN; a 3xTF32 row
@@ -42,7 +43,7 @@ def _poisoned(fn: Callable[[], torch.Tensor], shape: tuple[int, int]) -> torch.T
 
 def _methods(a: torch.Tensor, b: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
     from refstack.kernels.precision import split_tf32
-    from refstack.kernels.triton_gemm import gemm, split_lo
+    from refstack.kernels.triton_gemm import gemm, split_operand
 
     def cublas(tf32: bool) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
@@ -58,15 +59,21 @@ def _methods(a: torch.Tensor, b: torch.Tensor) -> dict[str, Callable[[], torch.T
         torch.backends.cuda.matmul.allow_tf32 = True
         return (a_small @ b_big + a_big @ b_small) + a_big @ b_big
 
-    b_lo = split_lo(b)
+    # The same values with B stored K-major, as an nn.Linear weight W [N, K] is (x @ W.T).
+    b_km = b.t().contiguous().t()
+    b_split = split_operand(b_km, k_dim=0)
     return {
         "cuBLAS fp32": cublas(False),
         "cuBLAS tf32": cublas(True),
         "3x cuBLAS tf32 (pre-split)": three_cublas,
-        "Triton tf32": lambda: gemm(a, b, "tf32"),
-        "Triton tf32x3 native": lambda: gemm(a, b, "tf32x3", tf32x3_impl="native"),
-        "Triton tf32x3 presplit": lambda: gemm(a, b, "tf32x3"),
-        "Triton tf32x3 presplit +b_lo cached": lambda: gemm(a, b, "tf32x3", b_lo=b_lo),
+        "Triton tf32, B N-major": lambda: gemm(a, b, "tf32", k_major=False),
+        "Triton tf32, B K-major": lambda: gemm(a, b_km, "tf32"),
+        "Triton tf32x3 native, B K-major": lambda: gemm(a, b_km, "tf32x3", tf32x3_impl="native"),
+        "Triton tf32x3 presplit, B N-major (+transpose)": lambda: gemm(a, b, "tf32x3"),
+        "Triton tf32x3 presplit, B K-major": lambda: gemm(a, b_km, "tf32x3"),
+        "Triton tf32x3 presplit, weight split cached": lambda: gemm(a, b_km, "tf32x3", b_split=b_split),
+        "Triton tf32x3 presplit, cached, a_lo in-kernel": lambda: gemm(a, b_km, "tf32x3", b_split=b_split,
+                                                                       a_lo_in_kernel=True),
     }
 
 
@@ -135,7 +142,7 @@ def main() -> None:
                 verdicts.append((shape, r["method"], ok and r["tflops"] >= SPEED_BAR * fp32, r["tflops"] / fp32))
     print("\nbar: tf32x3 >= 2.0x cuBLAS fp32 at rel. err <= 1e-6")
     for shape, method, met, ratio in verdicts:
-        print(f"  {shape:>18} {method:<38} {ratio:5.2f}x  {'MET' if met else 'not met'}")
+        print(f"  {shape:>18} {method:<48} {ratio:5.2f}x  {'MET' if met else 'not met'}")
     print("\nautotune picks:", json.dumps(_best_configs(), indent=1))
     if args.json:
         with open(args.json, "w") as f:

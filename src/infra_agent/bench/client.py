@@ -21,7 +21,8 @@ from typing import Any, Literal
 import httpx
 
 Endpoint = Literal["completions", "chat"]
-ErrorKind = Literal["", "connect", "timeout", "http", "protocol", "other"]
+# "empty": a well-formed stream that carried no content token (nothing to time a TTFT by).
+ErrorKind = Literal["", "connect", "timeout", "http", "protocol", "empty", "other"]
 
 _PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -170,7 +171,7 @@ async def send_request(client: httpx.AsyncClient, base_url: str, req: RequestInp
         rec.error, rec.error_kind = f"{url} sent an event stream without any OpenAI 'data:' chunks", "protocol"
         return rec
     if chunks == 0:
-        rec.error, rec.error_kind = "stream ended without a single content token", "protocol"
+        rec.error, rec.error_kind = "stream ended without a single content token", "empty"
         return rec
     rec.output_len = usage_tokens if usage_tokens is not None else chunks
     rec.success = True

@@ -25,6 +25,7 @@ from refstack.engine.consumers import RequestStream, run_to_completion
 from refstack.engine.request import Request, RequestOutput, RequestState, RequestStats, Sink
 from refstack.engine.sampling import SamplingParams, make_generator, sample_tokens
 from refstack.engine.scheduler import ScheduledChunk, Scheduler
+from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk
 
 log = logging.getLogger(__name__)
 THREAD_NAME = "engine-loop"
@@ -49,13 +50,13 @@ class Engine:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         if model is None or tokenizer is None:
-            from refstack.model import ByteTokenizer, HybridConfig, HybridModel
-
             overrides: dict[str, Any] = {"lm_head_precision": config.lm_head_precision, "seed": config.seed}
             if config.max_seq_len:
                 overrides["max_seq_len"] = config.max_seq_len
-            model = model or HybridModel(HybridConfig.preset(config.preset).with_overrides(**overrides))
-            tokenizer = tokenizer or ByteTokenizer()
+            if model is None:
+                model = HybridModel(HybridConfig.preset(config.preset).with_overrides(**overrides))
+            if tokenizer is None:
+                tokenizer = ByteTokenizer()
         self.model = model
         self.tokenizer = tokenizer
         self.max_seq_len = config.max_seq_len or model.config.max_seq_len
@@ -168,8 +169,6 @@ class Engine:
         return True
 
     def _forward(self, chunks: list[ScheduledChunk]) -> list[tuple[ScheduledChunk, torch.Tensor]]:
-        from refstack.model import SeqChunk
-
         logits = self.model.forward_chunks(
             [SeqChunk(slot=c.request.slot, token_ids=c.token_ids, start_pos=c.start_pos) for c in chunks],
             self.cache,

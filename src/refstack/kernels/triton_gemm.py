@@ -52,40 +52,66 @@ def _kernels() -> dict[str, Any]:
     """Import the device code on first use, so importing refstack never imports Triton."""
     from refstack.kernels import triton_gemm_kernels as kk
 
-    return {"single": kk.gemm_kernel, "presplit": kk.gemm3_kernel, "split_lo": kk.split_lo_kernel}
+    return {"single": kk.gemm_kernel, "presplit": kk.gemm3_kernel, "split": kk.split_kernel}
 
 
 def _grid(meta: dict[str, int], M: int, N: int) -> tuple[int]:
     return (((M + meta["BM"] - 1) // meta["BM"]) * ((N + meta["BN"] - 1) // meta["BN"]),)
 
 
-def split_lo(x: torch.Tensor) -> torch.Tensor:
-    """``x - tf32(x)`` (truncation), same shape and strides as a dense ``x``.
+def _is_k_major(x: torch.Tensor, k_dim: int) -> bool:
+    return x.stride(k_dim) == 1 or x.shape[k_dim] == 1
 
-    For a weight that does not change (the LM head), call this once and pass the
-    result to ``gemm(..., b_lo=...)`` so every call skips the split pass for B."""
-    assert x.dtype == torch.float32
-    if x.dim() == 2 and not x.is_contiguous() and x.t().is_contiguous():
-        return split_lo(x.t()).t()  # a transposed weight view: split its storage
-    x = x.contiguous()
-    lo = torch.empty_like(x)
-    n = x.numel()
-    block = 1024
-    _kernels()["split_lo"][(_cdiv(n, block),)](x, lo, n, BLOCK=block)
+
+def _k_major_empty(x: torch.Tensor, k_dim: int) -> torch.Tensor:
+    rows, cols = x.shape
+    if k_dim == 1:
+        return torch.empty((rows, cols), device=x.device, dtype=torch.float32)
+    return torch.empty((cols, rows), device=x.device, dtype=torch.float32).t()
+
+
+def split_operand(x: torch.Tensor, k_dim: int, want_lo: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(x_k, x_lo)`` for a GEMM operand whose reduction dimension is ``k_dim``.
+
+    ``x_k`` is ``x`` itself when it is already K-major, else a K-major copy: TF32
+    ``wgmma`` reads both operands from shared memory K-major only (transposed tiles are
+    a 16-bit-type feature), so an N-major B would push Triton onto the older, slower
+    MMA path.  ``x_lo = x - tf32(x)`` (truncation), K-major, or None.  One pass over
+    ``x`` writes both.  For a weight (the LM head) call this once and reuse the result.
+    """
+    assert x.dim() == 2 and x.dtype == torch.float32
+    already = _is_k_major(x, k_dim)
+    if already and not want_lo:
+        return x, None
+    lo = _k_major_empty(x, k_dim)
+    hi = x if already else _k_major_empty(x, k_dim)
+    R, C = x.shape
+    BR, BC = 64, 64
+    grid = ((R + BR - 1) // BR, (C + BC - 1) // BC)
+    _kernels()["split"][grid](x, hi, lo, R, C, *x.stride(), *lo.stride(), WRITE_HI=not already, BR=BR, BC=BC)
+    return hi, (lo if want_lo else None)
+
+
+def split_lo(x: torch.Tensor) -> torch.Tensor:
+    """``x - tf32(x)`` for a 2-D fp32 tensor, row-major (``split_operand(x, 1)``)."""
+    lo = split_operand(x, k_dim=1)[1]
+    assert lo is not None
     return lo
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def gemm(a: torch.Tensor, b: torch.Tensor, precision: str = "tf32", *,
-         tf32x3_impl: str = "presplit", b_lo: torch.Tensor | None = None) -> torch.Tensor:
-    """``a [M, K] @ b [K, N]`` in fp32 out.  See the module docstring for ``precision``
-    and ``tf32x3_impl``; ``b_lo`` optionally supplies ``split_lo(b)`` precomputed."""
+         tf32x3_impl: str = "presplit", b_split: tuple[torch.Tensor, torch.Tensor] | None = None,
+         k_major: bool = True, a_lo_in_kernel: bool = False) -> torch.Tensor:
+    """``a [M, K] @ b [K, N]``, fp32 out.  See the module docstring for ``precision`` and
+    ``tf32x3_impl``.  ``b_split`` supplies ``split_operand(b, 0)`` precomputed (a weight);
+    ``k_major=False`` keeps an N-major B as it is (slower on Hopper; for comparison);
+    ``a_lo_in_kernel`` derives A's residual from the A tile inside the K loop instead
+    of streaming a precomputed one."""
     precision = _ALIASES.get(precision, precision)
     if precision not in INPUT_PRECISIONS:
         raise ValueError(f"precision must be one of {INPUT_PRECISIONS} (or fp32/3xtf32), got {precision!r}")
+    if tf32x3_impl not in ("presplit", "native"):
+        raise ValueError(f"tf32x3_impl must be 'presplit' or 'native', got {tf32x3_impl!r}")
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"gemm needs a [M, K] and b [K, N]; got {tuple(a.shape)} and {tuple(b.shape)}")
     M, K = a.shape
@@ -95,29 +121,27 @@ def gemm(a: torch.Tensor, b: torch.Tensor, precision: str = "tf32", *,
     if precision == "bf16":
         # Round once on the way in (not per tile step); the MMA accumulates in fp32.
         a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
+        prec = "tf32"  # ignored for 16-bit operands
         if _interpreting():  # the interpreter cannot dot bf16 blocks; same values in fp32
-            a16, b16 = a16.to(torch.float32), b16.to(torch.float32)
-            k["single"][lambda m: _grid(m, M, N)](
-                a16, b16, c, M, N, K, *a16.stride(), *b16.stride(), *c.stride(), PRECISION="ieee")
-            return c
+            a16, b16, prec = a16.to(torch.float32), b16.to(torch.float32), "ieee"
         k["single"][lambda m: _grid(m, M, N)](
-            a16, b16, c, M, N, K, *a16.stride(), *b16.stride(), *c.stride(), PRECISION="tf32")
+            a16, b16, c, M, N, K, *a16.stride(), *b16.stride(), *c.stride(), PRECISION=prec)
         return c
     a, b = a.to(torch.float32), b.to(torch.float32)
     if precision == "tf32x3" and tf32x3_impl == "presplit":
-        a_lo = split_lo(a)
-        b_lo = split_lo(b) if b_lo is None else b_lo
-        # The kernel indexes a_lo/b_lo with a's/b's strides: make the layouts agree.
-        if a_lo.stride() != a.stride():
-            a, a_lo = a.contiguous(), a_lo.contiguous()
-        if b_lo.stride() != b.stride():
-            b, b_lo = b.contiguous(), b_lo.contiguous()
+        if a_lo_in_kernel:
+            a_k, a_lo = split_operand(a, k_dim=1, want_lo=False)[0], a  # a_lo unused
+        else:
+            a_k, a_lo = split_operand(a, k_dim=1)
+        b_k, b_lo = b_split if b_split is not None else split_operand(b, k_dim=0)
+        assert a_lo is not None and b_lo is not None
         k["presplit"][lambda m: _grid(m, M, N)](
-            a, a_lo, b, b_lo, c, M, N, K, *a.stride(), *b.stride(), *c.stride(),
-            EXPLICIT_HI=_interpreting())
+            a_k, a_lo, b_k, b_lo, c, M, N, K, *a_k.stride(), *a_lo.stride(), *b_k.stride(),
+            *b_lo.stride(), *c.stride(), EXPLICIT_HI=_interpreting(), A_LO_IN_KERNEL=a_lo_in_kernel)
         return c
-    if tf32x3_impl not in ("presplit", "native"):
-        raise ValueError(f"tf32x3_impl must be 'presplit' or 'native', got {tf32x3_impl!r}")
+    if k_major and precision != "ieee":
+        a = split_operand(a, k_dim=1, want_lo=False)[0]
+        b = split_operand(b, k_dim=0, want_lo=False)[0]
     k["single"][lambda m: _grid(m, M, N)](
         a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride(), PRECISION=precision)
     return c

@@ -21,7 +21,7 @@ def interpreting() -> bool:
 
 def configs(kind: str) -> list[Any]:
     """Autotune space.  Shared memory per stage is (BM+BN)*BK*4 bytes (x2 for the
-    presplit kernel, which streams four tiles); Hopper has 227 KB per SM, so large
+    presplit kernel, which streams four tiles: a, a_lo, b, b_lo); Hopper has 227 KB per SM, so large
     tiles trade pipeline depth against tile size.  128x256 / 256x128 tiles with 8
     warps give each warpgroup a 64-row wgmma slab and keep the MMA:load ratio high,
     which matters most when every tile step issues three MMAs."""
@@ -30,8 +30,13 @@ def configs(kind: str) -> list[Any]:
     #          BM   BN   BK stages warps
     single = [(128, 256, 32, 3, 8), (256, 128, 32, 3, 8), (128, 128, 32, 4, 4),
               (128, 128, 64, 3, 8), (128, 256, 64, 2, 8), (64, 128, 32, 4, 4)]
-    split = [(128, 256, 16, 4, 8), (256, 128, 16, 4, 8), (128, 128, 32, 3, 8),
-             (128, 128, 32, 3, 4), (128, 256, 32, 2, 8), (128, 128, 16, 5, 4), (64, 128, 32, 3, 4)]
+    # Two fp32 accumulators live per tile (running sum + fresh partial), so 128x128
+    # per 8 warps (128 registers of accumulators per thread) is the largest tile.
+    split = [(128, 128, 16, 4, 8), (128, 128, 32, 3, 8), (128, 128, 16, 6, 8),
+             (128, 64, 32, 4, 4), (64, 128, 32, 4, 4),
+             # 16 warps = 4 warpgroups of 64 rows: a 256x128 tile at 64+64 accumulator
+             # registers per thread, 1.33x the MMA work per byte loaded of 128x128.
+             (256, 128, 16, 4, 16), (128, 256, 16, 4, 16), (256, 128, 32, 2, 16)]
     table = split if kind == "presplit" else single
     return [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
             for bm, bn, bk, s, w in table]
@@ -74,42 +79,62 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
 
 @triton.jit
 def _gemm3_kernel(a_ptr, alo_ptr, b_ptr, blo_ptr, c_ptr, M, N, K,
-                  sam, sak, sbk, sbn, scm, scn, EXPLICIT_HI: tl.constexpr,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+                  sam, sak, slam, slak, sbk, sbn, slbk, slbn, scm, scn, EXPLICIT_HI: tl.constexpr,
+                  A_LO_IN_KERNEL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     rm, rn = _tile_offsets(M, N, BM, BN, GROUP_M)
     rk = tl.arange(0, BK)
-    a_off = rm[:, None] * sam + rk[None, :] * sak  # a_lo shares a's strides
-    b_off = rk[:, None] * sbk + rn[None, :] * sbn  # b_lo shares b's strides
+    a_off = rm[:, None] * sam + rk[None, :] * sak
+    alo_off = rm[:, None] * slam + rk[None, :] * slak
+    b_off = rk[:, None] * sbk + rn[None, :] * sbn
+    blo_off = rk[:, None] * slbk + rn[None, :] * slbn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
         a_m = (rm[:, None] < M) & (rk[None, :] + k0 < K)
         b_m = (rk[:, None] + k0 < K) & (rn[None, :] < N)
         a = tl.load(a_ptr + a_off, mask=a_m, other=0.0)
-        a_lo = tl.load(alo_ptr + a_off, mask=a_m, other=0.0)
+        if A_LO_IN_KERNEL:  # one operand fewer to stream: a_lo from the a tile in registers
+            a_lo = a - (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        else:
+            a_lo = tl.load(alo_ptr + alo_off, mask=a_m, other=0.0)
         b = tl.load(b_ptr + b_off, mask=b_m, other=0.0)
-        b_lo = tl.load(blo_ptr + b_off, mask=b_m, other=0.0)
+        b_lo = tl.load(blo_ptr + blo_off, mask=b_m, other=0.0)
         if EXPLICIT_HI:  # interpreter: dots are exact, so truncate the big parts here
             a = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
             b = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        # Small products first: added to a small accumulator they lose less.
-        acc = tl.dot(a_lo, b, acc, input_precision="tf32")
-        acc = tl.dot(a, b_lo, acc, input_precision="tf32")
-        acc = tl.dot(a, b, acc, input_precision="tf32")
+        # Hopper's TF32 MMA adds into its fp32 accumulator with truncation, so a long
+        # chain of MMAs drifts (measured: rel. error ~ (K/8) * 2**-24, 3e-5 at K=4096).
+        # Each K-block therefore starts a fresh partial (small products first, while it
+        # is small) and is added to the running sum by an ordinary round-to-nearest add.
+        part = tl.dot(a_lo, b, input_precision="tf32")
+        part = tl.dot(a, b_lo, part, input_precision="tf32")
+        part = tl.dot(a, b, part, input_precision="tf32")
+        acc += part
         a_off += BK * sak
+        alo_off += BK * slak
         b_off += BK * sbk
+        blo_off += BK * slbk
     c_p = c_ptr + rm[:, None] * scm + rn[None, :] * scn
     tl.store(c_p, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 @triton.jit
-def _split_lo_kernel(x_ptr, lo_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs, mask=offs < n)
+def _split_kernel(x_ptr, hi_ptr, lo_ptr, R, C, sxr, sxc, sor, soc,
+                  WRITE_HI: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    # lo = x - tf32(x), optionally also a copy of x, both written with the output
+    # strides (used to turn an N-major B into the K-major layout TF32 wgmma needs).
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    m = (r[:, None] < R) & (c[None, :] < C)
+    x = tl.load(x_ptr + r[:, None] * sxr + c[None, :] * sxc, mask=m)
     hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-    tl.store(lo_ptr + offs, x - hi, mask=offs < n)
+    out = r[:, None] * sor + c[None, :] * soc
+    tl.store(lo_ptr + out, x - hi, mask=m)
+    if WRITE_HI:
+        tl.store(hi_ptr + out, x, mask=m)
 
 
-_KEY = ["M", "N", "K"]
-gemm_kernel = triton.autotune(configs=configs("single"), key=_KEY + ["PRECISION"])(_gemm_kernel)
-gemm3_kernel = triton.autotune(configs=configs("presplit"), key=_KEY)(_gemm3_kernel)
-split_lo_kernel = _split_lo_kernel
+# Strides are in the keys: whether B is K-major changes which instructions (and so
+# which tile shape) win.
+gemm_kernel = triton.autotune(configs=configs("single"), key=["M", "N", "K", "sak", "sbk", "PRECISION"])(_gemm_kernel)
+gemm3_kernel = triton.autotune(configs=configs("presplit"), key=["M", "N", "K", "sak", "sbk", "A_LO_IN_KERNEL"])(_gemm3_kernel)
+split_kernel = _split_kernel

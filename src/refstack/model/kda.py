@@ -34,9 +34,9 @@ class KDALayer(nn.Module):
         self.chunk_size = config.kda_chunk_size
         self.scale = K**-0.5
         rank = V  # the low-rank bottleneck of the decay and gate projections
-        # One fused input projection: q, k, v, decay-rank, beta, gate-rank. Decode is
+        # One fused input projection: q|k, v, decay-rank, beta, gate-rank. Decode is
         # dominated by per-op overhead at small batch, so fewer, larger matmuls win.
-        self.split_sizes = [H * K, H * K, H * V, rank, H, rank]
+        self.split_sizes = [2 * H * K, H * V, rank, H, rank]
         self.in_proj = Linear(config.hidden_size, sum(self.split_sizes), gen)
         # Small scale on the decay input so the random model keeps a memory of tens of
         # tokens instead of forgetting everything every step.
@@ -54,9 +54,9 @@ class KDALayer(nn.Module):
         """x [T, hidden] -> q, k, g [T, H, K]; v [T, H, V]; beta [T, H]; gate [T, H, V]."""
         T = x.shape[0]
         H, K, V = self.num_heads, self.k_dim, self.v_dim
-        q, k, v, f_low, b, gate_low = self.in_proj(x).split(self.split_sizes, dim=-1)
-        q = F.normalize(q.view(T, H, K), dim=-1)
-        k = F.normalize(k.view(T, H, K), dim=-1)
+        qk, v, f_low, b, gate_low = self.in_proj(x).split(self.split_sizes, dim=-1)
+        # q and k are adjacent in the fused projection: one normalisation for both.
+        q, k = F.normalize(qk.reshape(T, 2 * H, K), dim=-1).split(H, dim=1)
         f = self.f_proj(f_low).view(T, H, K)
         g = -torch.exp(self.A_log).view(H, 1) * F.softplus(f + self.dt_bias.view(H, K))
         beta = torch.sigmoid(b)

@@ -29,7 +29,7 @@ class _Body(BaseModel):
     max_tokens: int | None = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator accepts
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

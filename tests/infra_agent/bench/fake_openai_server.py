@@ -1,6 +1,6 @@
 """A tiny real OpenAI-compatible streaming server for client tests (run as a subprocess).
 
-``python fake_openai_server.py [--token-delay-ms D] [--mode stream|json|die-after] [--die-after N] [--no-usage] [--port P]``
+``python fake_openai_server.py [--token-delay-ms D] [--mode stream|json|die-after|empty] [--die-after N] [--no-usage] [--port P]``
 binds a free loopback port itself and prints ``READY http://127.0.0.1:PORT`` once serving.
 It exposes vLLM-named histograms under the ``refstack:`` prefix on /metrics so the
 Prometheus delta can be checked against what it served.
@@ -54,7 +54,7 @@ def build_app(token_delay_s: float, mode: str, die_after: int, usage: bool = Tru
         async def gen():
             if chat:  # real chat servers open with a role-only chunk; TTFT must skip it
                 yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
-            for i in range(n):
+            for i in range(n if mode != "empty" else 0):  # "empty": tokens made, no text streamed
                 await asyncio.sleep(token_delay_s)
                 choice = {"index": 0, "delta": {"content": "x"}} if chat else {"index": 0, "text": "x"}
                 yield "data: " + json.dumps({"choices": [choice]}) + "\n\n"
@@ -80,7 +80,7 @@ def build_app(token_delay_s: float, mode: str, die_after: int, usage: bool = Tru
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--token-delay-ms", type=float, default=2.0)
-    ap.add_argument("--mode", choices=["stream", "json", "die-after"], default="stream")
+    ap.add_argument("--mode", choices=["stream", "json", "die-after", "empty"], default="stream")
     ap.add_argument("--die-after", type=int, default=0)
     ap.add_argument("--no-usage", action="store_true", help="never send a usage chunk")
     ap.add_argument("--port", type=int, default=0, help="0 picks a free port")

@@ -83,3 +83,13 @@ def test_non_streaming_server_is_a_target_error(fake_server_factory) -> None:  #
         run_benchmark(srv.url, _scenario(), progress=False)
     rec = _one(srv.url, "completions")
     assert not rec.success and rec.error_kind == "protocol" and "event stream" in rec.error
+
+
+def test_stream_without_text_is_a_failed_request_not_a_target_error(fake_server_factory) -> None:  # type: ignore[no-untyped-def]
+    # A real OpenAI stream whose tokens never formed text (refstack can do this with
+    # greedy decoding of random weights): no TTFT exists, so each request is failed,
+    # but the server is reachable and speaks the protocol, so the run goes on.
+    srv = fake_server_factory("--mode", "empty")
+    res = run_benchmark(srv.url, _scenario(), progress=False)
+    assert res["completed"] == 0 and res["failed"] == 12
+    assert all("without a single content token" in e for e in res["errors"])

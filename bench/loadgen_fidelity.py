@@ -1,0 +1,179 @@
+"""Our load generator against a peer (NVIDIA aiperf) on the same refstack server.
+
+    python bench/loadgen_fidelity.py [--aiperf PATH] [--reps 3] [--small 60] [--large 240]
+
+Both clients drive the same server with the same load (concurrency, prompt and output
+lengths, ignore_eos, temperature 1), interleaved rep by rep with the order flipped each
+rep, each as its own process.  For every run we also diff the server's own Prometheus
+histograms, the reference that no client overhead can touch.
+
+- Agreement: medians over reps of median TTFT, median TPOT (aiperf's
+  ``inter_token_latency`` is (e2e − TTFT)/(tokens − 1), vLLM's TPOT) and output
+  throughput, at the large run size; the goal is |ours/peer − 1| <= 5%.
+- CPU per streamed token: child-process CPU (user+sys, ``RUSAGE_CHILDREN``, which
+  covers aiperf's worker processes) of a large run minus that of a small run, divided
+  by the difference in streamed tokens, so interpreter and framework start-up cancel.
+
+aiperf runs fully offline: its tokenizer is a byte-level one (like refstack's) built
+here with the ``tokenizers`` package into a private Hugging Face cache folder, and
+``HF_HUB_OFFLINE=1`` keeps it off the network.  Output token counts come from the
+server's ``usage`` for both clients (aiperf ``--use-server-token-count``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from infra_agent.bench.prom import parse_histogram_totals, phase_deltas
+from infra_agent.target import ServerProcess
+from infra_agent.workspace.models import ServerTargetSpec
+
+SPEC = ServerTargetSpec(
+    kind="server",
+    command=[sys.executable, "-m", "refstack.cli", "serve", "--preset", "tiny", "--port", "{port}", "--torch-threads", "{threads}"],
+    ready_url="/health", metrics_url="/metrics", ready_timeout_s=180,
+)
+
+# Builds a byte-level fast tokenizer (256 byte symbols, no merges) in HF cache layout.
+_MAKE_TOKENIZER = r"""
+import json, os, sys
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from tokenizers.pre_tokenizers import ByteLevel
+snap = os.path.join(sys.argv[1], "models--local--bytetok", "snapshots", "0" * 40)
+os.makedirs(snap, exist_ok=True)
+vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}
+vocab["<eos>"] = len(vocab)
+tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+tok.decoder = decoders.ByteLevel()
+tok.save(os.path.join(snap, "tokenizer.json"))
+json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>", "model_max_length": 4096},
+          open(os.path.join(snap, "tokenizer_config.json"), "w"))
+os.makedirs(os.path.join(sys.argv[1], "models--local--bytetok", "refs"), exist_ok=True)
+open(os.path.join(sys.argv[1], "models--local--bytetok", "refs", "main"), "w").write("0" * 40)
+"""
+
+
+def child_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def scrape(url: str) -> dict[str, float]:
+    return parse_histogram_totals(httpx.get(url + "/metrics", trust_env=False, timeout=30).text)
+
+
+def run_ours(url: str, n: int, a: argparse.Namespace, work: Path) -> dict[str, Any]:
+    out = work / f"ours-{n}-{time.monotonic_ns()}.json"
+    exe = Path(sys.executable).with_name("infra-agent")
+    cmd = [str(exe), "bench", url, "--num-requests", str(n), "--max-concurrency", str(a.concurrency),
+           "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--temperature", "1.0",
+           "--warmup-requests", "1", "--no-progress", "--output", str(out)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    r = json.loads(out.read_text())
+    return {"median_ttft_ms": r["median_ttft_ms"], "median_tpot_ms": r["median_tpot_ms"], "mean_ttft_ms": r["mean_ttft_ms"],
+            "mean_tpot_ms": r["mean_tpot_ms"], "output_throughput": r["output_throughput"],
+            "tokens": r["total_output_tokens"], "failed": r["failed"]}
+
+
+def run_aiperf(url: str, n: int, a: argparse.Namespace, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    art = work / f"aiperf-{n}-{time.monotonic_ns()}"
+    cmd = [a.aiperf, "profile", "--model", "refstack-tiny", "--url", url, "--endpoint-type", "completions", "--streaming",
+           "--tokenizer", "local/bytetok", "--synthetic-input-tokens-mean", str(a.input_len), "--synthetic-input-tokens-stddev", "0",
+           "--output-tokens-mean", str(a.output_len), "--output-tokens-stddev", "0", "--concurrency", str(a.concurrency),
+           "--request-count", str(n), "--warmup-request-count", "1", "--extra-inputs", "ignore_eos:true",
+           "--extra-inputs", "temperature:1.0", "--use-server-token-count", "--ui-type", "none", "--artifact-dir", str(art)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    r = json.loads((art / "profile_export_aiperf.json").read_text())
+    errors = (r.get("error_request_count") or {}).get("avg", 0) or 0
+    return {"median_ttft_ms": r["time_to_first_token"]["p50"], "median_tpot_ms": r["inter_token_latency"]["p50"],
+            "mean_ttft_ms": r["time_to_first_token"]["avg"], "mean_tpot_ms": r["inter_token_latency"]["avg"],
+            "output_throughput": r["output_token_throughput"]["avg"], "tokens": r["total_osl"]["avg"], "failed": errors}
+
+
+def measured(fn: Any, url: str, *args: Any) -> dict[str, Any]:
+    before, cpu0 = scrape(url), child_cpu()
+    res = fn(url, *args)
+    res["cpu_s"] = child_cpu() - cpu0
+    d = phase_deltas(before, scrape(url))
+    res["server_ttft_ms"] = d["ttft"]["mean_s"] * 1e3
+    res["server_tpot_ms"] = d["tpot"]["mean_s"] * 1e3
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--aiperf", default=shutil.which("aiperf"), help="the aiperf executable (its venv must have tokenizers)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--small", type=int, default=60, help="requests in the small run (start-up cost reference)")
+    ap.add_argument("--large", type=int, default=240, help="requests in the large run (the one compared)")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--torch-threads", type=int, default=1)
+    a = ap.parse_args()
+    if not a.aiperf:
+        sys.exit("aiperf not found: pip install aiperf into a separate venv and pass --aiperf PATH")
+    work = Path(tempfile.mkdtemp(prefix="loadgen_fidelity_"))
+    hub = work / "hf-hub"
+    subprocess.run([str(Path(a.aiperf).with_name("python")), "-c", _MAKE_TOKENIZER, str(hub)], check=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_CACHE": str(hub)}
+
+    res: dict[str, dict[int, list[dict[str, Any]]]] = {"ours": {a.small: [], a.large: []}, "aiperf": {a.small: [], a.large: []}}
+    with ServerProcess(SPEC, {"threads": a.torch_threads}, work / "logs", name="refstack") as srv:
+        tools = {"ours": lambda url, n: run_ours(url, n, a, work), "aiperf": lambda url, n: run_aiperf(url, n, a, work, env)}
+        measured(tools["ours"], srv.url, 16)  # warm the server once
+        for rep in range(a.reps):
+            order = ["ours", "aiperf"] if rep % 2 == 0 else ["aiperf", "ours"]
+            for n in (a.small, a.large):
+                for tool in order:
+                    r = measured(tools[tool], srv.url, n)
+                    res[tool][n].append(r)
+                    print(f"rep {rep} {tool:6s} n={n}: {json.dumps({k: round(v, 3) for k, v in r.items()})}", file=sys.stderr)
+
+    def med(tool: str, key: str) -> float:
+        return statistics.median(r[key] for r in res[tool][a.large])
+
+    def cpu_per_tok(tool: str) -> float:
+        vals = [(big["cpu_s"] - small["cpu_s"]) / (big["tokens"] - small["tokens"])
+                for small, big in zip(res[tool][a.small], res[tool][a.large])]
+        return statistics.median(vals)
+
+    rows = []
+    for key, label in (("median_ttft_ms", "median TTFT [ms]"), ("median_tpot_ms", "median TPOT [ms]"),
+                       ("output_throughput", "output throughput [tok/s]")):
+        ours, peer = med("ours", key), med("aiperf", key)
+        rows.append((label, f"{ours:.2f}", f"{peer:.2f}", f"{ours / peer:.3f}", "yes" if abs(ours / peer - 1) <= 0.05 else "no"))
+    for key, srv_key, label in (("mean_ttft_ms", "server_ttft_ms", "mean TTFT minus server's [ms]"),
+                                ("mean_tpot_ms", "server_tpot_ms", "mean TPOT minus server's [ms]")):
+        o = statistics.median(r[key] - r[srv_key] for r in res["ours"][a.large])
+        p = statistics.median(r[key] - r[srv_key] for r in res["aiperf"][a.large])
+        rows.append((label, f"{o:+.2f}", f"{p:+.2f}", "-", "-"))
+    co, cp = cpu_per_tok("ours"), cpu_per_tok("aiperf")
+    rows.append(("client CPU per streamed token [us]", f"{co * 1e6:.1f}", f"{cp * 1e6:.1f}", f"{co / cp:.3f}", "yes" if co <= cp else "no"))
+    to = statistics.median(r["cpu_s"] / r["tokens"] for r in res["ours"][a.large])
+    tp = statistics.median(r["cpu_s"] / r["tokens"] for r in res["aiperf"][a.large])
+    rows.append((f"client CPU per token incl. start-up, n={a.large} [us]", f"{to * 1e6:.1f}", f"{tp * 1e6:.1f}", f"{to / tp:.3f}", "-"))
+    fails = sum(r["failed"] for t in res.values() for runs in t.values() for r in runs)
+    print(f"| metric | infra-agent | aiperf {a.reps} reps | ratio | within goal |\n|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print(f"\nload: concurrency {a.concurrency}, {a.input_len} in / {a.output_len} out tokens, {a.large} requests per compared run; "
+          f"failed requests over all runs: {fails}")
+
+
+if __name__ == "__main__":
+    main()
