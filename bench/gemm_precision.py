@@ -70,10 +70,9 @@ def _methods(a: torch.Tensor, b: torch.Tensor) -> dict[str, Callable[[], torch.T
         "Triton tf32, B K-major": lambda: gemm(a, b_km, "tf32"),
         "Triton tf32x3 native, B K-major": lambda: gemm(a, b_km, "tf32x3", tf32x3_impl="native"),
         "Triton tf32x3 presplit, B N-major (+transpose)": lambda: gemm(a, b, "tf32x3"),
+        "Triton tf32x3 presplit, B K-major, a_lo streamed": lambda: gemm(a, b_km, "tf32x3", a_lo_in_kernel=False),
         "Triton tf32x3 presplit, B K-major": lambda: gemm(a, b_km, "tf32x3"),
         "Triton tf32x3 presplit, weight split cached": lambda: gemm(a, b_km, "tf32x3", b_split=b_split),
-        "Triton tf32x3 presplit, cached, a_lo in-kernel": lambda: gemm(a, b_km, "tf32x3", b_split=b_split,
-                                                                       a_lo_in_kernel=True),
     }
 
 

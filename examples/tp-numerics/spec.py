@@ -27,11 +27,12 @@ TP_DEGREES = (2, 4, 8)
 PRECISIONS = ("fp32", "tf32", "3xtf32")
 RMS_EPS = 1e-6
 
-# fp32-level agreement between two summation orders of the same products.  Sized from
-# measurement on the shapes below (fp32 reordering gives rel_fro ~3e-7 and max abs
-# ~2.5e-6 on O(1) logits), with ~3x headroom, and still 10x under what a single TF32
-# rounding flip costs (see README).  Every criterion must hold.
-FP32_LEVEL = Tolerance(rel_fro=1e-6, atol=1e-5, rtol=1e-5)
+# fp32-level agreement between two summation orders of the same products, sized from
+# measurement: fp32 reordering reaches rel_fro 3e-7 on the CPU at K=1024 and 1.3e-6 on
+# an H200 (cuBLAS fp32) at K=4096, max abs 1.6e-5 on O(1) outputs; 3xtf32 stays under
+# 3.1e-7.  A TF32 rounding flip downstream of a split-K costs >= 7e-6 (CPU, K=1024).
+# Every criterion must hold.
+FP32_LEVEL = Tolerance(rel_fro=3e-6, atol=3e-5, rtol=1e-5)
 PARTITION_TOLERANCES = {p: FP32_LEVEL for p in PRECISIONS}
 # Against the float64 truth: tf32 is judged at its own (truncation) level.
 TRUTH_TOLERANCES = {"fp32": Tolerance(rel_fro=1e-5), "tf32": Tolerance(rel_fro=3e-3),
@@ -77,8 +78,8 @@ def lm_head(o: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, norm_w: 
 
 def lm_head_vocab_tp(o: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor,
                      w_lm: torch.Tensor, *, precision: str = "fp32", world: int = 2) -> dict[str, torch.Tensor]:
-    return {"logits": tp.vocab_parallel_logits(residual, w_lm, world, precision),
-            "logprobs": tp.vocab_parallel_log_softmax(residual, w_lm, world, precision)}
+    logits, logprobs = tp.vocab_parallel_head(residual, w_lm, world, precision)
+    return {"logits": logits, "logprobs": logprobs}
 
 
 def lm_head_ref(o: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor,

@@ -43,3 +43,7 @@ for _verb in _VERB_MODULES:
     if importlib.util.find_spec(_name) is None:
         continue
     importlib.import_module(_name).register(app)
+
+
+if __name__ == "__main__":
+    app()

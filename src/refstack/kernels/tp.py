@@ -119,15 +119,25 @@ def vocab_parallel_argmax(h: torch.Tensor, weight: torch.Tensor, world_size: int
     return idxs.gather(0, best_rank).squeeze(0)
 
 
+def _log_softmax_shards(local: Sequence[torch.Tensor], order: str) -> list[torch.Tensor]:
+    gmax = all_reduce_max([l.amax(dim=-1, keepdim=True) for l in local])
+    gsum = all_reduce_sum([torch.exp(l - gmax).sum(dim=-1, keepdim=True) for l in local], order)
+    log_z = gmax + torch.log(gsum)
+    return [l - log_z for l in local]
+
+
 def vocab_parallel_log_softmax(h: torch.Tensor, weight: torch.Tensor, world_size: int,
                                precision: str = "fp32", order: str = "ring") -> torch.Tensor:
     """Log-probabilities with two small collectives (max, then sum of exp) instead of
     gathering ``[T, V]`` logits before normalising."""
+    return all_gather(_log_softmax_shards(_local_logits(h, weight, world_size, precision), order), dim=-1)
+
+
+def vocab_parallel_head(h: torch.Tensor, weight: torch.Tensor, world_size: int, precision: str = "fp32",
+                        order: str = "ring") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits, logprobs)`` from one GEMM per rank (what a serving step needs)."""
     local = _local_logits(h, weight, world_size, precision)
-    gmax = all_reduce_max([l.amax(dim=-1, keepdim=True) for l in local])
-    gsum = all_reduce_sum([torch.exp(l - gmax).sum(dim=-1, keepdim=True) for l in local], order)
-    log_z = gmax + torch.log(gsum)
-    return all_gather([l - log_z for l in local], dim=-1)
+    return all_gather(local, dim=-1), all_gather(_log_softmax_shards(local, order), dim=-1)
 
 
 # --- tensor-parallel linear layers (KDA projections) ---------------------------------

@@ -36,7 +36,10 @@ def configs(kind: str) -> list[Any]:
              (128, 64, 32, 4, 4), (64, 128, 32, 4, 4),
              # 16 warps = 4 warpgroups of 64 rows: a 256x128 tile at 64+64 accumulator
              # registers per thread, 1.33x the MMA work per byte loaded of 128x128.
-             (256, 128, 16, 4, 16), (128, 256, 16, 4, 16), (256, 128, 32, 2, 16)]
+             (256, 128, 16, 4, 16), (128, 256, 16, 4, 16), (256, 128, 32, 2, 16),
+             # With A's residual made in registers only three tiles are streamed, so
+             # deeper pipelines fit (48 KB a stage at 128x128x32).
+             (128, 128, 32, 4, 8), (256, 128, 32, 3, 16)]
     table = split if kind == "presplit" else single
     return [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
             for bm, bn, bk, s, w in table]

@@ -47,12 +47,13 @@ class AttentionLayer(nn.Module):
     def forward(self, x: Tensor, batch: ForwardBatch, cache: ModelCache) -> Tensor:
         with tracing.span("attention", cat="attn", layer=self.layer, tokens=batch.num_tokens):
             T = x.shape[0]
-            q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+            qk, v = self.qkv_proj(x).split([sum(self.split_sizes[:2]), self.split_sizes[2]], dim=-1)
             assert batch.rope is not None, "the model sets the RoPE tables for the batch"
             cos, sin = batch.rope
-            q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos, sin)
-            k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)
-            v = v.view(T, self.num_kv_heads, self.head_dim)
+            # q and k heads are adjacent: rotate them together in one pass.
+            qk = apply_rope(qk.reshape(T, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            v = v.reshape(T, self.num_kv_heads, self.head_dim)
             keys, values = cache.keys[self.layer], cache.values[self.layer]
             nd = batch.num_decode
             parts: list[Tensor] = []

@@ -49,6 +49,7 @@ class ForwardBatch:
     # be sliced rather than gathered.
     decode_slot_range: tuple[int, int] | None
     max_decode_len: int  # longest attended length among decode chunks (0 if none)
+    fresh_decode_slots: Tensor | None  # decode slots at position 0 (one-token prompts), if any
     prefills: list[PrefillSpan]
     last_token_index: Tensor  # [num_chunks] stream index of each chunk's last token, chunk order
     # Filled by the model once per forward, shared by all attention layers.
@@ -111,6 +112,11 @@ class ForwardBatch:
             decode_positions=torch.tensor(dec_pos, dtype=torch.long),
             decode_slot_range=slot_range,
             max_decode_len=max(dec_pos) + 1 if dec_pos else 0,
+            fresh_decode_slots=(
+                torch.tensor([s for s, p in zip(dec_slots, dec_pos) if p == 0], dtype=torch.long)
+                if 0 in dec_pos
+                else None
+            ),
             prefills=spans,
             last_token_index=torch.tensor(last, dtype=torch.long),
         )

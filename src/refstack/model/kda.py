@@ -13,7 +13,7 @@ from refstack.model.batch import ForwardBatch
 from refstack.model.cache import ModelCache
 from refstack.model.config import HybridConfig
 from refstack.model.kda_ops import kda_chunked, kda_recurrent_step
-from refstack.model.layers import Linear, RMSNorm
+from refstack.model.layers import Linear, RMSNorm, seeded_weight
 
 
 class KDALayer(nn.Module):
@@ -33,35 +33,46 @@ class KDALayer(nn.Module):
         self.num_heads, self.k_dim, self.v_dim = H, K, V
         self.chunk_size = config.kda_chunk_size
         self.scale = K**-0.5
-        rank = V  # the low-rank bottleneck of the decay and gate projections
-        # One fused input projection: q|k, v, decay-rank, beta, gate-rank. Decode is
+        self.rank = rank = V  # the low-rank bottleneck of the decay and gate projections
+        # One fused input projection: q|k, v, beta, decay-rank|gate-rank. Decode is
         # dominated by per-op overhead at small batch, so fewer, larger matmuls win.
-        self.split_sizes = [2 * H * K, H * V, rank, H, rank]
+        self.split_sizes = [2 * H * K, H * V, H, 2 * rank]
         self.in_proj = Linear(config.hidden_size, sum(self.split_sizes), gen)
-        # Small scale on the decay input so the random model keeps a memory of tens of
-        # tokens instead of forgetting everything every step.
-        self.f_proj = Linear(rank, H * K, gen, scale=0.5)
-        self.gate_proj = Linear(rank, H * V, gen)
-        # A in [1, 8] and a softplus(dt_bias) in [1e-3, 1e-1], log-uniform as in Mamba.
+        # Both low-rank up-projections as one block-diagonal matmul (decay: rank -> H*K,
+        # gate: rank -> H*V); the zero blocks cost a few extra FLOPs but save an op.
+        # The decay block has a small scale so the random model keeps a memory of tens
+        # of tokens instead of forgetting everything every step.
+        up = torch.zeros(H * K + H * V, 2 * rank)
+        up[: H * K, :rank] = seeded_weight(gen, H * K, rank, std=0.5 / math.sqrt(rank))
+        up[H * K :, rank:] = seeded_weight(gen, H * V, rank, std=1.0 / math.sqrt(rank))
+        self.low_rank_up = nn.Parameter(up, requires_grad=False)
+        # A in [1, 8] and softplus(dt_bias) in [1e-3, 1e-1], log-uniform as in Mamba.
         a = 1.0 + 7.0 * torch.rand(H, generator=gen)
         self.A_log = nn.Parameter(a.log(), requires_grad=False)
         dt = torch.exp(torch.empty(H * K).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)), requires_grad=False)  # softplus^-1
+        dt_bias = dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt)
+        # dt_bias rides on the up-projection's addmm; the gate part has no bias.
+        self.low_rank_bias = nn.Parameter(torch.cat([dt_bias, torch.zeros(H * V)]), requires_grad=False)
+        # rms_norm with a constant K^-1/2 weight is an L2 normalisation in one fused op.
+        self.register_buffer("l2_weight", torch.full((K,), K**-0.5), persistent=False)
         self.o_norm = RMSNorm(V, config.rms_eps, gen)
         self.o_proj = Linear(H * V, config.hidden_size, gen, scale=1.0 / math.sqrt(2 * config.num_layers))
+
+    @property
+    def dt_bias(self) -> Tensor:
+        return self.low_rank_bias[: self.num_heads * self.k_dim]
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """x [T, hidden] -> q, k, g [T, H, K]; v [T, H, V]; beta [T, H]; gate [T, H, V]."""
         T = x.shape[0]
         H, K, V = self.num_heads, self.k_dim, self.v_dim
-        qk, v, f_low, b, gate_low = self.in_proj(x).split(self.split_sizes, dim=-1)
+        qk, v, b, low = self.in_proj(x).split(self.split_sizes, dim=-1)
         # q and k are adjacent in the fused projection: one normalisation for both.
-        q, k = F.normalize(qk.reshape(T, 2 * H, K), dim=-1).split(H, dim=1)
-        f = self.f_proj(f_low).view(T, H, K)
-        g = -torch.exp(self.A_log).view(H, 1) * F.softplus(f + self.dt_bias.view(H, K))
+        q, k = F.rms_norm(qk.reshape(T, 2 * H, K), (K,), self.l2_weight, 1e-12).split(H, dim=1)
+        f, gate = F.linear(low, self.low_rank_up, self.low_rank_bias).split([H * K, H * V], dim=-1)
+        g = F.softplus(f.reshape(T, H, K)) * torch.exp(self.A_log).neg_().view(H, 1)
         beta = torch.sigmoid(b)
-        gate = self.gate_proj(gate_low).view(T, H, V)
-        return q, k, v.reshape(T, H, V), g, beta, gate
+        return q, k, v.reshape(T, H, V), g, beta, gate.reshape(T, H, V)
 
     def forward(self, x: Tensor, batch: ForwardBatch, cache: ModelCache) -> Tensor:
         with tracing.span("kda", cat="kda", layer=self.layer, tokens=batch.num_tokens):
@@ -86,9 +97,8 @@ class KDALayer(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, batch: ForwardBatch, states: Tensor
     ) -> Tensor:
         # A decode at position 0 (a one-token prompt) must not see a stale state.
-        fresh = batch.decode_positions == 0
-        if bool(fresh.any()):
-            states.index_fill_(0, batch.decode_slots[fresh], 0.0)
+        if batch.fresh_decode_slots is not None:
+            states.index_fill_(0, batch.fresh_decode_slots, 0.0)
         if batch.decode_slot_range is not None:
             # Consecutive slots: update the cache's states in place, no gather/scatter.
             lo, hi = batch.decode_slot_range

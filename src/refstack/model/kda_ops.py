@@ -32,6 +32,9 @@ from torch import Tensor
 
 # Sub-chunk length for the intra-chunk decay products (see _decay_scores).
 SUB_CHUNK = 16
+# Largest in-sub-chunk decay exponent factored directly; e^60 is far from fp32's
+# e^88 overflow and its reciprocal far from the e^-87 underflow to denormals.
+SAFE_EXPONENT = 60.0
 
 
 def kda_naive(
@@ -79,29 +82,48 @@ def kda_recurrent_step(
     return o, S
 
 
+def _factorable(G: Tensor) -> bool:
+    """Whether no channel decays by more than e^-SAFE_EXPONENT over the block (dim -2)."""
+    return float((G[..., :1, :] - G[..., -1:, :]).amax()) < SAFE_EXPONENT
+
+
+def _factored_scores(a: Tensor, b: Tensor, G: Tensor) -> Tensor:
+    """``(a e^{G - G_0}) (b e^{G_0 - G})^T``: one matmul, exact where i <= t, unmasked."""
+    first = G[..., :1, :]
+    return (a * torch.exp(G - first)) @ (b * torch.exp(first - G)).transpose(-1, -2)
+
+
 def _decay_scores(a: Tensor, b: Tensor, G: Tensor, strict: bool) -> Tensor:
     """``M[t, i] = sum_d a_td b_id exp(G_td - G_id)`` for i < t (strict) or i <= t, else 0.
 
     a, b, G: [..., C, K] -> [..., C, C].
 
-    Why sub-chunks: factoring ``e^{G_t - G_i} = e^{G_t} e^{-G_i}`` over a whole chunk
-    overflows fp32 once a channel decays by more than ~e^-88 inside the chunk.
-    Instead, pairs within one sub-chunk get the exact pairwise exponent (all <= 0),
-    and pairs across sub-chunks are factored at the end ``R`` of the key's sub-chunk:
+    Usually this is one matmul: ``e^{G_t - G_i} = e^{G_t - G_0} e^{G_0 - G_i}``.  But
+    that overflows fp32 once a channel decays by more than ~e^-88 inside the chunk, so
+    past SAFE_EXPONENT the chunk is split into sub-chunks: pairs within one sub-chunk
+    are factored at its first position when that is safe, else get the exact pairwise
+    exponent, and pairs across sub-chunks are factored at the end ``R`` of the key's sub-chunk:
     ``e^{G_t - R} e^{R - G_i}``.  G only decreases, so both factors are <= 1; either may
     underflow, harmlessly, since the true product is then smaller still.
     """
     *lead, C, K = a.shape
+    tri_c = torch.ones(C, C, dtype=torch.bool, device=a.device).tril(-1 if strict else 0)
+    if _factorable(G):
+        return _factored_scores(a, b, G).masked_fill_(~tri_c, 0.0)
     sub = min(SUB_CHUNK, C)
     assert C % sub == 0, f"chunk {C} must be a multiple of the sub-chunk {sub}"
     nb = C // sub
     Gs, As, Bs = (x.unflatten(-2, (nb, sub)) for x in (G, a, b))
     neg_inf = float("-inf")
 
-    # Pairs inside one sub-chunk: [..., nb, t, i, K] exponents, masked before exp.
+    # Pairs inside one sub-chunk.
     tri = torch.ones(sub, sub, dtype=torch.bool, device=a.device).tril(-1 if strict else 0)
-    decay = (Gs.unsqueeze(-2) - Gs.unsqueeze(-3)).masked_fill(~tri.unsqueeze(-1), neg_inf).exp_()
-    diag = (As.unsqueeze(-2) * decay * Bs.unsqueeze(-3)).sum(-1)  # [..., nb, sub, sub]
+    if _factorable(Gs):
+        diag = _factored_scores(As, Bs, Gs).masked_fill_(~tri, 0.0)
+    else:
+        # Extreme decay: exact pairwise exponents [..., nb, t, i, K], all <= 0.
+        decay = (Gs.unsqueeze(-2) - Gs.unsqueeze(-3)).masked_fill(~tri.unsqueeze(-1), neg_inf).exp_()
+        diag = (As.unsqueeze(-2) * decay * Bs.unsqueeze(-3)).sum(-1)  # [..., nb, sub, sub]
     if nb == 1:
         return diag.reshape(*lead, C, C)
 

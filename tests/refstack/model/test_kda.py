@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from refstack.model.kda_ops import kda_chunked, kda_naive, kda_recurrent_step
+from refstack.model.kda_ops import SUB_CHUNK, _factorable, kda_chunked, kda_naive, kda_recurrent_step
 
 
 def _inputs(T: int, H: int = 3, K: int = 16, V: int = 8, dtype=torch.float64, decay: float = 1.0, seed: int = 0):
@@ -48,21 +48,27 @@ def test_chunked_and_recurrent_match_naive_fp64(T: int, chunk: int) -> None:
         torch.testing.assert_close(got_s, s_ref, rtol=1e-10, atol=1e-10)
 
 
-def test_chunked_matches_naive_fp32_over_several_chunks() -> None:
-    q, k, v, g, beta, s0 = (x.float() for x in _inputs(100, H=4, K=32, V=16, seed=1))
+@pytest.mark.parametrize(
+    ("decay", "path"),
+    [
+        (1.0, "whole chunk factored"),  # ~e^-0.5 per step: e^-32 over a chunk of 64
+        (4.0, "sub-chunks factored"),  # ~e^-2 per step: e^-128 per chunk, e^-32 per sub-chunk
+        (20.0, "pairwise"),  # ~e^-10 per step: factoring even a sub-chunk would overflow fp32
+    ],
+)
+def test_chunked_matches_naive_fp32_on_every_decay_path(decay: float, path: str) -> None:
+    q, k, v, g, beta, s0 = (x.float() for x in _inputs(100, H=4, K=32, V=16, decay=decay, seed=1))
+    C = 64
+    G = F.pad(g, (0, 0, 0, 0, 0, 28)).view(2, C, 4, 32).cumsum(1).permute(2, 0, 1, 3)  # [H, 2, C, K] within-chunk decay
+    taken = (
+        "whole chunk factored" if _factorable(G)
+        else "sub-chunks factored" if _factorable(G.unflatten(-2, (C // SUB_CHUNK, SUB_CHUNK)))
+        else "pairwise"
+    )
+    assert taken == path
     scale = 32**-0.5
     o_ref, s_ref = kda_naive(q, k, v, g, beta, s0, scale)
-    o_chunk, s_chunk = kda_chunked(q, k, v, g, beta, s0, scale, 32)
-    torch.testing.assert_close(o_chunk, o_ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(s_chunk, s_ref, rtol=1e-5, atol=1e-5)
-
-
-def test_chunked_stays_finite_under_strong_decay() -> None:
-    # ~e^-10 per step: factoring the decay over a whole 64-chunk would overflow fp32.
-    q, k, v, g, beta, s0 = (x.float() for x in _inputs(64, decay=20.0, seed=2))
-    scale = 16**-0.5
-    o_ref, s_ref = kda_naive(q, k, v, g, beta, s0, scale)
-    o_chunk, s_chunk = kda_chunked(q, k, v, g, beta, s0, scale, 64)
+    o_chunk, s_chunk = kda_chunked(q, k, v, g, beta, s0, scale, C)
     assert torch.isfinite(o_chunk).all() and torch.isfinite(s_chunk).all()
     torch.testing.assert_close(o_chunk, o_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(s_chunk, s_ref, rtol=1e-5, atol=1e-5)
