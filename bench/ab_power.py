@@ -171,6 +171,9 @@ def main() -> None:
     sd = statistics.stdev(aa_logs) if len(aa_logs) > 1 else float("nan")
     # Paired design, n pairs, two-sided 95%, 90% power: MDE = (t_.975 + t_.90)·sd/√n.
     mde = (stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.90, n - 1)) * sd / math.sqrt(n)
+    # Power a paired t-style test of this size would have against a true 5% change.
+    nc = -math.log(1 - 0.05) / (sd / math.sqrt(n))
+    power_5 = 1 - stats.nct.cdf(stats.t.ppf(0.975, n - 1), n - 1, nc)
     fpr_ci, pow_ci = wilson(fp, args.trials), wilson(det, args.trials)
     true_drop = 1 - math.exp(statistics.mean(ab_logs)) if ab_logs else float("nan")
     rows = [
@@ -183,6 +186,7 @@ def main() -> None:
         ("power (A/B)", f"{det}/{args.trials} = {det / args.trials:.0%}", f"Wilson 95% [{pow_ci[0]:.0%}, {pow_ci[1]:.0%}]; goal >= 90%"),
         ("wall time per comparison [s]", f"{statistics.median(walls):.0f}", f"max {max(walls):.0f}; goal <= 120"),
         ("paired run-to-run noise (sd of log ratio)", f"{sd:.1%}", "from the A/A pairs"),
+        ("power against a true 5% change (from that noise)", f"{power_5:.0%}", "noncentral t, same pairs"),
         ("min detectable effect at this budget", f"{mde:.1%}", "90% power, 95% two-sided; ratio to the 5% goal: " + f"{mde / 0.05:.2f}x"),
     ]
     w = max(len(r[0]) for r in rows)

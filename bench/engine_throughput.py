@@ -21,6 +21,7 @@ import json
 import platform
 import random
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -122,6 +123,8 @@ def main() -> None:
             for name in order:
                 fn = run_refstack if name == "refstack" else run_hf
                 samples[b][name].append(fn(engine if name == "refstack" else peer, p, args.gen_len))
+                print(f"  repeat {r + 1}/{args.repeats} batch {b:>2} {name:>8}: {samples[b][name][-1]:8.1f} tok/s",
+                      file=sys.stderr, flush=True)  # progress; the table goes to stdout
 
     print()
     print("| batch | refstack tok/s (median) | HF generate tok/s (median) | ratio | 95% CI |")

@@ -121,7 +121,7 @@ def chain_tp(o: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, norm_w:
 
 def chain_ref(o: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor,
               w_lm: torch.Tensor) -> torch.Tensor:
-    d = {k: v.double() for k, v in dict(o=o, w_o=w_o, residual=residual, norm_w=norm_w, w_lm=w_lm).items()}
+    d = {k: v.double() for k, v in {"o": o, "w_o": w_o, "residual": residual, "norm_w": norm_w, "w_lm": w_lm}.items()}
     hidden = _rms_norm(d["residual"] + d["o"] @ d["w_o"].t(), d["norm_w"])
     return hidden @ d["w_lm"].t()
 
@@ -148,11 +148,11 @@ def _bytes(s: Mapping[str, int], dt: torch.dtype, with_o_proj: bool = True, with
     return float(n * torch.empty((), dtype=dt).element_size())
 
 
-_COMMON: dict[str, Any] = dict(
-    inputs=inputs, shapes=CHECK_SHAPES, bench_shapes=BENCH_SHAPES, dtypes=(torch.float32,),
-    precisions=PRECISIONS, tolerances=TRUTH_TOLERANCES, partition_tolerances=PARTITION_TOLERANCES,
-    out_dtypes=lambda dt, p: torch.float32,
-)
+_COMMON: dict[str, Any] = {
+    "inputs": inputs, "shapes": CHECK_SHAPES, "bench_shapes": BENCH_SHAPES, "dtypes": (torch.float32,),
+    "precisions": PRECISIONS, "tolerances": TRUTH_TOLERANCES, "partition_tolerances": PARTITION_TOLERANCES,
+    "out_dtypes": lambda dt, p: torch.float32,
+}
 
 LM_HEAD = KernelSpec(
     name="lm_head_vocab_parallel", kernel=lm_head, reference=lm_head_ref,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,9 +14,18 @@ from rich.console import Console
 
 from infra_agent.errors import InfraAgentError
 
+
+def _width(stream: object) -> int | None:
+    """Rich assumes 80 columns when output is piped; our tables are wider than that,
+    and a log file has no width limit, so piped output gets a generous width."""
+    if os.environ.get("COLUMNS") or (hasattr(stream, "isatty") and stream.isatty()):
+        return None
+    return 160
+
+
 # stderr for progress and errors so that `--json` output on stdout stays parseable.
-console = Console()
-err_console = Console(stderr=True)
+console = Console(width=_width(sys.stdout))
+err_console = Console(stderr=True, width=_width(sys.stderr))
 
 
 def emit(result: Any, as_json: bool, render: Callable[[Console], None]) -> None:

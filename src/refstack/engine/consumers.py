@@ -16,6 +16,7 @@ from refstack.engine.sampling import SamplingParams
 if TYPE_CHECKING:
     from refstack.engine.engine import Engine
 
+
 class RequestStream:
     """The asyncio side of one request: deltas arrive from the engine thread by
     ``call_soon_threadsafe``; ``abort()`` (safe to call twice) frees its slot early."""

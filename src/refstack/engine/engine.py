@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -148,6 +148,7 @@ class Engine:
                     self.cache.reset_slot(req.slot)
             with self._lock:
                 self._num_waiting -= len(out.admitted)
+            self._publish_counts()  # before any token of this step reaches a client
             ready: list[tuple[ScheduledChunk, torch.Tensor]] = []
             if out.decode:
                 # Ascending slots let the model slice its caches instead of gathering.
@@ -161,8 +162,6 @@ class Engine:
             if ready:
                 with tracing.span("sample", cat="engine", batch=len(ready)):
                     self._sample(ready)
-            self.num_running = len(self.scheduler.running)
-            self.num_slots_used = self.scheduler.num_slots_used
             if self.config.step_delay_ms > 0:
                 with tracing.span("step_delay", cat="engine"):
                     time.sleep(self.config.step_delay_ms / 1000.0)
@@ -189,6 +188,10 @@ class Engine:
         reqs = [c.request for c, _ in ready]
         tokens = sample_tokens(torch.stack([row for _, row in ready]),
                                [r.params for r in reqs], [r.generator for r in reqs])
+        # Metrics first, deltas after: a client that scrapes /metrics right after its
+        # last token must already see that token counted.
+        if self.observer is not None:
+            self.observer.on_generation_tokens(len(tokens))
         now = time.monotonic()
         for req, tok in zip(reqs, tokens):
             if not req.output_ids:
@@ -203,8 +206,6 @@ class Engine:
                 self._finish(req, reason)
             else:
                 self._emit(req, finished=False)
-        if self.observer is not None:
-            self.observer.on_generation_tokens(len(tokens))
 
     def _append_text(self, req: Request, tok: int) -> str | None:
         """Extend the request's text; the finish reason if an EOS or stop string ended it."""
@@ -243,9 +244,14 @@ class Engine:
         req.finished_at = time.monotonic()
         if reason not in ("abort", "error"):
             req.text += req.decoder.flush()
-        self._emit(req, finished=True)
+        # Counts and metrics before the final delta, so the client never sees its request
+        # finished while /metrics still shows it running.
+        self._publish_counts()
         if self.observer is not None:
             self.observer.on_request_finished(req.stats())
+        self._emit(req, finished=True)
+
+    def _publish_counts(self) -> None:
         self.num_running = len(self.scheduler.running)
         self.num_slots_used = self.scheduler.num_slots_used
 

@@ -6,7 +6,9 @@ Modules (import the one you need; nothing here imports Triton at import time):
 - ``precision``   -- ``matmul(a, b, precision)`` for fp32 / tf32 / 3xtf32 / bf16;
 - ``tp``          -- tensor-parallel LM head and KDA projections, N ranks simulated
   in one process;
-- ``triton_gemm`` -- the Triton GEMM behind ``precision.matmul`` on CUDA.
+- ``tp_dist``     -- the same over a real ``torch.distributed`` group (gloo / NCCL);
+- ``triton_gemm`` -- the Triton GEMM behind ``precision.matmul`` on CUDA (host side;
+  its device code is ``triton_gemm_kernels``).
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ CPU emulation on any device, for comparisons that must not depend on hardware.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 

@@ -8,24 +8,32 @@
   MMAs per tile step;
 - ``"bf16"``: operands rounded to bf16 once, bf16 MMAs, fp32 accumulation.
 
-Why tf32x3 has two implementations (``tf32x3_impl``):
+Three Hopper facts shape the tf32/tf32x3 paths (each measured on an H200, see
+docs/_perf_gemm.md):
 
-- ``"native"`` is ``tl.dot(input_precision="tf32x3")``.  Triton splits the operands
-  *inside* the K loop, in registers.  On Hopper the B operand of ``wgmma`` must come
-  from shared memory, so the split B is written back to shared memory every step,
-  which serialises the otherwise asynchronous MMA pipeline.  A plain kernel built
-  this way measured slower than cuBLAS fp32 on an H200 (see docs).
-- ``"presplit"`` (default) computes only the residuals ``x_lo = x - tf32(x)`` in one
-  cheap elementwise pass (O(MK + KN) bytes against O(MNK) FLOPs), then runs a
-  GEMM whose K loop only *loads* tiles -- ``a, a_lo, b, b_lo`` -- straight into
-  shared memory and issues three TF32 MMAs from there:
-  ``a_lo@b + a@b_lo + a@b``.  The ``big`` parts are never materialised: a TF32
-  MMA reads only the top 19 bits of an fp32 operand, so feeding it raw ``x`` *is*
-  feeding it ``tf32(x)`` (truncation -- the same rounding ``x_lo`` was made with).
-  That hardware behaviour is an assumption; ``bench/gemm_precision.py`` gates it
-  (relative error vs fp64 <= 1e-6) before any speed is reported.  Under
-  ``TRITON_INTERPRET=1`` a dot is an exact fp32 matmul, so there the kernel masks
-  the big parts explicitly (``EXPLICIT_HI``) to compute the same function.
+1. TF32 ``wgmma`` takes both operands K-major from shared memory (transposed tiles
+   are a 16-bit-type feature).  An N-major B sends Triton down a slower MMA path
+   (140 vs ~280 TFLOP/s), so ``gemm`` makes B K-major first unless ``k_major=False``.
+   An ``nn.Linear`` weight used as ``x @ W.T`` already is.
+2. A TF32 MMA reads only the top 19 bits of an fp32 operand, i.e. it *truncates*
+   (Triton tf32 matches the truncation emulation at fp32 level).  So ``tf32(x)``
+   never has to be materialised: raw ``x`` is the big part.
+3. The MMA adds into its fp32 accumulator with truncation too, so a long chain of
+   MMAs drifts: rel. error ~ (K/8) * 2**-24 (3e-5 at K=4096).  Exact-looking 3xTF32
+   therefore needs each K-block's products in a fresh partial, added to the running
+   sum by an ordinary round-to-nearest add.
+
+``tf32x3_impl``:
+
+- ``"presplit"`` (default): one elementwise pass writes ``b_lo = b - tf32(b)`` (and
+  a K-major copy of B if needed); the K loop streams ``a, b, b_lo`` tiles, makes
+  ``a_lo`` from the A tile in registers, and per K-block computes
+  ``a_lo@b + a@b_lo + a@b`` into a fresh partial (small products first).
+  ``b_split`` takes a precomputed ``split_operand(W.T, 0)`` for a fixed weight.
+  Under ``TRITON_INTERPRET=1`` a dot is an exact fp32 matmul, so there the kernel
+  truncates the big parts explicitly (``EXPLICIT_HI``) to compute the same function.
+- ``"native"``: ``tl.dot(input_precision="tf32x3")``, Triton's own in-loop split;
+  accurate, ~10% slower than presplit on an H200.
 
 Tiles are ordered in groups of ``GROUP_M`` row-blocks so that consecutive programs
 share B columns in L2.  Triton is imported lazily: importing this module is free.
@@ -47,7 +55,7 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernels() -> dict[str, Any]:
     """Import the device code on first use, so importing refstack never imports Triton."""
     from refstack.kernels import triton_gemm_kernels as kk

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infra_agent import tracing
-from refstack.model.batch import ForwardBatch
+from refstack.model.batch import ForwardBatch, PaddedPrefill
 from refstack.model.cache import ModelCache
 from refstack.model.config import HybridConfig
 from refstack.model.layers import Linear
@@ -59,9 +59,13 @@ class AttentionLayer(nn.Module):
             parts: list[Tensor] = []
             if nd:
                 parts.append(self._decode(q[:nd], k[:nd], v[:nd], batch, keys, values))
-            for span in batch.prefills:
-                s = slice(span.begin, span.end)
-                parts.append(self._prefill(q[s], k[s], v[s], span.slot, span.start_pos, keys, values))
+            if batch.padded_prefill is not None:
+                p = slice(nd, T)
+                parts.append(self._prefill_padded(q, k[p], v[p], batch.padded_prefill, keys, values))
+            else:
+                for span in batch.prefills:
+                    s = slice(span.begin, span.end)
+                    parts.append(self._prefill(q[s], k[s], v[s], span.slot, span.start_pos, keys, values))
             o = parts[0] if len(parts) == 1 else torch.cat(parts)
             return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
 
@@ -108,3 +112,21 @@ class AttentionLayer(nn.Module):
             mask = torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
             out = F.scaled_dot_product_attention(qh, k_ctx, v_ctx, attn_mask=mask, enable_gqa=True)
         return out.squeeze(0).transpose(0, 1)  # [n, heads, D]
+
+    def _prefill_padded(
+        self, q: Tensor, k: Tensor, v: Tensor, pp: PaddedPrefill, keys: Tensor, values: Tensor
+    ) -> Tensor:
+        """All prefill chunks at once: q from the whole stream, k/v of the prefill tokens."""
+        keys[pp.token_slots, :, pp.token_positions] = k
+        values[pp.token_slots, :, pp.token_positions] = v
+        n = pp.index.shape[1]
+        L = pp.max_len
+        q_p = q[pp.index].transpose(1, 2)  # [S, heads, n_max, D]
+        k_ctx = keys[:, :, :L].index_select(0, pp.slots)
+        v_ctx = values[:, :, :L].index_select(0, pp.slots)
+        # Query i of chunk s sits at position start_s + i and sees keys up to there;
+        # padded queries see something too (key 0), so no row is all -inf.
+        query_pos = pp.starts.unsqueeze(1) + torch.arange(n).unsqueeze(0)  # [S, n_max]
+        mask = torch.arange(L).view(1, 1, L) <= query_pos.unsqueeze(-1)
+        out = F.scaled_dot_product_attention(q_p, k_ctx, v_ctx, attn_mask=mask.unsqueeze(1), enable_gqa=True)
+        return out.transpose(1, 2)[pp.valid]  # [prefill tokens, heads, D]

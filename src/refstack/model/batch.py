@@ -38,6 +38,48 @@ class PrefillSpan:
     end: int
 
 
+@dataclass(frozen=True, slots=True)
+class PaddedPrefill:
+    """Several prefill chunks as one ``[S, n_max]`` batch, padded at each chunk's end.
+
+    Many short prompts arriving together (the start of a batch benchmark, a burst of
+    requests) would otherwise run the sequence-mixing cores once per sequence.
+    """
+
+    index: Tensor  # [S, n_max] stream index of each position; padding repeats a valid index
+    valid: Tensor  # [S, n_max] bool: a real token, not padding
+    slots: Tensor  # [S]
+    starts: Tensor  # [S] start_pos of each chunk
+    token_slots: Tensor  # [P] slot of every prefill token, stream order
+    token_positions: Tensor  # [P] its position in its sequence
+    max_len: int  # longest attended length, max(start + n)
+
+    @classmethod
+    def build(cls, spans: Sequence[PrefillSpan]) -> PaddedPrefill | None:
+        """The padded batch, or None when per-sequence runs are the better plan."""
+        lens = [p.end - p.begin for p in spans]
+        n_max = max(lens)
+        # Padding past twice the real tokens would cost more than the loop it replaces.
+        if len(spans) < 2 or len(spans) * n_max > 2 * sum(lens):
+            return None
+        offsets = torch.arange(n_max)
+        begins = torch.tensor([p.begin for p in spans])
+        lens_t = torch.tensor(lens)
+        valid = offsets.unsqueeze(0) < lens_t.unsqueeze(1)
+        index = begins.unsqueeze(1) + torch.where(valid, offsets.unsqueeze(0), 0)
+        slots = torch.tensor([p.slot for p in spans])
+        starts = torch.tensor([p.start_pos for p in spans])
+        return cls(
+            index=index,
+            valid=valid,
+            slots=slots,
+            starts=starts,
+            token_slots=torch.repeat_interleave(slots, lens_t),
+            token_positions=torch.cat([torch.arange(p.start_pos, p.start_pos + n) for p, n in zip(spans, lens)]),
+            max_len=max(p.start_pos + n for p, n in zip(spans, lens)),
+        )
+
+
 @dataclass(slots=True)
 class ForwardBatch:
     token_ids: Tensor  # [T] decode tokens first, then prefill chunks
@@ -51,6 +93,7 @@ class ForwardBatch:
     max_decode_len: int  # longest attended length among decode chunks (0 if none)
     fresh_decode_slots: Tensor | None  # decode slots at position 0 (one-token prompts), if any
     prefills: list[PrefillSpan]
+    padded_prefill: PaddedPrefill | None  # all prefills as one padded batch, when worth it
     last_token_index: Tensor  # [num_chunks] stream index of each chunk's last token, chunk order
     # Filled by the model once per forward, shared by all attention layers.
     rope: tuple[Tensor, Tensor] | None = field(default=None)
@@ -118,5 +161,6 @@ class ForwardBatch:
                 else None
             ),
             prefills=spans,
+            padded_prefill=PaddedPrefill.build(spans) if len(spans) > 1 else None,
             last_token_index=torch.tensor(last, dtype=torch.long),
         )

@@ -114,20 +114,20 @@ class HybridConfig:
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(
-        vocab_size=512, hidden_size=64, num_layers=4, full_attn_every=2,
-        num_heads=4, num_kv_heads=2, head_dim=16,
-        kda_num_heads=4, kda_head_k_dim=16, kda_head_v_dim=16, kda_chunk_size=16,
-        num_experts=8, num_experts_per_tok=2, expert_hidden_size=32, ep_ranks=2,
-        max_seq_len=512,
-    ),
-    "small": dict(
-        vocab_size=512, hidden_size=512, num_layers=8, full_attn_every=4,
-        num_heads=8, num_kv_heads=2, head_dim=64,
-        kda_num_heads=4, kda_head_k_dim=64, kda_head_v_dim=64, kda_chunk_size=64,
+    "tiny": {
+        "vocab_size": 512, "hidden_size": 64, "num_layers": 4, "full_attn_every": 2,
+        "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+        "kda_num_heads": 4, "kda_head_k_dim": 16, "kda_head_v_dim": 16, "kda_chunk_size": 16,
+        "num_experts": 8, "num_experts_per_tok": 2, "expert_hidden_size": 32, "ep_ranks": 2,
+        "max_seq_len": 512,
+    },
+    "small": {
+        "vocab_size": 512, "hidden_size": 512, "num_layers": 8, "full_attn_every": 4,
+        "num_heads": 8, "num_kv_heads": 2, "head_dim": 64,
+        "kda_num_heads": 4, "kda_head_k_dim": 64, "kda_head_v_dim": 64, "kda_chunk_size": 64,
         # 8 experts of 256 hold as many MLP weights as a dense 2048-wide MLP (4x hidden),
         # while each token runs only 2 of them (an active width of 512).
-        num_experts=8, num_experts_per_tok=2, expert_hidden_size=256, ep_ranks=4,
-        max_seq_len=2048,
-    ),
+        "num_experts": 8, "num_experts_per_tok": 2, "expert_hidden_size": 256, "ep_ranks": 4,
+        "max_seq_len": 2048,
+    },
 }

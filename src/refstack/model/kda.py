@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infra_agent import tracing
-from refstack.model.batch import ForwardBatch
+from refstack.model.batch import ForwardBatch, PaddedPrefill
 from refstack.model.cache import ModelCache
 from refstack.model.config import HybridConfig
 from refstack.model.kda_ops import kda_chunked, kda_recurrent_step
@@ -25,6 +25,8 @@ class KDALayer(nn.Module):
     - ``beta = sigmoid(b)`` per head, the delta rule's step size;
     - output: per-head RMSNorm, a sigmoid gate (low-rank projection of x), o_proj.
     """
+
+    l2_weight: Tensor
 
     def __init__(self, config: HybridConfig, layer: int, gen: torch.Generator) -> None:
         super().__init__()
@@ -82,13 +84,16 @@ class KDALayer(nn.Module):
             parts: list[Tensor] = []
             if nd:
                 parts.append(self._decode(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], batch, states))
-            for span in batch.prefills:
-                s = slice(span.begin, span.end)
-                # start_pos 0 starts from zero whatever the slot held before.
-                init = states[span.slot] if span.start_pos > 0 else torch.zeros_like(states[span.slot])
-                o, final = kda_chunked(q[s], k[s], v[s], g[s], beta[s], init, self.scale, self.chunk_size)
-                states[span.slot] = final
-                parts.append(o)
+            if batch.padded_prefill is not None:
+                parts.append(self._prefill_padded(q, k, v, g, beta, batch.padded_prefill, states))
+            else:
+                for span in batch.prefills:
+                    s = slice(span.begin, span.end)
+                    # start_pos 0 starts from zero whatever the slot held before.
+                    init = states[span.slot] if span.start_pos > 0 else torch.zeros_like(states[span.slot])
+                    o, final = kda_chunked(q[s], k[s], v[s], g[s], beta[s], init, self.scale, self.chunk_size)
+                    states[span.slot] = final
+                    parts.append(o)
             o = parts[0] if len(parts) == 1 else torch.cat(parts)
             o = self.o_norm(o) * torch.sigmoid(gate)
             return self.o_proj(o.flatten(1))
@@ -108,3 +113,17 @@ class KDALayer(nn.Module):
         o, new_state = kda_recurrent_step(q, k, v, g, beta, state, self.scale, inplace=True)
         states.index_copy_(0, batch.decode_slots, new_state)
         return o
+
+    def _prefill_padded(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pp: PaddedPrefill, states: Tensor
+    ) -> Tensor:
+        """All prefill chunks in one batched chunked pass; returns [prefill tokens, H, V]."""
+        # Past each chunk's end, k = 0 (no delta update) and g = 0 (no decay) leave its
+        # state untouched; q, v, beta there only shape outputs that are dropped.
+        keep = pp.valid.to(q.dtype).view(*pp.valid.shape, 1, 1)  # [S, n_max, 1, 1]
+        k_p, g_p = k[pp.index] * keep, g[pp.index] * keep
+        q_p, v_p, beta_p = q[pp.index], v[pp.index], beta[pp.index]
+        init = states.index_select(0, pp.slots) * (pp.starts > 0).to(q.dtype).view(-1, 1, 1, 1)
+        o, final = kda_chunked(q_p, k_p, v_p, g_p, beta_p, init, self.scale, self.chunk_size)
+        states.index_copy_(0, pp.slots, final)
+        return o[pp.valid]

@@ -32,8 +32,9 @@ from torch import Tensor
 
 # Sub-chunk length for the intra-chunk decay products (see _decay_scores).
 SUB_CHUNK = 16
-# Largest in-sub-chunk decay exponent factored directly; e^60 is far from fp32's
-# e^88 overflow and its reciprocal far from the e^-87 underflow to denormals.
+# Largest decay exponent over a block (chunk or sub-chunk) that is factored into
+# e^{G_t} e^{-G_i}; e^60 is far from fp32's e^88 overflow and e^-60 far from the
+# e^-87 underflow to denormals.
 SAFE_EXPONENT = 60.0
 
 
@@ -65,10 +66,9 @@ def kda_recurrent_step(
     Returns (o [B, H, V], new state [B, H, K, V]).
 
     Decode is memory-bound on the state, so the step reads the old state once for
-    both products it needs and updates it in one more pass.  With ``d = exp(g)``:
+    both products it needs, then updates it in place.  With ``d = exp(g)``:
 
-        k^T S_t = (k * d)^T S_{t-1} + 0        (before the delta update)
-        u       = beta (v - (k * d)^T S_{t-1})
+        u       = beta (v - k^T (d * S_{t-1})) = beta (v - (k * d)^T S_{t-1})
         q^T S_t = (q * d)^T S_{t-1} + (q . k) u
         S_t     = d * S_{t-1} + k u^T
     """
@@ -80,6 +80,11 @@ def kda_recurrent_step(
     S = state if inplace else state.clone()
     S.mul_(d.unsqueeze(-1)).addcmul_(k.unsqueeze(-1), u.unsqueeze(-2))
     return o, S
+
+
+def _chunk_factorable(G: Tensor) -> bool:
+    """Whether no channel decays by more than e^-SAFE_EXPONENT over a whole chunk."""
+    return float(G[..., -1, :].amin()) > -SAFE_EXPONENT
 
 
 def _factorable(G: Tensor) -> bool:
@@ -98,18 +103,16 @@ def _decay_scores(a: Tensor, b: Tensor, G: Tensor, strict: bool) -> Tensor:
 
     a, b, G: [..., C, K] -> [..., C, C].
 
-    Usually this is one matmul: ``e^{G_t - G_i} = e^{G_t - G_0} e^{G_0 - G_i}``.  But
-    that overflows fp32 once a channel decays by more than ~e^-88 inside the chunk, so
-    past SAFE_EXPONENT the chunk is split into sub-chunks: pairs within one sub-chunk
-    are factored at its first position when that is safe, else get the exact pairwise
-    exponent, and pairs across sub-chunks are factored at the end ``R`` of the key's sub-chunk:
-    ``e^{G_t - R} e^{R - G_i}``.  G only decreases, so both factors are <= 1; either may
-    underflow, harmlessly, since the true product is then smaller still.
+    This is the path for chunks whose decay is too strong to factor as a whole
+    (``e^{G_t} e^{-G_i}`` overflows fp32 once a channel decays by more than ~e^-88
+    inside the chunk; see kda_chunked's fast path).  The chunk is split into
+    sub-chunks: pairs within one sub-chunk are factored at its first position when
+    that is safe, else get the exact pairwise exponent, and pairs across sub-chunks are
+    factored at the end ``R`` of the key's sub-chunk: ``e^{G_t - R} e^{R - G_i}``.  G
+    only decreases, so both factors are <= 1; either may underflow, harmlessly, since
+    the true product is then smaller still.
     """
-    *lead, C, K = a.shape
-    tri_c = torch.ones(C, C, dtype=torch.bool, device=a.device).tril(-1 if strict else 0)
-    if _factorable(G):
-        return _factored_scores(a, b, G).masked_fill_(~tri_c, 0.0)
+    *lead, C, _ = a.shape
     sub = min(SUB_CHUNK, C)
     assert C % sub == 0, f"chunk {C} must be a multiple of the sub-chunk {sub}"
     nb = C // sub
@@ -152,44 +155,61 @@ def kda_chunked(
     scale: float,
     chunk_size: int,
 ) -> tuple[Tensor, Tensor]:
-    """Chunkwise-parallel KDA over one sequence (prefill).
+    """Chunkwise-parallel KDA (prefill) over one sequence or a batch of equal-length ones.
 
-    Same shapes as :func:`kda_naive`.  Any length works: the tail is padded with
-    k = v = q = 0, beta = 0, g = 0, which leaves the state untouched.
+    Same shapes as :func:`kda_naive`, optionally with a leading batch dim on every
+    argument (q [S, T, H, K], initial_state [S, H, K, V], ...).  Any length works:
+    the tail is padded with k = v = q = 0, beta = 0, g = 0, which leaves the state
+    untouched; that is also how a caller pads shorter sequences of a batch.
     """
-    T, H, K = k.shape
+    if q.dim() == 3:
+        o, final = kda_chunked(
+            q[None], k[None], v[None], g[None], beta[None], initial_state[None], scale, chunk_size
+        )
+        return o[0], final[0]
+    B, T, H, K = k.shape
     V = v.shape[-1]
-    C = chunk_size
+    # A sequence shorter than a chunk gets a shorter chunk (whole sub-chunks): the
+    # result is the same, without the intra-chunk work on padding.
+    C = min(chunk_size, -(-T // SUB_CHUNK) * SUB_CHUNK)
     pad = (-T) % C
     N = (T + pad) // C
 
-    def to_chunks(x: Tensor) -> Tensor:  # [T, H, D] -> [H, N, C, D]
+    def to_chunks(x: Tensor) -> Tensor:  # [B, T, H, D] -> [B, H, N, C, D]
         x = F.pad(x, (0, 0, 0, 0, 0, pad))
-        return x.view(N, C, H, x.shape[-1]).permute(2, 0, 1, 3)
+        return x.view(B, N, C, H, x.shape[-1]).permute(0, 3, 1, 2, 4)
 
     q_c, k_c, v_c, g_c = to_chunks(q * scale), to_chunks(k), to_chunks(v), to_chunks(g)
-    beta_c = to_chunks(beta.unsqueeze(-1))  # [H, N, C, 1]
+    beta_c = to_chunks(beta.unsqueeze(-1))  # [B, H, N, C, 1]
 
     # ---- state-independent part, all chunks at once
-    G = g_c.cumsum(-2)  # [H, N, C, K]
-    A = _decay_scores(k_c, k_c, G, strict=True) * beta_c
-    P = _decay_scores(q_c, k_c, G, strict=False)
+    G = g_c.cumsum(-2)  # [B, H, N, C, K]
     decay_in = G.exp()  # e^{G_t}: decay from the chunk start, <= 1
-    rhs = torch.cat([beta_c * k_c * decay_in, beta_c * v_c], dim=-1)
+    q_in, k_in = q_c * decay_in, k_c * decay_in
+    if _chunk_factorable(G):
+        # Usual case: e^{G_t - G_i} = e^{G_t} e^{-G_i} cannot overflow, so the
+        # intra-chunk scores are two matmuls sharing the decayed keys.
+        k_inv = (k_c * torch.exp(-G)).transpose(-1, -2)
+        strict = torch.ones(C, C, dtype=torch.bool, device=G.device).tril(-1)
+        A = (k_in @ k_inv).masked_fill_(~strict, 0.0) * beta_c
+        P = (q_in @ k_inv).masked_fill_(~strict.logical_or(torch.eye(C, dtype=torch.bool)), 0.0)
+    else:
+        A = _decay_scores(k_c, k_c, G, strict=True) * beta_c
+        P = _decay_scores(q_c, k_c, G, strict=False)
+    rhs = torch.cat([beta_c * k_in, beta_c * v_c], dim=-1)
     eye = torch.eye(C, dtype=A.dtype, device=A.device)
     WU = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
     W, U0 = WU.split([K, V], dim=-1)
-    q_in = q_c * decay_in
-    G_end = G[..., -1:, :]  # [H, N, 1, K]
-    k_out = (k_c * torch.exp(G_end - G)).transpose(-1, -2)  # [H, N, K, C]: decay to the chunk end
-    decay_end = G_end.squeeze(-2).exp().unsqueeze(-1)  # [H, N, K, 1]
+    G_end = G[..., -1:, :]  # [B, H, N, 1, K]
+    k_out = (k_c * torch.exp(G_end - G)).transpose(-1, -2)  # [B, H, N, K, C]: decay to the chunk end
+    decay_end = G_end.squeeze(-2).exp().unsqueeze(-1)  # [B, H, N, K, 1]
 
     # ---- inter-chunk state passing: the only sequential part
     S = initial_state
-    out = torch.empty(H, N, C, V, dtype=v.dtype, device=v.device)
+    out = torch.empty(B, H, N, C, V, dtype=v.dtype, device=v.device)
     for n in range(N):
-        U = U0[:, n] - W[:, n] @ S
-        out[:, n] = q_in[:, n] @ S + P[:, n] @ U
-        S = decay_end[:, n] * S + k_out[:, n] @ U
-    o = out.reshape(H, N * C, V)[:, :T].transpose(0, 1)
+        U = U0[:, :, n] - W[:, :, n] @ S
+        out[:, :, n] = q_in[:, :, n] @ S + P[:, :, n] @ U
+        S = decay_end[:, :, n] * S + k_out[:, :, n] @ U
+    o = out.reshape(B, H, N * C, V)[:, :, :T].transpose(1, 2)
     return o, S

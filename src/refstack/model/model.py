@@ -37,6 +37,9 @@ class DecoderLayer(nn.Module):
 class HybridModel(nn.Module):
     """Built from the config alone: weights are drawn from a generator seeded with ``config.seed``."""
 
+    rope_cos: Tensor
+    rope_sin: Tensor
+
     def __init__(self, config: HybridConfig) -> None:
         super().__init__()
         self.config = config

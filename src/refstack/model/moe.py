@@ -2,12 +2,21 @@
 
 The experts are split over ``ep_ranks`` ranks (contiguous groups of experts, as in
 DeepEP).  ``dispatch`` sorts the routed token copies by expert and hands each rank
-the contiguous run of rows for its experts (DeepEP's normal-mode layout: no padding,
-per-expert counts alongside); each rank runs only its own experts, one GEMM per
-active expert on exactly its rows; ``combine`` brings the outputs back and sums them
-per token with the router weights.  All ranks live in this process, but the three
-phases are separate functions with their own spans, so a timeline shows them the
-way it would show the communication library's intervals.
+its experts' rows in one of two layouts:
+
+- ``grouped`` (DeepEP normal mode): the rank's rows back to back, grouped by expert,
+  with per-expert counts; the rank runs one GEMM pair per *active* expert on exactly
+  its rows, so idle experts' weights are never read (what small batches need);
+- ``padded`` (DeepEP low-latency mode): ``[experts_per_rank, capacity, hidden]``;
+  the rank runs all its experts in one batched GEMM pair.  Fewer ops, but on the CPU
+  it measured slower than ``grouped`` at every batch from 8 to 1024 tokens (padding
+  rows cost compute, and MKL's batched GEMM is less efficient), so it is opt-in: the
+  layout a GPU low-latency path would use, kept tested for that.
+
+``combine`` brings the outputs back and sums them per token with the router
+weights.  All ranks live in this process, but the three phases are separate
+functions with their own spans, so a timeline shows them the way it would show the
+communication library's intervals.
 """
 
 from __future__ import annotations
@@ -28,22 +37,36 @@ from refstack.model.layers import Linear, seeded_weight
 class Dispatched:
     """Per-rank token buffers plus what combine needs to route the results back."""
 
-    buffers: list[Tensor]  # per rank: [tokens routed to the rank, hidden], grouped by expert
+    buffers: list[Tensor]  # per rank: grouped [rows, hidden] or padded [experts_per_rank, capacity, hidden]
     counts: list[int]  # routed copies per expert, global expert order
-    token_ids: Tensor  # [T*k] source token of each copy, in buffer order
-    weights: Tensor  # [T*k] router weight of each copy, in buffer order
+    token_ids: Tensor  # [T*k] source token of each copy, in expert order
+    weights: Tensor  # [T*k] router weight of each copy, in expert order
     num_tokens: int
+    # Padded layout only: each copy's flat position (expert * capacity + row).
+    padded_index: Tensor | None = None
+
+    @property
+    def layout(self) -> str:
+        return "grouped" if self.padded_index is None else "padded"
 
 
 def route(router_logits: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
-    """Softmax over experts, keep the top k, renormalise their weights to sum to 1."""
-    probs = torch.softmax(router_logits, dim=-1)
-    weights, ids = probs.topk(top_k, dim=-1)
-    return ids, weights / weights.sum(dim=-1, keepdim=True)
+    """Softmax router, top k experts, their weights renormalised to sum to 1.
+
+    Renormalised top-k softmax probabilities equal a softmax over the top-k logits
+    (the full softmax's denominator cancels), which is two ops instead of four.
+    """
+    logits, ids = router_logits.topk(top_k, dim=-1)
+    return ids, torch.softmax(logits, dim=-1)
 
 
-def dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: int, ep_ranks: int) -> Dispatched:
-    """Group token copies by expert (a stable sort) and split the rows by rank."""
+def dispatch(
+    x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: int, ep_ranks: int, layout: str = "grouped"
+) -> Dispatched:
+    """Group token copies by expert (a stable sort) and split them by rank.
+
+    ``layout``: "grouped" or "padded" (see the module docstring).
+    """
     with tracing.span("moe.dispatch", cat="moe", tokens=int(x.shape[0])):
         T, k = topk_ids.shape
         flat = topk_ids.reshape(-1)
@@ -51,35 +74,45 @@ def dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: int
         counts = torch.bincount(flat, minlength=num_experts).tolist()
         token_ids = order // k
         rows = x.index_select(0, token_ids)
+        weights = topk_weights.reshape(-1)[order]
         per_rank = num_experts // ep_ranks
-        rank_rows = [sum(counts[r * per_rank : (r + 1) * per_rank]) for r in range(ep_ranks)]
-        return Dispatched(
-            buffers=list(rows.split(rank_rows)),
-            counts=counts,
-            token_ids=token_ids,
-            weights=topk_weights.reshape(-1)[order],
-            num_tokens=T,
-        )
+        if layout == "grouped":
+            rank_rows = [sum(counts[r * per_rank : (r + 1) * per_rank]) for r in range(ep_ranks)]
+            return Dispatched(list(rows.split(rank_rows)), counts, token_ids, weights, T)
+        assert layout == "padded", f"unknown MoE dispatch layout {layout!r}"
+        capacity = max(counts)
+        counts_t = torch.tensor(counts)
+        starts = counts_t.cumsum(0) - counts_t
+        expert_of_row = torch.repeat_interleave(torch.arange(num_experts), counts_t)
+        index = expert_of_row * capacity + (torch.arange(T * k) - starts[expert_of_row])
+        padded = x.new_zeros(num_experts * capacity, x.shape[-1]).index_copy_(0, index, rows)
+        buffers = list(padded.view(ep_ranks, per_rank, capacity, -1).unbind(0))
+        return Dispatched(buffers, counts, token_ids, weights, T, padded_index=index)
 
 
 def combine(outputs: list[Tensor], d: Dispatched) -> Tensor:
     """Weighted sum of each token's expert outputs, back in token order."""
     with tracing.span("moe.combine", cat="moe", tokens=d.num_tokens):
-        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # [T*k, hidden]
+        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+        if d.padded_index is not None:
+            out = out.flatten(0, 1).index_select(0, d.padded_index)  # [T*k, hidden], expert order
         y = out.new_zeros(d.num_tokens, out.shape[-1])
-        # Rows are sorted by expert, so each token's terms are added in expert order
+        # Copies are in expert order, so each token's terms are added in expert order
         # whatever else is in the batch: a sequence gets the same sum alone or batched.
         return y.index_add_(0, d.token_ids, out * d.weights.unsqueeze(-1))
 
 
 def swiglu_experts(buf: Tensor, counts: list[int], w_gate_up: Tensor, w_down: Tensor) -> Tensor:
-    """One rank's experts over its rows: ``down(silu(gate) * up)`` per expert.
+    """One rank's experts over its buffer: ``down(silu(gate) * up)`` per expert.
 
-    buf [n, hidden], rows grouped by expert with ``counts`` per local expert;
-    w_gate_up [E_r, hidden, 2I]; w_down [E_r, I, hidden].  One GEMM pair per active
-    expert on exactly its rows: a padded batched matmul would waste compute on the
-    most loaded expert's capacity, and idle experts' weights are never read.
+    w_gate_up [E_r, hidden, 2I]; w_down [E_r, I, hidden].  A padded buffer
+    [E_r, capacity, hidden] runs as one batched GEMM pair.  A grouped buffer
+    [n, hidden] (rows grouped by expert, ``counts`` per local expert) runs one GEMM
+    pair per active expert on exactly its rows, so idle experts' weights are not read.
     """
+    if buf.dim() == 3:
+        gate, up = torch.bmm(buf, w_gate_up).chunk(2, dim=-1)
+        return torch.bmm(F.silu(gate) * up, w_down)
     out = torch.empty_like(buf)
     start = 0
     for e, n in enumerate(counts):
@@ -97,6 +130,7 @@ class MoE(nn.Module):
         self.num_experts, self.top_k, self.ep_ranks = config.num_experts, config.num_experts_per_tok, config.ep_ranks
         E, D, inner = config.num_experts, config.hidden_size, config.expert_hidden_size
         self.router = Linear(D, E, gen)
+        self.dispatch_layout = "grouped"  # see dispatch()
         # [E, in, out] so a rank's batched matmul needs no transpose.
         self.w_gate_up = seeded_weight(gen, E, D, 2 * inner, std=1.0 / math.sqrt(D))
         self.w_down = seeded_weight(gen, E, inner, D, std=1.0 / math.sqrt(inner * 2 * config.num_layers))
@@ -107,7 +141,7 @@ class MoE(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         topk_ids, topk_weights = route(self.router(x), self.top_k)
-        d = dispatch(x, topk_ids, topk_weights, self.num_experts, self.ep_ranks)
+        d = dispatch(x, topk_ids, topk_weights, self.num_experts, self.ep_ranks, self.dispatch_layout)
         per = self.num_experts // self.ep_ranks
         with tracing.span("moe.experts", cat="moe", layer=self.layer, tokens=d.num_tokens):
             outputs = [

@@ -71,7 +71,7 @@ def register_openai_routes(app: FastAPI, engine: Engine, model_name: str) -> Non
 
         def chunk(text: str, finish: str | None, usage: dict[str, int] | None) -> dict[str, Any]:
             if body.stream:
-                choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if text else {},
+                choice: dict[str, Any] = {"index": 0, "delta": {} if finish else {"content": text},
                                           "logprobs": None, "finish_reason": finish}
                 obj = "chat.completion.chunk"
             else:
@@ -133,13 +133,16 @@ async def _sse(rs: RequestStream, request: Request, include_usage: bool, chunk: 
                 yield _event(APIError(500, "the engine failed while running this request", type="server_error").body())
                 break
             if out.finished:
-                if out.text:
+                if out.text or out.token_ids:
                     yield _event(chunk(out.text, None, None))
                 final = chunk("", out.finish_reason, _usage(out))
                 yield _event(final)
                 if include_usage:
                     yield _event({**final, "choices": []})
-            elif out.text:
+            elif out.text or out.token_ids:
+                # One event per step even when the text is empty (a byte still inside a
+                # UTF-8 character, a special id, text held back for a stop string), so a
+                # client's inter-token latencies see every step.
                 yield _event(chunk(out.text, None, None))
         yield "data: [DONE]\n\n"
     finally:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
 import pytest
 
 from refstack.engine import Engine, EngineConfig, QueueFullError, SamplingParams
@@ -112,3 +116,30 @@ def test_abort_frees_the_slot_and_a_full_queue_refuses(model: HybridModel) -> No
     while engine.step():
         pass
     assert engine.num_slots_used == 0 and engine.num_running == 0
+
+
+def test_loop_thread_streams_to_asyncio_and_early_exit_aborts(model: HybridModel) -> None:
+    engine = make_engine(model)
+    engine.start()
+    try:
+        assert [t for t in threading.enumerate() if t.name == "engine-loop"]
+
+        async def consume() -> tuple[list[int], list[int]]:
+            full = engine.submit(ids(PROMPTS[0]), GREEDY)
+            got = [t for out in [o async for o in full] for t in out.token_ids]
+            partial: list[int] = []
+            async for out in engine.submit(ids(PROMPTS[0]), SamplingParams(max_tokens=400, ignore_eos=True)):
+                partial += out.token_ids
+                if len(partial) >= 2:
+                    break  # leaving the loop aborts the request
+            return got, partial
+
+        got, partial = asyncio.run(consume())
+        assert tuple(got) == make_engine(model).generate([ids(PROMPTS[0])], GREEDY)[0].token_ids
+        deadline = time.monotonic() + 10
+        while engine.num_slots_used and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.num_slots_used == 0 and engine.num_running == 0
+    finally:
+        engine.stop()
+    assert not engine.is_running

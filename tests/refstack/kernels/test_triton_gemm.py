@@ -46,7 +46,7 @@ def interpreted() -> dict[str, float]:
         # machine) cannot run a loop bound by a kernel argument under numpy 2.5.
         pytest.skip("interpreter path is checked on CPU-only machines")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], check=False, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -127,3 +127,29 @@ def test_bad_chunks_are_rejected(model: HybridModel) -> None:
         model.forward_chunks([SeqChunk(2, [1], 0)], cache)
     with pytest.raises(ValueError, match="no tokens"):
         model.forward_chunks([SeqChunk(0, [], 0)], cache)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "padded"),
+    [([20, 17, 23, 20], True), ([40, 3, 2], False)],  # one padded batch / per-sequence fallback
+)
+def test_many_prefills_in_one_call_equal_each_alone(model: HybridModel, lengths: list[int], padded: bool) -> None:
+    from refstack.model.batch import ForwardBatch
+
+    prompts = [_prompt(10 + n, seed=50 + i) for i, n in enumerate(lengths)]
+    together = model.new_cache(num_slots=len(lengths))
+    alone = model.new_cache(num_slots=len(lengths))
+    # Slot 0 continues a sequence (start_pos 10); the others start fresh.
+    for cache in (together, alone):
+        model.forward_chunks([SeqChunk(0, prompts[0][:10], 0)], cache)
+    chunks = [SeqChunk(0, prompts[0][10:], 10)] + [
+        SeqChunk(i, p[: lengths[i]], 0) for i, p in enumerate(prompts) if i > 0
+    ]
+    batch = ForwardBatch.from_chunks(chunks, together.num_slots, together.max_seq_len)
+    assert (batch.padded_prefill is not None) == padded
+    out = model.forward_chunks(chunks, together)
+    for i, c in enumerate(chunks):
+        torch.testing.assert_close(out[i], model.forward_chunks([c], alone)[0], atol=ATOL, rtol=RTOL)
+    # The states and KV written by the batched pass carry on like the per-sequence ones.
+    step = [SeqChunk(c.slot, [9], c.start_pos + len(c.token_ids)) for c in chunks]
+    torch.testing.assert_close(model.forward_chunks(step, together), model.forward_chunks(step, alone), atol=ATOL, rtol=RTOL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -25,14 +26,18 @@ def _moe(**overrides) -> MoE:
     return MoE(cfg, layer=0, gen=torch.Generator().manual_seed(11))
 
 
-def test_moe_matches_dense_reference() -> None:
+@pytest.mark.parametrize("layout", ["grouped", "padded"])
+def test_moe_matches_dense_reference(layout: str) -> None:
     moe = _moe()
+    moe.dispatch_layout = layout
     x = torch.randn(37, moe.w_gate_up.shape[1], generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(moe(x), _dense_reference(moe, x), rtol=1e-5, atol=1e-6)
 
 
-def test_moe_matches_dense_reference_with_one_token_and_one_rank() -> None:
+@pytest.mark.parametrize("layout", ["grouped", "padded"])
+def test_moe_matches_dense_reference_with_one_token_and_one_rank(layout: str) -> None:
     moe = _moe(ep_ranks=1, num_experts_per_tok=3)
+    moe.dispatch_layout = layout
     x = torch.randn(1, moe.w_gate_up.shape[1], generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(moe(x), _dense_reference(moe, x), rtol=1e-5, atol=1e-6)
 
@@ -43,7 +48,7 @@ def test_dispatch_gives_each_rank_only_its_experts_tokens() -> None:
     x = torch.randn(T, D, generator=gen)
     ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
     weights = torch.softmax(torch.randn(T, k, generator=gen), dim=-1)
-    d = dispatch(x, ids, weights, num_experts=E, ep_ranks=ranks)
+    d = dispatch(x, ids, weights, num_experts=E, ep_ranks=ranks, layout="grouped")
     assert len(d.buffers) == ranks
     assert sum(d.counts) == T * k
     per = E // ranks
@@ -59,13 +64,18 @@ def test_dispatch_gives_each_rank_only_its_experts_tokens() -> None:
     # Identity experts: combine must give back sum_j w_tj * x_t = x_t (weights sum to 1).
     y = combine([b.clone() for b in d.buffers], d)
     torch.testing.assert_close(y, x, rtol=1e-6, atol=1e-6)
+    padded = dispatch(x, ids, weights, num_experts=E, ep_ranks=ranks, layout="padded")
+    assert all(b.shape[:2] == (per, max(d.counts)) for b in padded.buffers)
+    torch.testing.assert_close(combine([b.clone() for b in padded.buffers], padded), x, rtol=1e-6, atol=1e-6)
 
 
-def test_route_renormalises_top_k() -> None:
-    ids, weights = route(torch.randn(10, 8, generator=torch.Generator().manual_seed(4)), 3)
-    assert ids.shape == (10, 3)
-    torch.testing.assert_close(weights.sum(-1), torch.ones(10))
-    assert bool((weights[:, :-1] >= weights[:, 1:]).all())
+def test_route_is_renormalised_top_k_of_the_softmax() -> None:
+    logits = torch.randn(10, 8, generator=torch.Generator().manual_seed(4))
+    ids, weights = route(logits, 3)
+    probs = torch.softmax(logits, dim=-1)
+    top, top_ids = probs.topk(3, dim=-1)
+    assert torch.equal(ids, top_ids)
+    torch.testing.assert_close(weights, top / top.sum(-1, keepdim=True))
 
 
 def test_swiglu_experts_skips_idle_experts() -> None:

@@ -30,7 +30,7 @@ def test_stream_decoder_ignores_specials_and_flushes_dangling_bytes() -> None:
     tok = ByteTokenizer()
     dec = tok.stream_decoder()
     assert dec.feed(tok.im_start_id) == ""
-    assert dec.feed_many(list("ok".encode())) == "ok"
+    assert dec.feed_many(list(b"ok")) == "ok"
     assert dec.feed(0xE6) == ""  # first byte of a 3-byte character, then the stream ends
     assert dec.flush() == "\ufffd"
 

@@ -47,6 +47,9 @@ def test_chat_streaming_matches_non_streaming(refstack_server: Any, sse_events: 
     assert len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]  # include_usage chunk
     assert whole["usage"]["completion_tokens"] == 6
+    # One content event per generated token (empty text for a byte that is not a whole
+    # character yet), so clients can time every inter-token gap.
+    assert len([c for c in chunks[1:] if c["choices"] and not c["choices"][0]["finish_reason"]]) == 6
     assert text == whole["choices"][0]["message"]["content"]
     assert whole["choices"][0]["message"]["role"] == "assistant"
 
