@@ -29,7 +29,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from scipy import stats
 
 from infra_agent.bench.runner import run_benchmark

@@ -4,8 +4,8 @@
 
 The peer is a randomly initialised ``LlamaForCausalLM`` of equal width, depth, vocab and
 attention shape (no download).  Its dense MLP has ``num_experts_per_tok *
-expert_hidden_size`` intermediate units: the same active MLP width per token as
-refstack's MoE.  Both run greedy, fixed-length generation (EOS ignored) in the same
+expert_hidden_size`` intermediate units by default: the same active MLP width per token
+as refstack's MoE (``--peer-mlp total`` matches all experts' weights instead).  Both run greedy, fixed-length generation (EOS ignored) in the same
 process on the same torch threads; throughput counts the prefill too
 (batch * gen_len / wall time).
 
@@ -33,13 +33,17 @@ from refstack.model import ByteTokenizer, HybridConfig, HybridModel
 BATCHES = (1, 8, 32)
 
 
-def hf_peer(cfg: HybridConfig) -> Any:
+def hf_peer(cfg: HybridConfig, mlp: str) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    # "active": the MLP width one token runs through (FLOP-matched, the default);
+    # "total": all experts' width (weight-matched: the bytes a large batch reads).
+    width = cfg.num_experts_per_tok if mlp == "active" else cfg.num_experts
 
     hf_cfg = LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        intermediate_size=cfg.num_experts_per_tok * cfg.expert_hidden_size,
+        intermediate_size=width * cfg.expert_hidden_size,
         max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.rms_eps, rope_theta=cfg.rope_theta,
         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=0,
     )
@@ -92,6 +96,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    ap.add_argument("--peer-mlp", choices=("active", "total"), default="active",
+                    help="HF MLP width: the MoE's active width per token, or all experts' width")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--json", dest="json_path", help="also write the raw samples here")
     args = ap.parse_args()
@@ -100,14 +106,14 @@ def main() -> None:
 
     cfg = HybridConfig.preset(args.preset)
     ours = HybridModel(cfg)
-    peer = hf_peer(cfg)
+    peer = hf_peer(cfg, args.peer_mlp)
     tok = ByteTokenizer()
     top = max(args.batches)
     engine = Engine(EngineConfig(preset=args.preset, max_running=top, max_batch_tokens=top * args.prompt_len,
                                  prefill_chunk=args.prompt_len), model=ours, tokenizer=tok)
     print(f"# preset={args.preset} hidden={cfg.hidden_size} layers={cfg.num_layers} vocab={cfg.vocab_size} "
           f"refstack params={ours.num_parameters / 1e6:.1f}M HF Llama params="
-          f"{sum(p.numel() for p in peer.parameters()) / 1e6:.1f}M")
+          f"{sum(p.numel() for p in peer.parameters()) / 1e6:.1f}M (MLP width: {args.peer_mlp})")
     print(f"# prompt_len={args.prompt_len} gen_len={args.gen_len} repeats={args.repeats} "
           f"torch_threads={torch.get_num_threads()} cpu={platform.processor() or platform.machine()}")
 

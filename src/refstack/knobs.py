@@ -93,6 +93,9 @@ KNOBS: tuple[Knob, ...] = (
          "Token budget of one engine step: decode tokens plus prefill chunks.", min=1, max=65536),
     Knob("prefill_chunk", "int", 256, ("engine.scheduler", "model"),
          "Longest prefill piece one request gets per step (chunked prefill).", min=1, max=65536),
+    Knob("fuse_prefill_decode", "bool", False, ("engine.scheduler", "model"),
+         "Run a step's decodes and prefill chunks in one forward pass instead of two (fewer passes "
+         "over the weights; the trace then shows such steps as 'prefill' with a decode_batch arg)."),
     Knob("max_waiting", "int", 256, ("engine.scheduler", "server"),
          "Queue cap: beyond it new requests get HTTP 503 with Retry-After.", min=0, max=1_000_000),
     Knob("num_slots", "int", 0, ("engine.cache",),

@@ -14,7 +14,7 @@ import pytest
 def test_demo_runs_every_step_and_reports_json(tmp_path: Path) -> None:
     workdir = tmp_path / "ws"
     proc = subprocess.run(
-        [sys.executable, "-m", "infra_agent.cli.main", "demo", "--workdir", str(workdir), "--pairs", "2", "--json"],
+        [sys.executable, "-m", "infra_agent.cli.main", "demo", "--workdir", str(workdir), "--pairs", "3", "--json"],
         capture_output=True, text=True, timeout=600, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -164,7 +164,10 @@ def jsonl_requests(
             raise ConfigError(str(p), f"line {lineno}", f"an object with {prompt_field!r} or 'messages'", line[:80])
         prompt = obj[prompt_field] if prompt_field in obj else obj["messages"]
         text = prompt if isinstance(prompt, str) else "\n".join(m.get("content", "") for m in prompt)
-        out = int(obj.get("output_len", obj.get("max_tokens", default_output_len)))
+        out_raw = obj.get("output_len", obj.get("max_tokens", default_output_len))
+        if not isinstance(out_raw, int) or out_raw < 1:
+            raise ConfigError(str(p), f"line {lineno}: output_len", "a positive integer", out_raw)
+        out = out_raw
         rows.append(RequestInput(prompt=prompt, prompt_len=len(tok.encode(text)), output_len=out))
     if not rows:
         raise ConfigError(str(p), None, "at least one prompt line", "an empty file")

@@ -27,7 +27,15 @@ from typing import Any, ClassVar
 from infra_agent.bench.metrics import request_samples
 from infra_agent.bench.runner import default_log_dir, run_on_target
 from infra_agent.errors import InfraAgentError
-from infra_agent.feedback import Artifact, Feedback, Finding, Location, Measurement, Summary, Tier
+from infra_agent.feedback import (
+    Artifact,
+    Feedback,
+    Finding,
+    Location,
+    Measurement,
+    Summary,
+    Tier,
+)
 from infra_agent.probes.base import Probe, ProbeContext
 from infra_agent.target import open_target
 from infra_agent.workspace.models import Scenario

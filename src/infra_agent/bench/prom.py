@@ -38,7 +38,7 @@ def parse_histogram_totals(text: str) -> Snapshot:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
-            if name.endswith("_sum") or name.endswith("_count"):
+            if name.endswith(("_sum", "_count")):
                 totals[name] = totals.get(name, 0.0) + float(sample.value)
     return totals
 

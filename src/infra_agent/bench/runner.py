@@ -19,15 +19,32 @@ from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from infra_agent.bench import prom
 from infra_agent.bench.arrivals import arrival_offsets, paced
-from infra_agent.bench.client import RequestInput, RequestOptions, RequestRecord, make_http_client, send_request
+from infra_agent.bench.client import (
+    RequestInput,
+    RequestOptions,
+    RequestRecord,
+    make_http_client,
+    send_request,
+)
 from infra_agent.bench.datasets import Tokenizer, build_requests
 from infra_agent.bench.metrics import DEFAULT_PERCENTILES, SLO, compute_metrics
 from infra_agent.bench.results import failed_result, write_result
-from infra_agent.errors import ConfigError, InfraAgentError, ServerStartError, TargetError
+from infra_agent.errors import (
+    ConfigError,
+    InfraAgentError,
+    ServerStartError,
+    TargetError,
+)
 from infra_agent.target import open_target
 from infra_agent.workspace.models import Scenario, Workspace
 
@@ -167,7 +184,7 @@ async def _run_guarded(coro_factory: Callable[[], Any], alive_check: AliveCheck 
         main.cancel()
     try:
         result: dict[str, Any] = await main
-    except (asyncio.CancelledError, InfraAgentError) as exc:
+    except (asyncio.CancelledError, InfraAgentError):
         died = _death(alive_check)
         if died is None:
             raise

@@ -7,10 +7,9 @@ target server itself, with ``--set knob=value`` on top of the knob defaults.
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from pydantic import ValidationError
@@ -19,7 +18,11 @@ from rich.table import Table
 from rich.text import Text
 
 from infra_agent.bench.results import write_result
-from infra_agent.bench.runner import only_scenario, run_benchmark, run_workspace_scenario
+from infra_agent.bench.runner import (
+    only_scenario,
+    run_benchmark,
+    run_workspace_scenario,
+)
 from infra_agent.cli.output import emit, user_errors
 from infra_agent.errors import ConfigError
 from infra_agent.workspace import load_workspace
@@ -97,30 +100,30 @@ def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
         target: str = typer.Argument(..., help="An OpenAI-compatible base URL (http://host:port) or a workspace folder."),
-        scenario: Optional[str] = typer.Option(None, "--scenario", help="Workspace scenario name."),
+        scenario: str | None = typer.Option(None, "--scenario", help="Workspace scenario name."),
         set_: list[str] = typer.Option([], "--set", help="Knob override knob=value (workspace mode); repeatable."),
-        num_requests: Optional[int] = typer.Option(None, "--num-requests"),
-        max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency"),
-        request_rate: Optional[float] = typer.Option(None, "--request-rate", help="Requests/s; inf sends all at once."),
-        burstiness: Optional[float] = typer.Option(None, "--burstiness", help="Gamma shape of the gaps; 1 is Poisson."),
+        num_requests: int | None = typer.Option(None, "--num-requests"),
+        max_concurrency: int | None = typer.Option(None, "--max-concurrency"),
+        request_rate: float | None = typer.Option(None, "--request-rate", help="Requests/s; inf sends all at once."),
+        burstiness: float | None = typer.Option(None, "--burstiness", help="Gamma shape of the gaps; 1 is Poisson."),
         dataset: str = typer.Option("random", "--dataset", help="URL mode: random | jsonl | shared_prefix."),
         input_len: int = typer.Option(128, "--input-len"),
         output_len: int = typer.Option(64, "--output-len"),
         range_ratio: float = typer.Option(0.0, "--range-ratio"),
-        dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="JSONL prompt file (--dataset jsonl)."),
+        dataset_path: Path | None = typer.Option(None, "--dataset-path", help="JSONL prompt file (--dataset jsonl)."),
         prefix_len: int = typer.Option(256, "--prefix-len"),
         num_prefixes: int = typer.Option(1, "--num-prefixes"),
         seed: int = typer.Option(0, "--seed"),
         endpoint: str = typer.Option("completions", "--endpoint", help="completions | chat"),
-        model: Optional[str] = typer.Option(None, "--model", help="Model name to send (default: first of /v1/models)."),
-        metrics_url: Optional[str] = typer.Option(None, "--metrics-url", help="URL mode: Prometheus /metrics to diff."),
+        model: str | None = typer.Option(None, "--model", help="Model name to send (default: first of /v1/models)."),
+        metrics_url: str | None = typer.Option(None, "--metrics-url", help="URL mode: Prometheus /metrics to diff."),
         warmup: int = typer.Option(1, "--warmup-requests"),
         temperature: float = typer.Option(0.0, "--temperature", help="URL mode: sampling temperature sent."),
-        slo_ttft_ms: Optional[float] = typer.Option(None, "--slo-ttft-ms"),
-        slo_tpot_ms: Optional[float] = typer.Option(None, "--slo-tpot-ms"),
-        slo_e2el_ms: Optional[float] = typer.Option(None, "--slo-e2el-ms"),
+        slo_ttft_ms: float | None = typer.Option(None, "--slo-ttft-ms"),
+        slo_tpot_ms: float | None = typer.Option(None, "--slo-tpot-ms"),
+        slo_e2el_ms: float | None = typer.Option(None, "--slo-e2el-ms"),
         percentiles: str = typer.Option("99", "--percentiles", help="Comma-separated, e.g. 50,90,95,99."),
-        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result JSON here."),
+        output: Path | None = typer.Option(None, "--output", "-o", help="Write the result JSON here."),
         no_progress: bool = typer.Option(False, "--no-progress"),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     ) -> None:

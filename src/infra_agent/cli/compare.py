@@ -9,7 +9,6 @@ from per-request samples, which exist for the latency metrics only.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console

@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from infra_agent.bench.runner import default_log_dir, only_scenario, run_benchmark, run_on_target
+from infra_agent.bench.runner import (
+    default_log_dir,
+    only_scenario,
+    run_benchmark,
+    run_on_target,
+)
 from infra_agent.judge.verdict import Comparison, Gate, compare_runs
 from infra_agent.target import open_target
 from infra_agent.workspace.models import Scenario, Workspace

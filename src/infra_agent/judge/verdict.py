@@ -75,10 +75,19 @@ class Verdict:
     message: str = ""
 
 
+# Below this many samples per side a bootstrap has too few distinct resamples for its
+# interval to carry a 95% meaning (with 2, it is about the range of the two values).
+MIN_SAMPLES = 3
+
+
 def decide(gate: Gate, ci: RatioCI | None) -> Verdict:
     if ci is None or not (math.isfinite(ci.low) and math.isfinite(ci.high)):
         return Verdict(str(gate), "inconclusive", None if ci is None else ci.ratio, None, None, None,
-                       "no confidence interval: repeat the runs (interleaved) so each side has >= 2")
+                       f"no confidence interval: repeat the runs (interleaved) so each side has >= {MIN_SAMPLES}")
+    if ci.n < MIN_SAMPLES:
+        more = max(MIN_SAMPLES - ci.n, more_samples_needed(ci, gate.threshold) or 0)
+        return Verdict(str(gate), "inconclusive", ci.ratio, ci.low, ci.high, more,
+                       f"only {ci.n} sample(s) per side; an interval needs >= {MIN_SAMPLES} to decide anything")
     lower_bound = gate.op in (">=", ">")
     # The side of the interval that faces the threshold decides.
     if lower_bound:

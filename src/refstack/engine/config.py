@@ -21,6 +21,9 @@ class EngineConfig:
     max_running: int = 32  # requests admitted at once (each holds one cache slot)
     max_batch_tokens: int = 512  # tokens forwarded per engine step (decode + prefill)
     prefill_chunk: int = 256  # longest prefill piece of one request per step
+    # Run a step's decode batch and prefill chunks in one forward (one pass over the
+    # weights) instead of two; off by default so traces keep the phases apart.
+    fuse_prefill_decode: bool = False
     max_waiting: int = 256  # queued requests before new ones are refused (HTTP 503)
     # Cache geometry; 0 means "take it from the model preset / max_running".
     num_slots: int = 0

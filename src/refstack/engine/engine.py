@@ -2,7 +2,7 @@
 
 Other threads call ``add_request`` / ``abort`` (both only touch a locked inbox);
 the loop thread ("engine-loop") owns the scheduler, the model and the cache, and
-hands each step's deltas to the request's sink.  ``stream()`` adapts a sink to an
+hands each step's deltas to the request's sink.  ``submit()`` adapts a sink to an
 asyncio consumer; ``generate()`` is the synchronous form for tests and benchmarks.
 """
 
@@ -150,15 +150,22 @@ class Engine:
                 self._num_waiting -= len(out.admitted)
             self._publish_counts()  # before any token of this step reaches a client
             ready: list[tuple[ScheduledChunk, torch.Tensor]] = []
-            if out.decode:
-                # Ascending slots let the model slice its caches instead of gathering.
-                decode = sorted(out.decode, key=lambda c: c.request.slot)
-                with tracing.span("decode", cat="engine", batch=len(decode)):
-                    ready += self._forward(decode)
-            if out.prefill:
-                with tracing.span("prefill", cat="engine", chunks=len(out.prefill),
-                                  tokens=out.num_tokens - len(out.decode)):
-                    ready += self._forward(out.prefill)
+            # Ascending slots let the model slice its caches instead of gathering.
+            decode = sorted(out.decode, key=lambda c: c.request.slot)
+            prefill_tokens = out.num_tokens - len(decode)
+            if self.config.fuse_prefill_decode and decode and out.prefill:
+                # One pass over the weights for both; the span is a "prefill" step that
+                # also carries the decode batch (see its args).
+                with tracing.span("prefill", cat="engine", chunks=len(out.prefill), tokens=prefill_tokens,
+                                  decode_batch=len(decode)):
+                    ready += self._forward(decode + out.prefill)
+            else:
+                if decode:
+                    with tracing.span("decode", cat="engine", batch=len(decode)):
+                        ready += self._forward(decode)
+                if out.prefill:
+                    with tracing.span("prefill", cat="engine", chunks=len(out.prefill), tokens=prefill_tokens):
+                        ready += self._forward(out.prefill)
             if ready:
                 with tracing.span("sample", cat="engine", batch=len(ready)):
                     self._sample(ready)
@@ -216,6 +223,7 @@ class Engine:
         cut = req.stop_matcher.find(req.text, checked)
         if cut >= 0:
             req.text = req.text[:cut]
+            req.decoder.flush()  # drop any partial character after the stop string
             return "stop"
         return None
 

@@ -7,7 +7,12 @@ import socket
 
 import pytest
 
-from infra_agent.bench.client import RequestInput, RequestOptions, make_http_client, send_request
+from infra_agent.bench.client import (
+    RequestInput,
+    RequestOptions,
+    make_http_client,
+    send_request,
+)
 from infra_agent.bench.runner import run_benchmark
 from infra_agent.errors import TargetError
 from infra_agent.workspace.models import Scenario

@@ -5,7 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.bench.datasets import ByteTokenizer, jsonl_requests, random_requests, shared_prefix_requests
+from infra_agent.bench.datasets import (
+    ByteTokenizer,
+    jsonl_requests,
+    random_requests,
+    shared_prefix_requests,
+)
 from infra_agent.errors import ConfigError
 
 

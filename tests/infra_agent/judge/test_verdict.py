@@ -85,3 +85,11 @@ def test_failed_runs_are_excluded() -> None:
     a = _runs([100, 100]) + [{"ok": False, "error": "died"}]
     comp = compare_runs(a, _runs([100, 100, 100]), ["output_throughput"])
     assert comp.metrics[0].ci is not None and comp.metrics[0].ci.n_baseline == 2
+
+
+def test_too_few_samples_never_decide() -> None:
+    # Two pairs 20% apart: the bootstrap interval is narrow but means nothing yet.
+    ci = bootstrap_ratio([80.0, 81.0], [100.0, 100.5], stat="mean", paired=True)
+    v = decide(Gate("output_throughput", ">=", 0.95), ci)
+    assert v.outcome == "inconclusive" and v.more_samples is not None and v.more_samples >= 1
+    assert "only 2" in v.message

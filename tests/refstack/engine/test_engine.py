@@ -42,6 +42,9 @@ def test_greedy_output_is_the_same_alone_and_in_a_batch(model: HybridModel) -> N
     assert [o.token_ids for o in batched] == [o.token_ids for o in alone]
     assert [o.text for o in batched] == [o.text for o in alone]
     assert all(len(o.token_ids) == GREEDY.max_tokens and o.finish_reason == "length" for o in batched)
+    fused = make_engine(model, max_batch_tokens=24, prefill_chunk=7, fuse_prefill_decode=True).generate(
+        [ids(p) for p in PROMPTS], GREEDY)
+    assert [o.token_ids for o in fused] == [o.token_ids for o in alone]
 
 
 def test_greedy_output_does_not_depend_on_which_slot_or_neighbours(model: HybridModel) -> None:
