@@ -1,11 +1,12 @@
 """How well the judge separates A from B on this (noisy, shared, 2-core) machine.
 
-    python bench/ab_power.py [--trials 10] [--pairs 50] [--requests 16] [--slowdown 0.05]
+    python bench/ab_power.py [--trials 10] [--pairs 50] [--requests 16] [--slowdown 0.05]  # B runs refstack --step-slowdown 0.05
 
 Three refstack servers run side by side: A and A2 with default knobs, and B with
-``--step-delay-ms d``, the documented calibration knob that sleeps d ms in every
-engine step.  d is calibrated first so that B's output throughput is ~5% below A's
-(measured with interleaved runs, reported with its interval).  Each trial then runs
+``--step-slowdown s``, refstack's documented calibration knob that makes every engine
+step a fraction s longer (a busy-wait proportional to the step's own time, so the
+change stays the stated size on any machine).  B's realised slowdown is measured
+first on interleaved runs and reported with its interval.  Each trial then runs
 ``pairs`` cycles of A, A2, B (rotated each cycle so no side always goes first) and asks
 the judge two questions on output throughput, from the paired per-run values:
 
@@ -38,7 +39,7 @@ from infra_agent.workspace.models import Scenario, ServerTargetSpec
 
 SPEC = ServerTargetSpec(
     kind="server",
-    command=[sys.executable, "-m", "refstack.cli", "serve", "--preset", "tiny", "--port", "{port}", "--step-delay-ms", "{delay}",
+    command=[sys.executable, "-m", "refstack.cli", "serve", "--preset", "tiny", "--port", "{port}", "--step-slowdown", "{slowdown}",
              "--torch-threads", "{threads}"],
     ready_url="/health",
     metrics_url="/metrics",
@@ -77,39 +78,11 @@ def cycle(servers: dict[str, ServerProcess], sides: list[str], sc: Scenario, pai
     return runs
 
 
-def calibrate(servers: dict[str, ServerProcess], sc: Scenario, args: argparse.Namespace, delay: float,
-              stack: ExitStack) -> tuple[float, Any, list[str]]:
-    """Find the step delay whose measured slowdown is nearest the target (a few rounds).
-
-    A sleep of a fraction of a millisecond costs more than its length on a contended
-    machine (the engine thread gives up the CPU and waits for it back), so the
-    analytic guess is only the starting point: measure, rescale, repeat.
-    """
-    tried: list[tuple[float, Any]] = []
-    log: list[str] = []
-    for it in range(args.calibration_rounds):
-        b = ServerProcess(SPEC, {"delay": delay, "threads": args.torch_threads}, args.log_dir, name=f"B{it}")
-        b.start()
-        try:
-            servers["B"] = b
-            one_run(b, sc)
-            cal = cycle(servers, ["A", "B"], sc, args.calibration_pairs)
-            ca, cb = paired(cal["A"], cal["B"])
-            ci = bootstrap_ratio(cb, ca, stat="mean", paired=True, seed=it)
-        finally:
-            b.stop()
-        drop = 1 - ci.ratio
-        tried.append((delay, ci))
-        log.append(f"calibration round {it}: delay {delay:.4f} ms -> slowdown {drop:.1%} "
-                   f"[{1 - ci.high:.1%}, {1 - ci.low:.1%}] over {len(ca)} pairs")
-        if abs(drop - args.slowdown) <= 0.01 or it == args.calibration_rounds - 1:
-            break
-        # Locally slowdown ~ proportional to the delay; clamp the step to 10x either way.
-        delay = delay * min(10.0, max(0.1, args.slowdown / max(drop, 1e-3)))
-    delay, ci = min(tried, key=lambda t: abs((1 - t[1].ratio) - args.slowdown))
-    servers["B"] = stack.enter_context(ServerProcess(SPEC, {"delay": delay, "threads": args.torch_threads}, args.log_dir, name="B"))
-    one_run(servers["B"], sc)
-    return delay, ci, log
+def calibrate(servers: dict[str, ServerProcess], sc: Scenario, pairs: int) -> Any:
+    """Measure B's realised slowdown against A on interleaved pairs (reported, not tuned)."""
+    cal = cycle(servers, ["A", "B"], sc, pairs)
+    ca, cb = paired(cal["A"], cal["B"])
+    return bootstrap_ratio(cb, ca, stat="mean", paired=True, seed=7)
 
 
 def main() -> None:
@@ -121,9 +94,7 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--slowdown", type=float, default=0.05, help="the true change B carries")
-    ap.add_argument("--delay-ms", type=float, default=None, help="skip calibration, use this step delay")
     ap.add_argument("--calibration-pairs", type=int, default=20)
-    ap.add_argument("--calibration-rounds", type=int, default=3)
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="engine threads per server; 1 keeps three servers from oversubscribing 2 cores")
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/ab_power_logs"))
@@ -134,19 +105,11 @@ def main() -> None:
         "num_requests": args.requests, "max_concurrency": args.concurrency, "temperature": 1.0,
     })
     with ExitStack() as stack:
-        servers = {name: stack.enter_context(ServerProcess(SPEC, {"delay": 0.0, "threads": args.torch_threads}, args.log_dir, name=name)) for name in ("A", "A2")}
-        for s in servers.values():  # warm both (first requests pay one-off costs)
+        servers = {name: stack.enter_context(ServerProcess(SPEC, {"slowdown": slow, "threads": args.torch_threads}, args.log_dir, name=name))
+                   for name, slow in (("A", 0.0), ("A2", 0.0), ("B", args.slowdown))}
+        for s in servers.values():  # warm every server (first requests pay one-off costs)
             one_run(s, sc)
-        delay = args.delay_ms
-        if delay is None:
-            base = [one_run(servers["A"], sc) for _ in range(3)]
-            step_ms = statistics.median(r["server_metrics"]["tpot"]["mean_s"] * 1e3 for r in base)
-            # Decode-bound: throughput ~ 1/step time, so a slowdown s needs d = step·s/(1−s).
-            delay = step_ms * args.slowdown / (1 - args.slowdown)
-            print(f"calibration: server mean step (tpot) {step_ms:.2f} ms -> step delay {delay:.3f} ms", file=sys.stderr)
-        delay, cal_ci, cal_log = calibrate(servers, sc, args, delay, stack)
-        for line in cal_log:
-            print(line, file=sys.stderr)
+        cal_ci = calibrate(servers, sc, args.calibration_pairs)
 
         fp = det = 0
         aa_logs: list[float] = []
@@ -178,7 +141,7 @@ def main() -> None:
     rows = [
         ("trials (each kind)", f"{args.trials}", ""),
         ("pairs per comparison x requests per run", f"{n} x {args.requests}", ""),
-        ("step delay for B [ms]", f"{delay:.3f}", "refstack --step-delay-ms"),
+        ("step slowdown for B", f"{args.slowdown:g}", "refstack --step-slowdown"),
         ("B slowdown, calibration", f"{1 - cal_ci.ratio:.1%}", f"95% CI [{1 - cal_ci.high:.1%}, {1 - cal_ci.low:.1%}], {args.calibration_pairs} pairs"),
         ("B slowdown, pooled over trials", f"{true_drop:.1%}", f"{len(ab_logs)} pairs"),
         ("false-positive rate (A/A)", f"{fp}/{args.trials} = {fp / args.trials:.0%}", f"Wilson 95% [{fpr_ci[0]:.0%}, {fpr_ci[1]:.0%}]; goal <= 5%"),

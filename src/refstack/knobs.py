@@ -112,6 +112,10 @@ KNOBS: tuple[Knob, ...] = (
          "CALIBRATION knob: sleep this long in every engine step.  Benchmarks use it to inject a "
          "slowdown of known size and check that their measurements detect it; leave 0 otherwise.",
          min=0.0, max=60_000.0),
+    Knob("step_slowdown", "float", 0.0, ("engine.loop",),
+         "CALIBRATION knob: after every engine step, busy-wait this fraction of the step's own time "
+         "(0.05 = each step 5% longer, about 5% less throughput under steady load); leave 0 otherwise.",
+         min=0.0, max=10.0),
     Knob("trace", "bool", False, ("tracing",),
          "Record spans in memory for GET /debug/trace (INFRA_AGENT_TRACE=path also writes a file at exit)."),
     Knob("log_level", "choice", "warning", ("server",), "uvicorn log level.", choices=LOG_LEVELS),

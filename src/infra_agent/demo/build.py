@@ -57,8 +57,9 @@ def build_demo_workspace(workdir: Path) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = refstack_command()
     listing = read_knob_listing([*cmd, "knobs", "--json"])
-    # The preset is fixed (tiny: fast on a CPU); step_delay_ms is a calibration knob
-    # and trace/log_level change observability, not performance: keep them pinned.
+    # The preset is fixed (tiny: fast on a CPU); trace and log_level change
+    # observability, not performance, so they are pinned too.  The calibration knobs
+    # (step_delay_ms, step_slowdown) stay knobs: benchmarks of the judge use them.
     knobs, flags = workspace_knobs(listing, fixed={"preset": "tiny", "trace": "false", "log_level": "warning"})
     spec = {
         "name": "refstack-demo",

@@ -17,12 +17,11 @@ from typing import Any, Literal
 
 import torch
 
-from infra_agent.kernels.loader import spec_error
+from infra_agent.kernels.loader import require_declared, spec_error
 from infra_agent.kernels.numerics import Condition, ErrorStats, compare
-from infra_agent.kernels.spec import KernelSpec, Shape, Tolerance, Variant, shape_label
+from infra_agent.kernels.spec import KERNEL, KernelSpec, Shape, Tolerance, Variant, shape_label
 
 Status = Literal["passed", "failed", "skipped"]
-KERNEL = "kernel"  # the variant name of the unpartitioned kernel itself
 
 
 @dataclass
@@ -73,6 +72,11 @@ class CheckReport:
         return not any(r.status == "failed" for r in self.results)
 
     @property
+    def checked(self) -> int:
+        """Comparisons that ran; 0 means every case was skipped and nothing was judged."""
+        return sum(1 for r in self.results if r.status != "skipped")
+
+    @property
     def failures(self) -> list[CheckResult]:
         return [r for r in self.results if r.status == "failed"]
 
@@ -95,6 +99,7 @@ class CheckReport:
             "device": self.device,
             "seeds": self.seeds,
             "passed": self.passed,
+            "checked": self.checked,
             "skipped": self.skipped,
             "results": [r.to_dict() for r in self.results],
         }
@@ -154,6 +159,12 @@ class _Case:
             device=self.device,
             output=output,
         )
+
+    def input_label(self) -> str:
+        # The input factory and the reference see no variant or precision mode: the
+        # condition that reproduces their failure is the input alone.
+        dtype = str(self.dtype).replace("torch.", "")
+        return f"shape=[{shape_label(self.shape)}] dtype={dtype} seed={self.seed} device={self.device}"
 
     def result(self, variant: str, against: str, precision: str, output: str, status: Status, **kw: Any) -> CheckResult:
         return CheckResult(
@@ -228,7 +239,12 @@ def check_spec(
     precisions: Sequence[str] | None = None,
     variants: Sequence[str] | None = None,
 ) -> CheckReport:
-    """Check ``spec`` on fresh inputs; seeds pinned by the spec or the caller win."""
+    """Check ``spec`` on fresh inputs; seeds pinned by the spec or the caller win.
+
+    A precision or variant name the spec does not declare raises ``KernelSpecError``:
+    a typo must not turn into a run that checks nothing and reports success.
+    """
+    require_declared(spec, precisions, variants)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     used_seeds = list(spec.seeds or seeds or draw_seeds(n_seeds))
     report = CheckReport(spec=spec.name, origin=spec.origin, device=dev, seeds=used_seeds)
@@ -239,13 +255,7 @@ def check_spec(
         report.skipped.append(f"spec '{spec.name}' is GPU-only; skipped on {dev}")
         return report
 
-    modes = [p for p in (precisions or spec.precisions) if p in spec.precisions]
-    for p in precisions or ():
-        if p not in spec.precisions:
-            report.skipped.append(f"precision {p} is not declared by spec '{spec.name}' (declares {list(spec.precisions)})")
-    for name in variants or ():
-        if name not in {v.name for v in spec.variants}:
-            report.skipped.append(f"variant {name} is not declared by spec '{spec.name}' (declares {[v.name for v in spec.variants]})")
+    modes = list(precisions or spec.precisions)
     runnable = []
     for p in modes:
         if p in spec.gpu_only_precisions and not _gpu_ready(dev):
@@ -271,12 +281,12 @@ def _check_case(case: _Case, precisions: Sequence[str], variants: Sequence[Varia
     try:
         inputs = spec.inputs(case.shape, case.dtype, case.seed, case.device)
     except Exception as exc:  # noqa: BLE001
-        raise spec_error(spec, "inputs", f"input factory raised {type(exc).__name__}: {exc} [{case.condition('-', '-').label()}]") from exc
+        raise spec_error(spec, "input factory", f"raised {type(exc).__name__}: {exc} [{case.input_label()}]") from exc
     try:
         assert spec.reference is not None
         truth = as_outputs(spec.reference(**_clone(inputs)))
     except Exception as exc:  # noqa: BLE001
-        raise spec_error(spec, "reference", f"reference raised {type(exc).__name__}: {exc} [{case.condition('reference', '-').label()}]") from exc
+        raise spec_error(spec, "reference", f"raised {type(exc).__name__}: {exc} [{case.input_label()}]") from exc
 
     results: list[CheckResult] = []
     for precision in precisions:

@@ -4,7 +4,8 @@ Each load executes the file as a fresh, anonymous module and collects the
 ``KernelSpec`` objects from its namespace, so two loads share no state and nothing
 stays in ``sys.modules``.  Every way a spec can be broken -- the file fails to
 import, a spec declares no reference, the input factory throws on a declared shape --
-becomes a ``KernelSpecError`` naming the file, the spec and the variant.
+becomes a ``KernelSpecError`` naming the file, the spec and the part at fault (input
+factory, reference, variant).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import importlib.util
 import itertools
 import sys
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,19 +23,27 @@ from typing import Any
 import torch
 
 from infra_agent.errors import KernelSpecError
-from infra_agent.kernels.spec import KernelSpec, Shape, shape_label
+from infra_agent.kernels.spec import KERNEL, KernelSpec, Shape, shape_label
 
 _counter = itertools.count()
 
 
-def spec_error(spec: KernelSpec | str, variant: str | None, problem: str, origin: str | None = None) -> KernelSpecError:
-    """A ``KernelSpecError`` whose message starts with file, spec and variant."""
+def spec_error(spec: KernelSpec | str, part: str | None, problem: str, origin: str | None = None) -> KernelSpecError:
+    """A ``KernelSpecError`` whose message starts with file, spec and the part at fault.
+
+    ``part`` is said as what it is -- ``"input factory"``, ``"reference"``,
+    ``variant_part(name)`` -- because the reader goes looking for it in the spec file.
+    """
     name = spec.name if isinstance(spec, KernelSpec) else spec
     where = origin if origin is not None else (spec.origin if isinstance(spec, KernelSpec) else "")
     head = f"{where or '<spec>'}: spec '{name}'"
-    if variant:
-        head += f", variant '{variant}'"
+    if part:
+        head += f", {part}"
     return KernelSpecError(f"{head}: {problem}")
+
+
+def variant_part(name: str) -> str:
+    return f"variant '{name}'"
 
 
 def _exec_file(path: Path) -> ModuleType:
@@ -96,15 +105,15 @@ def _check_inputs(spec: KernelSpec, shape: Shape, dtype: torch.dtype) -> None:
         produced = spec.inputs(shape, dtype, 0, "cpu")
     except Exception as exc:  # noqa: BLE001
         raise spec_error(
-            spec, "inputs", f"input factory raised {type(exc).__name__}: {exc} for shape [{shape_label(shape)}] dtype={dtype}"
+            spec, "input factory", f"raised {type(exc).__name__}: {exc} for shape [{shape_label(shape)}] dtype={dtype}"
         ) from exc
     if not isinstance(produced, dict) or not produced:
-        raise spec_error(spec, "inputs", f"input factory must return a non-empty dict of tensors, got {type(produced).__name__}")
+        raise spec_error(spec, "input factory", f"must return a non-empty dict of tensors, got {type(produced).__name__}")
     for v in spec.variants:
         try:
             v.supports(shape)
         except Exception as exc:  # noqa: BLE001
-            raise spec_error(spec, v.name, f"applies() raised {type(exc).__name__}: {exc} for shape [{shape_label(shape)}]") from exc
+            raise spec_error(spec, variant_part(v.name), f"applies() raised {type(exc).__name__}: {exc} for shape [{shape_label(shape)}]") from exc
 
 
 def validate(spec: KernelSpec, check_inputs: bool = True) -> None:
@@ -114,7 +123,7 @@ def validate(spec: KernelSpec, check_inputs: bool = True) -> None:
         variant = where if any(v.name == where for v in spec.variants) else None
         field = "" if variant else f"{where}: "
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise spec_error(spec, variant, f"{field}{what}{more}")
+        raise spec_error(spec, variant_part(variant) if variant else None, f"{field}{what}{more}")
     if check_inputs:
         # One cheap call per declared check shape catches a broken factory before any
         # kernel runs, so a failure is blamed on the spec rather than the kernel.
@@ -149,3 +158,59 @@ def select(specs: list[KernelSpec], name: str | None) -> list[KernelSpec]:
         origin = specs[0].origin if specs else "<spec>"
         raise KernelSpecError(f"{origin}: no spec named '{name}' (have {[s.name for s in specs]})")
     return chosen
+
+
+def known_variants(spec: KernelSpec) -> list[str]:
+    # "kernel" selects no partition: the unpartitioned kernel is always checked.
+    return [KERNEL] + [v.name for v in spec.variants]
+
+
+def require_declared(spec: KernelSpec, precisions: Sequence[str] | None, variants: Sequence[str] | None) -> None:
+    """Raise ``KernelSpecError`` for a precision or variant name ``spec`` does not declare.
+
+    A typo (``--precision fp46``) must be a user error, not a run that silently checks
+    nothing and reports success.
+    """
+    for p in precisions or ():
+        if p not in spec.precisions:
+            raise spec_error(spec, None, f"unknown precision '{p}' (declared: {list(spec.precisions)})")
+    for name in variants or ():
+        if name not in known_variants(spec):
+            raise spec_error(spec, None, f"unknown variant '{name}' (declared: {known_variants(spec)})")
+
+
+def narrow(
+    specs: Sequence[KernelSpec], precisions: Sequence[str] | None, variants: Sequence[str] | None
+) -> list[tuple[KernelSpec, list[str] | None, list[str] | None, list[str]]]:
+    """Per spec of a file: the requested names it declares, and what it leaves out.
+
+    A name that no selected spec declares is a typo and raises ``KernelSpecError``
+    naming the spec(s) and the known names.  With several specs in one file, a name
+    some of them declare is applied to those; the others note it as skipped, and a spec
+    that declares none of the requested precisions is not run (the note says so).
+    """
+    for kind, wanted, known in (
+        ("precision", precisions, lambda s: list(s.precisions)),
+        ("variant", variants, known_variants),
+    ):
+        union = list(dict.fromkeys(n for s in specs for n in known(s)))
+        for name in wanted or ():
+            if name not in union:
+                if len(specs) == 1:
+                    require_declared(specs[0], precisions, variants)
+                names = ", ".join(f"'{s.name}'" for s in specs)
+                origin = specs[0].origin if specs else "<spec>"
+                raise KernelSpecError(f"{origin}: specs {names}: unknown {kind} '{name}' (declared: {union})")
+    out: list[tuple[KernelSpec, list[str] | None, list[str] | None, list[str]]] = []
+    for s in specs:
+        notes: list[str] = []
+        ps = None if not precisions else [p for p in precisions if p in s.precisions]
+        vs = None if variants is None else [v for v in variants if v in known_variants(s)]
+        for p in [p for p in precisions or () if p not in s.precisions]:
+            notes.append(f"precision {p} is not declared by spec '{s.name}' (declares {list(s.precisions)})")
+        for v in [v for v in variants or () if v not in known_variants(s)]:
+            notes.append(f"variant {v} is not declared by spec '{s.name}' (declares {known_variants(s)})")
+        if ps == []:
+            notes.append(f"spec '{s.name}' declares none of the requested precisions {list(precisions or ())}; not run")
+        out.append((s, ps, vs, notes))
+    return out

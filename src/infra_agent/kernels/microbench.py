@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 
 from infra_agent.kernels.correctness import KERNEL, CheckReport, check_spec, draw_seeds
-from infra_agent.kernels.loader import spec_error
+from infra_agent.kernels.loader import spec_error, variant_part
 from infra_agent.kernels.roofline import Ceilings, RooflinePoint, classify, measure_ceilings, merge
 from infra_agent.kernels.spec import KernelSpec, Variant, shape_label
 from infra_agent.kernels.timing import Method, Timing, time_call
@@ -70,7 +70,24 @@ class BenchReport:
 
     @property
     def passed(self) -> bool:
+        """Every correctness check passed (what ``passed_check`` reports)."""
         return all(c.passed for c in self.checks)
+
+    @property
+    def refused(self) -> list[BenchEntry]:
+        return [e for e in self.entries if e.status == "refused"]
+
+    @property
+    def timing_failures(self) -> list[BenchEntry]:
+        """Entries that passed their check but raised while being timed."""
+        return [e for e in self.entries if e.status == "failed"]
+
+    @property
+    def ok(self) -> bool:
+        # A kernel that raises under timing (e.g. an in-place state that blows up over
+        # repeated calls) has no speed to report: the run failed, even though every
+        # check passed.
+        return self.passed and not self.timing_failures
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +95,7 @@ class BenchReport:
             "origin": self.origin,
             "device": self.device,
             "passed_check": self.passed,
+            "ok": self.ok,
             "checks": [c.to_dict() for c in self.checks],
             "ceilings": self.ceilings.to_dict() if self.ceilings else None,
             "entries": [e.to_dict() for e in self.entries],
@@ -111,7 +129,9 @@ def account_work(spec: KernelSpec, device: str = "cpu") -> dict[str, dict[str, A
         try:
             hook(**inputs, counter=counter)
         except Exception as exc:  # noqa: BLE001 - a broken hook is the spec's fault
-            raise spec_error(spec, name, f"work hook raised {type(exc).__name__}: {exc}") from exc
+            # The unpartitioned kernel's hook is the spec's own ``work=``, not a variant.
+            part = "work hook" if name == KERNEL else f"{variant_part(name)}, work hook"
+            raise spec_error(spec, part, f"raised {type(exc).__name__}: {exc} for shape [{shape_label(shape)}]") from exc
         out[name] = {"shape": shape_label(shape), **counter.to_dict()}
     return out
 

@@ -107,9 +107,14 @@ class ErrorStats:
     worst_ref: float
     n_elements: int
     n_nonfinite: int = 0
+    # Elements past an elementwise criterion (atol/rtol, ulp) or non-finite.  rel_fro
+    # is a norm over the whole tensor and marks no element, so a result failing only
+    # rel_fro has 0 here: ``violated`` says which criteria failed.
     n_violations: int = 0
     passed: bool = True
     reason: str = ""
+    # Failed criteria, in order: "nonfinite", "atol/rtol", "ulp", "rel_fro".
+    violated: list[str] = field(default_factory=list)
     condition: Condition | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -169,17 +174,22 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, condition: Con
     flat = int(torch.argmax(torch.where(nonfinite, math.inf, score).reshape(-1)))
     worst = _unravel(flat, x.shape)
 
-    reasons = []
+    reasons: list[str] = []
+    violated: list[str] = []
     n_nonfinite = int(nonfinite.sum())
     if n_nonfinite:
         reasons.append(f"{n_nonfinite} non-finite value(s)")
+        violated.append("nonfinite")
     n_viol = int(violation.sum())
     if tol.elementwise and n_viol > n_nonfinite:
         reasons.append(f"{n_viol} element(s) beyond atol={tol.atol or 0:g} rtol={tol.rtol or 0:g}")
+        violated.append("atol/rtol")
     if tol.ulp is not None and float(ulp.max()) > tol.ulp:
         reasons.append(f"max ULP {float(ulp.max()):g} > {tol.ulp}")
+        violated.append("ulp")
     if tol.rel_fro is not None and not rel_fro <= tol.rel_fro:
         reasons.append(f"relative Frobenius error {rel_fro:.3e} > {tol.rel_fro:g}")
+        violated.append("rel_fro")
 
     return ErrorStats(
         max_abs=float(diff.max()),
@@ -194,5 +204,6 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, condition: Con
         n_violations=n_viol,
         passed=not reasons,
         reason="; ".join(reasons),
+        violated=violated,
         condition=condition,
     )

@@ -66,9 +66,9 @@ def workspace_knobs(
     """Knob entries and the launch-flag fragment (``--flag {name}`` ...) for a listing.
 
     ``fixed`` pins flags to a value in the command instead of exposing them as knobs
-    (the demo pins the model preset).  Bool knobs are rendered ``--flag {name}``
-    only when the target's flag takes a value; a listing item may say so with
-    ``"takes_value": false`` to be skipped from the template instead.
+    (the demo pins the model preset).  Every knob is rendered ``--flag {name}``, so
+    flags must take a value (``--trace true``); a listing item that is a bare switch
+    says ``"takes_value": false`` and is left out, as a knob and from the template.
     """
     fixed = dict(fixed or {})
     knobs: dict[str, dict[str, Any]] = {}

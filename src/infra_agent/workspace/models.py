@@ -162,6 +162,8 @@ class Scenario(_Strict):
     # Gamma shape of the inter-arrival gaps; 1.0 is Poisson, lower is burstier.
     burstiness: float = Field(1.0, gt=0)
     endpoint: Literal["completions", "chat"] = "completions"
+    # The runner always sends at least one first request (it checks the endpoint
+    # speaks the protocol before the window opens), so 0 behaves like 1.
     warmup_requests: int = Field(0, ge=0)
     slo: Slo | None = None
     temperature: float = Field(0.0, ge=0)
@@ -285,6 +287,15 @@ class Workspace(_Strict):
                 values[name] = knob.parse(raw) if isinstance(raw, str) else knob.check(raw)
             except DomainError as exc:
                 raise ConfigError(self._file(), f"knobs.{name}", exc.expected, raw) from None
+        # A knob the launch command needs but that has no value would only fail at
+        # launch time; say so now, where `validate` and `bench --set` can fix it.
+        launch = self.target.templates() if isinstance(self.target, ServerTargetSpec) else []
+        for subpath, text in launch:
+            for name in template.placeholders(text):
+                if name in self.knobs and name not in values:
+                    raise ConfigError(self._file(), f"knobs.{name}",
+                                      f"a value for {{{name}}} in target.{'.'.join(map(str, subpath))} "
+                                      f"(the knob has no default: pass --set {name}=...)", None)
         return values
 
     def _file(self) -> str:

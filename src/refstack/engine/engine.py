@@ -64,6 +64,11 @@ class Engine:
         self.scheduler = Scheduler(config, config.slots)
         self.observer = observer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        vocab = model.config.vocab_size
+        self._unsampleable = torch.zeros(vocab, dtype=torch.bool)
+        self._unsampleable[min(tokenizer.vocab_size, vocab):] = True
+        for tid in getattr(tokenizer, "prompt_only_ids", ()):
+            self._unsampleable[tid] = True
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -141,6 +146,7 @@ class Engine:
         self._drain_inbox()
         if not self.scheduler.has_work():
             return False
+        step_start = time.perf_counter()
         with tracing.span("engine.step", cat="engine"):
             with tracing.span("schedule", cat="engine"):
                 out = self.scheduler.schedule()
@@ -172,6 +178,11 @@ class Engine:
             if self.config.step_delay_ms > 0:
                 with tracing.span("step_delay", cat="engine"):
                     time.sleep(self.config.step_delay_ms / 1000.0)
+            if self.config.step_slowdown > 0:
+                with tracing.span("step_slowdown", cat="engine"):
+                    until = step_start + (time.perf_counter() - step_start) * (1.0 + self.config.step_slowdown)
+                    while time.perf_counter() < until:
+                        pass
         return True
 
     def _forward(self, chunks: list[ScheduledChunk]) -> list[tuple[ScheduledChunk, torch.Tensor]]:
@@ -193,7 +204,12 @@ class Engine:
 
     def _sample(self, ready: list[tuple[ScheduledChunk, torch.Tensor]]) -> None:
         reqs = [c.request for c, _ in ready]
-        tokens = sample_tokens(torch.stack([row for _, row in ready]),
+        logits = torch.stack([row for _, row in ready])
+        # Never sample an id the tokenizer cannot print or that only frames a prompt
+        # (unused padding ids, bos, pad, im_start): random weights pick them often, and
+        # a client would see a token with no text.
+        logits.masked_fill_(self._unsampleable[: logits.shape[-1]], float("-inf"))
+        tokens = sample_tokens(logits,
                                [r.params for r in reqs], [r.generator for r in reqs])
         # Metrics first, deltas after: a client that scrapes /metrics right after its
         # last token must already see that token counted.

@@ -42,6 +42,9 @@ class Dispatched:
     token_ids: Tensor  # [T*k] source token of each copy, in expert order
     weights: Tensor  # [T*k] router weight of each copy, in expert order
     num_tokens: int
+    # [T, k] row of each (token, choice) copy in the ranks' concatenated outputs.
+    copy_slot: Tensor
+    copy_weights: Tensor  # [T, k] router weight of each (token, choice) copy
     # Padded layout only: each copy's flat position (expert * capacity + row).
     padded_index: Tensor | None = None
 
@@ -71,35 +74,45 @@ def dispatch(
         T, k = topk_ids.shape
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=num_experts).tolist()
+        counts_t = torch.bincount(flat, minlength=num_experts)
+        counts = counts_t.tolist()
         token_ids = order // k
-        rows = x.index_select(0, token_ids)
         weights = topk_weights.reshape(-1)[order]
         per_rank = num_experts // ep_ranks
         if layout == "grouped":
+            rows = x.index_select(0, token_ids)
             rank_rows = [sum(counts[r * per_rank : (r + 1) * per_rank]) for r in range(ep_ranks)]
-            return Dispatched(list(rows.split(rank_rows)), counts, token_ids, weights, T)
+            # Copy i (expert order) sits at output row i; invert the sort for combine.
+            slot = torch.empty_like(order).index_copy_(0, order, torch.arange(T * k))
+            return Dispatched(list(rows.split(rank_rows)), counts, token_ids, weights, T, slot.view(T, k), topk_weights)
         assert layout == "padded", f"unknown MoE dispatch layout {layout!r}"
         capacity = max(counts)
-        counts_t = torch.tensor(counts)
+        # The sorted ids are each copy's expert; its row is its rank within the expert.
+        expert_of_row = flat[order]
         starts = counts_t.cumsum(0) - counts_t
-        expert_of_row = torch.repeat_interleave(torch.arange(num_experts), counts_t)
         index = expert_of_row * capacity + (torch.arange(T * k) - starts[expert_of_row])
-        padded = x.new_zeros(num_experts * capacity, x.shape[-1]).index_copy_(0, index, rows)
+        # One gather fills the buffer: empty rows read an appended zero row (index T),
+        # instead of zero-filling the buffer and scattering the rows into it.
+        src = torch.full((num_experts * capacity,), T, dtype=torch.long).index_copy_(0, index, token_ids)
+        padded = torch.cat([x, x.new_zeros(1, x.shape[-1])]).index_select(0, src)
         buffers = list(padded.view(ep_ranks, per_rank, capacity, -1).unbind(0))
-        return Dispatched(buffers, counts, token_ids, weights, T, padded_index=index)
+        slot = torch.empty_like(order).index_copy_(0, order, index)
+        return Dispatched(
+            buffers, counts, token_ids, weights, T, slot.view(T, k), topk_weights, padded_index=index
+        )
 
 
 def combine(outputs: list[Tensor], d: Dispatched) -> Tensor:
     """Weighted sum of each token's expert outputs, back in token order."""
     with tracing.span("moe.combine", cat="moe", tokens=d.num_tokens):
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-        if d.padded_index is not None:
-            out = out.flatten(0, 1).index_select(0, d.padded_index)  # [T*k, hidden], expert order
-        y = out.new_zeros(d.num_tokens, out.shape[-1])
-        # Copies are in expert order, so each token's terms are added in expert order
-        # whatever else is in the batch: a sequence gets the same sum alone or batched.
-        return y.index_add_(0, d.token_ids, out * d.weights.unsqueeze(-1))
+        out = out.reshape(-1, out.shape[-1])  # grouped rows, or padded [experts * capacity]
+        # One gather puts each token's k expert outputs side by side; the sum runs over
+        # the token's own top-k order, so a sequence gets the same sum alone or batched
+        # (no zero-filled buffer, no scatter-add).
+        T, k = d.copy_slot.shape
+        picked = out.index_select(0, d.copy_slot.view(-1)).view(T, k, -1)
+        return (picked * d.copy_weights.unsqueeze(-1)).sum(1)
 
 
 def swiglu_experts(buf: Tensor, counts: list[int], w_gate_up: Tensor, w_down: Tensor) -> Tensor:

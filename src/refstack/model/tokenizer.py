@@ -56,6 +56,11 @@ class ByteTokenizer:
         return NUM_BYTES + len(SPECIAL_TOKENS)
 
     @property
+    def prompt_only_ids(self) -> tuple[int, ...]:
+        """Special ids that frame a prompt and are never generated."""
+        return (self.bos_id, self.pad_id, self.im_start_id)
+
+    @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """Ids that end a generation: plain end-of-sequence and end of a chat turn."""
         return (self.eos_id, self.im_end_id)

@@ -82,3 +82,15 @@ def test_parse_assignments() -> None:
     assert parse_assignments(["a=1", "b = x=y", "c="]) == {"a": "1", "b": " x=y", "c": ""}
     with pytest.raises(ConfigError, match="expected name=value"):
         parse_assignments(["novalue"])
+
+
+def test_knob_without_default_in_launch_command_needs_a_value(tmp_path):
+    (tmp_path / "infra-agent.yaml").write_text(
+        "target: {kind: server, command: 'srv --port {port} --batch {batch}'}\n"
+        "knobs: {batch: {type: int, min: 1, max: 64}}\n"
+        "scenarios: {s: {dataset: {kind: random, input_len: 8, output_len: 4}, num_requests: 2}}\n"
+    )
+    ws = load_workspace(tmp_path)
+    with pytest.raises(ConfigError, match=r"knobs\.batch.*pass --set batch="):
+        ws.resolve_knobs()
+    assert ws.resolve_knobs({"batch": "8"})["batch"] == 8

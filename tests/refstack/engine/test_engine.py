@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
 import threading
 import time
 
@@ -146,3 +147,36 @@ def test_loop_thread_streams_to_asyncio_and_early_exit_aborts(model: HybridModel
     finally:
         engine.stop()
     assert not engine.is_running
+
+
+def test_only_printable_ids_are_generated(model: HybridModel) -> None:
+    # Random weights favour the unused padding ids above the tokenizer's range; the
+    # engine must never emit them (nor bos/pad/im_start), or clients get empty tokens.
+    params = SamplingParams(max_tokens=24, temperature=1.5, seed=3, ignore_eos=True)
+    outs = make_engine(model).generate([ids(p) for p in PROMPTS], params)
+    emitted = [t for o in outs for t in o.token_ids]
+    assert len(emitted) == 24 * len(PROMPTS)
+    assert max(emitted) < TOK.vocab_size
+    assert not set(emitted) & set(TOK.prompt_only_ids)
+
+
+def test_step_slowdown_lengthens_each_step_in_proportion(model: HybridModel) -> None:
+    # The calibration knob busy-waits a fraction of the step's own time; a trace of
+    # the step shows the wait as its own span of about that share.
+    from infra_agent.tracing.recorder import Tracer
+    import infra_agent.tracing.recorder as rec
+
+    tracer = Tracer(enabled=True)
+    old, rec._TRACER = rec._TRACER, tracer
+    try:
+        make_engine(model, step_slowdown=0.5).generate([ids(PROMPTS[0])], GREEDY)
+    finally:
+        rec._TRACER = old
+    events = [e for e in tracer.snapshot()["traceEvents"] if e.get("ph") == "X"]
+    steps = [e["dur"] for e in events if e["name"] == "engine.step"]
+    waits = [e["dur"] for e in events if e["name"] == "step_slowdown"]
+    assert len(steps) == len(waits) >= GREEDY.max_tokens
+    # wait = 0.5 x (work before it), so wait / step = 1/3.  The median over steps
+    # keeps a step preempted by the OS (a busy shared machine) from deciding it.
+    share = statistics.median(w / s for w, s in zip(waits, steps))
+    assert 0.28 < share < 0.36, share
