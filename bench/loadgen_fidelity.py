@@ -1,6 +1,7 @@
 """Our load generator against a peer (NVIDIA aiperf) on the same refstack server.
 
     python bench/loadgen_fidelity.py [--aiperf PATH] [--reps 3] [--small 60] [--large 240]
+                                     [--server-cpus 0 --client-cpus 1]
 
 Both clients drive the same server with the same load (concurrency, prompt and output
 lengths, ignore_eos, temperature 1), interleaved rep by rep with the order flipped each
@@ -41,11 +42,21 @@ from infra_agent.bench.prom import parse_histogram_totals, phase_deltas
 from infra_agent.target import ServerProcess
 from infra_agent.workspace.models import ServerTargetSpec
 
-SPEC = ServerTargetSpec(
-    kind="server",
-    command=[sys.executable, "-m", "refstack.cli", "serve", "--preset", "tiny", "--port", "{port}", "--torch-threads", "{threads}"],
-    ready_url="/health", metrics_url="/metrics", ready_timeout_s=180,
-)
+def server_spec(pin: str | None) -> ServerTargetSpec:
+    # With --pin the server gets its own core(s) and the clients the rest, so a
+    # client's CPU appetite cannot slow the server it is measuring (on a 2-core box
+    # that effect was larger than the 5% agreement goal).
+    prefix = ["taskset", "-c", pin] if pin else []
+    return ServerTargetSpec(
+        kind="server",
+        command=[*prefix, sys.executable, "-m", "refstack.cli", "serve", "--preset", "tiny", "--port", "{port}",
+                 "--torch-threads", "{threads}"],
+        ready_url="/health", metrics_url="/metrics", ready_timeout_s=180,
+    )
+
+
+def pinned(cmd: list[str], cpus: str | None) -> list[str]:
+    return ["taskset", "-c", cpus, *cmd] if cpus else cmd
 
 # Builds a byte-level fast tokenizer (256 byte symbols, no merges) in HF cache layout.
 _MAKE_TOKENIZER = r"""
@@ -82,7 +93,7 @@ def run_ours(url: str, n: int, a: argparse.Namespace, work: Path) -> dict[str, A
     cmd = [str(exe), "bench", url, "--num-requests", str(n), "--max-concurrency", str(a.concurrency),
            "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--temperature", "1.0",
            "--warmup-requests", "1", "--no-progress", "--output", str(out)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(pinned(cmd, a.client_cpus), check=True, stdout=subprocess.DEVNULL)
     r = json.loads(out.read_text())
     return {"median_ttft_ms": r["median_ttft_ms"], "median_tpot_ms": r["median_tpot_ms"], "mean_ttft_ms": r["mean_ttft_ms"],
             "mean_tpot_ms": r["mean_tpot_ms"], "output_throughput": r["output_throughput"],
@@ -96,7 +107,7 @@ def run_aiperf(url: str, n: int, a: argparse.Namespace, work: Path, env: dict[st
            "--output-tokens-mean", str(a.output_len), "--output-tokens-stddev", "0", "--concurrency", str(a.concurrency),
            "--request-count", str(n), "--warmup-request-count", "1", "--extra-inputs", "ignore_eos:true",
            "--extra-inputs", "temperature:1.0", "--use-server-token-count", "--ui-type", "none", "--artifact-dir", str(art)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    subprocess.run(pinned(cmd, a.client_cpus), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     r = json.loads((art / "profile_export_aiperf.json").read_text())
     errors = (r.get("error_request_count") or {}).get("avg", 0) or 0
     return {"median_ttft_ms": r["time_to_first_token"]["p50"], "median_tpot_ms": r["inter_token_latency"]["p50"],
@@ -124,6 +135,8 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--torch-threads", type=int, default=1)
+    ap.add_argument("--server-cpus", default=None, help="pin the server to these CPUs (taskset list, e.g. 0)")
+    ap.add_argument("--client-cpus", default=None, help="pin each client process to these CPUs (e.g. 1)")
     a = ap.parse_args()
     if not a.aiperf:
         sys.exit("aiperf not found: pip install aiperf into a separate venv and pass --aiperf PATH")
@@ -133,7 +146,7 @@ def main() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_CACHE": str(hub)}
 
     res: dict[str, dict[int, list[dict[str, Any]]]] = {"ours": {a.small: [], a.large: []}, "aiperf": {a.small: [], a.large: []}}
-    with ServerProcess(SPEC, {"threads": a.torch_threads}, work / "logs", name="refstack") as srv:
+    with ServerProcess(server_spec(a.server_cpus), {"threads": a.torch_threads}, work / "logs", name="refstack") as srv:
         tools = {"ours": lambda url, n: run_ours(url, n, a, work), "aiperf": lambda url, n: run_aiperf(url, n, a, work, env)}
         measured(tools["ours"], srv.url, 16)  # warm the server once
         for rep in range(a.reps):
@@ -178,6 +191,8 @@ def main() -> None:
     print(f"| metric | infra-agent | aiperf {a.reps} reps | ratio | within goal |\n|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    if a.server_cpus or a.client_cpus:
+        print(f"\npinned: server on CPU(s) {a.server_cpus}, clients on CPU(s) {a.client_cpus}")
     print(f"\nload: concurrency {a.concurrency}, {a.input_len} in / {a.output_len} out tokens, {a.large} requests per compared run; "
           f"failed requests over all runs: {fails}")
 

@@ -1,7 +1,10 @@
 """``infra-agent kernel check|bench SPEC``: the kernel lab from the command line.
 
-``check`` exits 1 when any comparison fails; ``bench`` exits 1 when any entry was
-refused for failing its check (speed is never reported for those).
+Exit status: 0 when everything that ran passed; 1 when a check fails or bench
+refuses an entry (speed is never reported for those) or an entry raises while timed;
+2 on a user error (broken spec, unknown ``--precision``/``--variant``); 3 when nothing
+was checked at all (every case skipped: ``--device cuda`` without a GPU, a GPU-only
+spec on the CPU), so a run that judged nothing is never mistaken for a pass.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from rich.table import Table
 
 from infra_agent.cli.output import emit, err_console, user_errors
 
+NOTHING_CHECKED_EXIT = 3
+
 
 def _fmt(x: float | None, spec: str = ".3g") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _render_check(console: Console, report: Any) -> None:
+def _render_check(console: Console, report: Any, show_skipped: bool = True) -> None:
     from infra_agent.kernels.correctness import CheckReport
 
     assert isinstance(report, CheckReport)
@@ -37,11 +42,12 @@ def _render_check(console: Console, report: Any) -> None:
             _fmt(s.rel_fro if s else None), r.tolerance, verdict,
             str(list(s.worst_index)) if s else "-", cond if s else f"{cond}: {r.message}",
         )
-    console.print(table)
+    if report.rows():  # an all-skipped report has no table, only its reasons
+        console.print(table)
     for r in report.rows():
         if r.status == "failed" and r.stats is not None and r.stats.reason:
             console.print(f"  [red]FAIL[/] {r.condition.label() if r.condition else ''}: {r.message}", highlight=False)
-    for msg in report.skipped:
+    for msg in report.skipped if show_skipped else ():
         console.print(f"  [yellow]skipped[/] {msg}", highlight=False)
 
 
@@ -50,7 +56,7 @@ def _render_bench(console: Console, report: Any) -> None:
 
     assert isinstance(report, BenchReport)
     for check in report.checks:
-        _render_check(console, check)
+        _render_check(console, check, show_skipped=False)  # report.skipped has them all
     c = report.ceilings
     if c is not None:
         console.print(f"[bold]ceilings measured in this run on {c.device}:[/] " + "; ".join(c.notes), highlight=False)
@@ -69,7 +75,8 @@ def _render_bench(console: Console, report: Any) -> None:
             _fmt(rl.fraction if rl else None, ".1%"), _fmt(rl.headroom if rl else None, ".1%"),
             (e.status + (f": {e.message}" if e.message else "")) if e.status == "timed" else f"[red]{e.status}[/]: {e.message}",
         )
-    console.print(table)
+    if report.entries:
+        console.print(table)
     if report.work:
         work = Table(title=f"{report.spec} work accounting", title_justify="left")
         for col in ("variant", "shape", "op", "calls", "distinct keys", "repeat x", "repeated FLOP", "share of counted"):
@@ -95,15 +102,24 @@ def _run(mode: str, spec_path: str, spec_name: str | None, config: dict[str, Any
         else:
             with err_console.status(f"kernel {mode}: {', '.join(s.name for s in specs)}"):
                 fb, reports = run_lab(specs, mode, config)
-    result = {"ok": fb.ok, "mode": mode, "reports": [r.to_dict() for r in reports], "feedback": fb.model_dump(mode="json")}
+    checked = int(fb.meta["checked"])
+    result = {
+        "ok": fb.ok, "mode": mode, "checked": checked, "skipped": fb.meta["skipped"],
+        "reports": [r.to_dict() for r in reports], "feedback": fb.model_dump(mode="json"),
+    }
     render = _render_bench if mode == "bench" else _render_check
 
     def show(console: Console) -> None:
         for r in reports:
             render(console, r)
-        console.print("[green]ok[/]" if fb.ok else f"[bold red]FAILED[/]: {fb.error}")
+        if checked == 0:
+            console.print(f"[bold yellow]NOTHING CHECKED[/]: every case was skipped (reasons above); exit {NOTHING_CHECKED_EXIT}")
+        else:
+            console.print("[green]ok[/]" if fb.ok else f"[bold red]FAILED[/]: {fb.error}")
 
     emit(result, as_json, show)
+    if checked == 0:
+        raise typer.Exit(code=NOTHING_CHECKED_EXIT)
     if not fb.ok:
         raise typer.Exit(code=1)
 
@@ -115,7 +131,7 @@ def register(app: typer.Typer) -> None:
     def check(
         spec: str = typer.Argument(..., help="Path to a spec file (Python, declares KernelSpec objects)."),
         spec_name: Optional[str] = typer.Option(None, "--spec-name", help="Only this spec of the file."),
-        seeds: int = typer.Option(2, "--seeds", min=1, help="Fresh random seeds per shape (unless the spec pins them)."),
+        seeds: int = typer.Option(2, "--seeds", min=1, help="How many fresh random seeds to draw per run; one set shared by every shape and dtype (unless the spec pins them)."),
         device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)."),
         precision: Optional[list[str]] = typer.Option(None, "--precision", help="Only these precision modes (repeatable)."),
         variant: Optional[list[str]] = typer.Option(None, "--variant", help="Only these partition variants (repeatable)."),
@@ -130,7 +146,7 @@ def register(app: typer.Typer) -> None:
         spec: str = typer.Argument(..., help="Path to a spec file."),
         spec_name: Optional[str] = typer.Option(None, "--spec-name", help="Only this spec of the file."),
         device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)."),
-        seeds: int = typer.Option(2, "--seeds", min=1, help="Seeds for the correctness gate."),
+        seeds: int = typer.Option(2, "--seeds", min=1, help="Fresh random seeds for the correctness gate; one set shared by every shape and dtype."),
         precision: Optional[list[str]] = typer.Option(None, "--precision", help="Only these precision modes (repeatable)."),
         variant: Optional[list[str]] = typer.Option(None, "--variant", help="Only these partition variants (repeatable)."),
         budget_s: float = typer.Option(0.3, "--budget-s", help="CPU timing budget per entry, seconds."),

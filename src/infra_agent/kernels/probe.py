@@ -1,7 +1,8 @@
 """``KernelProbe``: the kernel lab as Feedback.
 
 Config keys: ``spec`` (path, required), ``spec_name``, ``mode`` ("check" -> tier
-check, "bench" -> tier micro), ``seeds`` (how many to draw), ``device``,
+check, "bench" -> tier micro: see ``KernelProbe.tier_for``), ``seeds`` (how many to
+draw, shared by every shape and dtype), ``device``,
 ``precisions``, ``variants``, ``budget_s`` (CPU timing budget per entry),
 ``copy_bytes`` and ``matmul_n`` (ceiling sizes).
 
@@ -9,6 +10,10 @@ Measurements carry the locality the agent acts on: ``kernel`` (spec), ``variant`
 ``input`` (shape and dtype) and ``knob`` (``precision=...``).  Findings name the worst
 element and the input condition of a mismatch, the bound and headroom of each timed
 entry, and the work repeated across tiles.
+
+``ok`` is False when a check failed, bench refused an entry or an entry raised while
+timed, and also when nothing was checked at all (every case skipped: no GPU for a
+GPU-only spec, ``device=cuda`` without one); ``meta["checked"]`` counts comparisons.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any, ClassVar
 from infra_agent.errors import ConfigError
 from infra_agent.feedback import Artifact, Feedback, Finding, Location, Measurement, Tier
 from infra_agent.kernels.correctness import KERNEL, CheckReport, CheckResult, check_spec
-from infra_agent.kernels.loader import load_specs, select
+from infra_agent.kernels.loader import load_specs, narrow, select
 from infra_agent.kernels.microbench import BenchReport, account_work, bench_spec
 from infra_agent.kernels.spec import KernelSpec
 from infra_agent.kernels.work import OpWork, describe_repeat
@@ -44,10 +49,24 @@ def check_feedback_parts(report: CheckReport) -> tuple[list[Measurement], list[F
         vs = rs[0].against
         for name, attr in (("rel_fro_error", "rel_fro"), ("max_abs_error", "max_abs"), ("max_ulp", "max_ulp")):
             samples = [getattr(r.stats, attr) for r in rs if r.stats is not None]
-            ms.append(Measurement.from_samples(f"{name}_vs_{vs}", "ratio" if attr == "rel_fro" else ("ulp" if attr == "max_ulp" else "abs"), samples, better="lower", **tags))
+            ms.append(error_measurement(f"{name}_vs_{vs}", "ratio" if attr == "rel_fro" else ("ulp" if attr == "max_ulp" else "abs"), samples, **tags))
     findings = [_mismatch_finding(report, r) for r in _worst_failures(report)]
     findings += [Finding(kind="skipped", message=s, severity="info", location=Location(file=report.origin or None, kernel=report.spec)) for s in report.skipped]
     return ms, findings
+
+
+def error_measurement(name: str, unit: str, samples: list[float], **tags: str) -> Measurement:
+    """An error metric (max abs, max ULP, rel. Frobenius) over seeds x shapes x dtypes.
+
+    These are >= 0, but the summary's 95% t-interval of the mean is symmetric and with
+    two seeds (t = 12.7) it reaches below zero.  We clamp its low end at 0 -- the
+    interval intersected with the metric's domain -- rather than switch to min/max, so
+    ci_low/ci_high mean the same thing here as in every other measurement.
+    """
+    m = Measurement.from_samples(name, unit, samples, better="lower", **tags)
+    if m.summary is not None and m.summary.ci_low < 0:
+        m.summary = m.summary.model_copy(update={"ci_low": 0.0})
+    return m
 
 
 def _worst_failures(report: CheckReport) -> list[CheckResult]:
@@ -70,6 +89,8 @@ def _mismatch_finding(report: CheckReport, r: CheckResult) -> Finding:
             max_abs=s.max_abs, max_rel=s.max_rel, max_ulp=s.max_ulp, rel_fro=s.rel_fro,
             worst_index=list(s.worst_index), worst_value=s.worst_value, worst_ref=s.worst_ref,
             n_violations=s.n_violations, n_elements=s.n_elements,
+            # n_violations counts elements only; a rel_fro-only failure has 0 there.
+            violated=list(s.violated),
         )
         if r.against == KERNEL and passing:
             question = (
@@ -156,9 +177,32 @@ def bench_feedback_parts(report: BenchReport) -> tuple[list[Measurement], list[F
     return ms, fs
 
 
+MODE_TIERS: dict[str, Tier] = {"check": Tier.check, "bench": Tier.micro}
+
+
+def _mode(config: dict[str, Any]) -> str:
+    mode = config.get("mode", "check")
+    if mode not in MODE_TIERS:
+        raise ConfigError(None, "mode", "'check' or 'bench'", mode)
+    return str(mode)
+
+
 class KernelProbe(Probe):
+    """The kernel lab as a probe.
+
+    ``tier`` is the cheapest tier it runs at (``check``: correctness only), which is
+    what a planner ordering probes by cost should see.  What one run costs depends on
+    its config: ``tier_for(config)`` is ``micro`` for ``mode="bench"`` (kernels are
+    timed against measured ceilings), and the Feedback's ``tier`` always equals it.
+    """
+
     name: ClassVar[str] = "kernel"
     tier: ClassVar[Tier] = Tier.check
+
+    @classmethod
+    def tier_for(cls, config: dict[str, Any]) -> Tier:
+        """The tier a run with ``config`` returns Feedback at; ConfigError for a bad mode."""
+        return MODE_TIERS[_mode(config)]
 
     @property
     def scope(self) -> list[str]:
@@ -168,9 +212,7 @@ class KernelProbe(Probe):
         path = config.get("spec")
         if not path:
             raise ConfigError(None, "spec", "a path to a kernel spec file", path)
-        mode = config.get("mode", "check")
-        if mode not in ("check", "bench"):
-            raise ConfigError(None, "mode", "'check' or 'bench'", mode)
+        mode = _mode(config)
         specs = select(load_specs(path), config.get("spec_name"))
         fb, reports = run_lab(specs, mode, config)
         ctx.workdir.mkdir(parents=True, exist_ok=True)
@@ -189,52 +231,99 @@ def _names(value: Any) -> list[str] | None:
     return [str(v) for v in value]
 
 
+def _unique_skips(fs: list[Finding]) -> list[Finding]:
+    # Check and bench shapes skip for the same reasons: say each once.
+    seen: set[str] = set()
+    out: list[Finding] = []
+    for f in fs:
+        if f.kind == "skipped":
+            if f.message in seen:
+                continue
+            seen.add(f.message)
+        out.append(f)
+    return out
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any]) -> tuple[Feedback, list[CheckReport | BenchReport]]:
-    """Check or bench every spec; the Feedback plus the reports it was built from."""
+    """Check or bench every spec; the Feedback plus the reports it was built from.
+
+    Raises ``KernelSpecError`` for a precision or variant name no selected spec declares.
+    """
+    mode = _mode({"mode": mode})
     ms: list[Measurement] = []
     fs: list[Finding] = []
     reports: list[CheckReport | BenchReport] = []
-    ok = True
     n_seeds = int(config.get("seeds", 2))
-    common: dict[str, Any] = {
-        "device": config.get("device"),
-        "precisions": _names(config.get("precisions")),
-        "variants": _names(config.get("variants")),
-    }
-    for spec in specs:
+    # Counted apart so a failing check and the bench entry it refuses are not one
+    # number twice; a failed check is one table row (variant, vs, precision, output),
+    # the same row on check and bench shapes counting once.
+    failed: set[tuple[str, str, str, str, str]] = set()
+    refused = timing_failed = checked = 0
+    for spec, precisions, variants, notes in narrow(specs, _names(config.get("precisions")), _names(config.get("variants"))):
+        common: dict[str, Any] = {"device": config.get("device"), "precisions": precisions, "variants": variants}
+        if precisions == []:  # declares none of the requested modes: nothing to run
+            dev = config.get("device") or "-"
+            placeholder = CheckReport(spec.name, spec.origin, dev, [], skipped=notes)
+            reports.append(placeholder if mode == "check" else BenchReport(spec.name, spec.origin, dev, [], skipped=notes))
+            fs += check_feedback_parts(placeholder)[1]
+            continue
         if mode == "bench":
             bench = bench_spec(
                 spec, n_seeds=n_seeds, budget_s=float(config.get("budget_s", 0.3)),
                 copy_bytes=config.get("copy_bytes"), matmul_n=config.get("matmul_n"), **common,
             )
-            for check in bench.checks:
-                m, f = check_feedback_parts(check)
-                ms += m
-                fs += f
+            bench.skipped[:0] = notes
+            checks = bench.checks
             m, f = bench_feedback_parts(bench)
             work = bench.work
-            ok = ok and bench.passed
+            refused += len(bench.refused)
+            timing_failed += len(bench.timing_failures)
             reports.append(bench)
         else:
-            check = check_spec(spec, n_seeds=n_seeds, **common)
-            m, f = check_feedback_parts(check)
+            checks = [check_spec(spec, n_seeds=n_seeds, **common)]
+            m, f = [], []
             work = account_work(spec)
-            ok = ok and check.passed
-            reports.append(check)
+            reports.append(checks[0])
+        checks[0].skipped[:0] = notes
+        for check in checks:
+            cm, cf = check_feedback_parts(check)
+            ms += cm
+            fs += cf
+            checked += check.checked
+            failed |= {(spec.name, r.variant, r.against, r.precision, r.output) for r in check.rows() if r.status == "failed"}
         ms += m
         fs += f
         m, f = work_findings(spec.name, spec.origin, work)
         ms += m
         fs += f
-    n_errors = sum(1 for f in fs if f.severity == "error")
+    fs = _unique_skips(fs)
+    skipped = [f.message for f in fs if f.kind == "skipped"]
+    problems = [
+        _plural(len(failed), "failed check", "failed checks") if failed else "",
+        _plural(refused, "refused bench entry", "refused bench entries") if refused else "",
+        _plural(timing_failed, "bench entry", "bench entries") + " raised while timed" if timing_failed else "",
+    ]
+    if checked == 0:
+        # Everything was skipped: there is no result to call a success.
+        error: str | None = "nothing was checked: " + ("; ".join(skipped) or "no case ran")
+    else:
+        error = ", ".join(p for p in problems if p) or None
     fb = Feedback(
         probe="kernel",
-        tier=Tier.micro if mode == "bench" else Tier.check,
+        tier=MODE_TIERS[mode],
         scope=[s.name for s in specs],
-        ok=ok,
-        error=None if ok else f"{n_errors} failed check(s) or refused bench entries",
+        ok=error is None,
+        error=error,
         measurements=ms,
         findings=fs,
-        meta={"mode": mode, "specs": [s.name for s in specs], "origin": specs[0].origin if specs else None},
+        meta={
+            "mode": mode, "specs": [s.name for s in specs], "origin": specs[0].origin if specs else None,
+            "checked": checked, "skipped": skipped,
+            "failed_checks": len(failed), "refused_entries": refused, "timing_failures": timing_failed,
+        },
     )
     return fb, reports

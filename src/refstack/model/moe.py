@@ -8,10 +8,14 @@ its experts' rows in one of two layouts:
   with per-expert counts; the rank runs one GEMM pair per *active* expert on exactly
   its rows, so idle experts' weights are never read (what small batches need);
 - ``padded`` (DeepEP low-latency mode): ``[experts_per_rank, capacity, hidden]``;
-  the rank runs all its experts in one batched GEMM pair.  Fewer ops, but on the CPU
-  it measured slower than ``grouped`` at every batch from 8 to 1024 tokens (padding
-  rows cost compute, and MKL's batched GEMM is less efficient), so it is opt-in: the
-  layout a GPU low-latency path would use, kept tested for that.
+  the rank runs all its experts in one batched GEMM pair.  With one torch thread it
+  measured slower than ``grouped`` (padding rows cost compute, and MKL's batched GEMM
+  is less efficient), but MKL runs a small GEMM on one thread only while it splits a
+  batched GEMM's experts over the threads: with 2 threads and every expert busy
+  (decode at batch >= 8), streaming the experts' weights on both cores wins.
+
+``auto`` (the default) picks ``padded`` when there are several threads and on
+average at least two copies per expert, ``grouped`` otherwise.
 
 ``combine`` brings the outputs back and sums them per token with the router
 weights.  All ranks live in this process, but the three phases are separate
@@ -45,8 +49,10 @@ class Dispatched:
     # [T, k] row of each (token, choice) copy in the ranks' concatenated outputs.
     copy_slot: Tensor
     copy_weights: Tensor  # [T, k] router weight of each (token, choice) copy
-    # Padded layout only: each copy's flat position (expert * capacity + row).
+    # Padded layout only: each copy's flat position (expert * capacity + row), and the
+    # whole [experts, capacity, hidden] buffer the rank buffers are views of.
     padded_index: Tensor | None = None
+    padded: Tensor | None = None
 
     @property
     def layout(self) -> str:
@@ -98,7 +104,7 @@ def dispatch(
         buffers = list(padded.view(ep_ranks, per_rank, capacity, -1).unbind(0))
         slot = torch.empty_like(order).index_copy_(0, order, index)
         return Dispatched(
-            buffers, counts, token_ids, weights, T, slot.view(T, k), topk_weights, padded_index=index
+            buffers, counts, token_ids, weights, T, slot.view(T, k), topk_weights, index, padded.view(num_experts, capacity, -1)
         )
 
 
@@ -125,13 +131,13 @@ def swiglu_experts(buf: Tensor, counts: list[int], w_gate_up: Tensor, w_down: Te
     """
     if buf.dim() == 3:
         gate, up = torch.bmm(buf, w_gate_up).chunk(2, dim=-1)
-        return torch.bmm(F.silu(gate) * up, w_down)
+        return torch.bmm(F.silu(gate).mul_(up), w_down)
     out = torch.empty_like(buf)
     start = 0
     for e, n in enumerate(counts):
         if n:
             gate, up = (buf[start : start + n] @ w_gate_up[e]).chunk(2, dim=-1)
-            torch.mm(F.silu(gate) * up, w_down[e], out=out[start : start + n])
+            torch.mm(F.silu(gate).mul_(up), w_down[e], out=out[start : start + n])
             start += n
     return out
 
@@ -143,7 +149,7 @@ class MoE(nn.Module):
         self.num_experts, self.top_k, self.ep_ranks = config.num_experts, config.num_experts_per_tok, config.ep_ranks
         E, D, inner = config.num_experts, config.hidden_size, config.expert_hidden_size
         self.router = Linear(D, E, gen)
-        self.dispatch_layout = "grouped"  # see dispatch()
+        self.dispatch_layout = "auto"  # "auto", "grouped" or "padded": see the module docstring
         # [E, in, out] so a rank's batched matmul needs no transpose.
         self.w_gate_up = seeded_weight(gen, E, D, 2 * inner, std=1.0 / math.sqrt(D))
         self.w_down = seeded_weight(gen, E, inner, D, std=1.0 / math.sqrt(inner * 2 * config.num_layers))
@@ -152,13 +158,24 @@ class MoE(nn.Module):
         per = self.num_experts // self.ep_ranks
         return self.w_gate_up[rank * per : (rank + 1) * per], self.w_down[rank * per : (rank + 1) * per]
 
+    def layout_for(self, num_tokens: int) -> str:
+        if self.dispatch_layout != "auto":
+            return self.dispatch_layout
+        busy = num_tokens * self.top_k >= 2 * self.num_experts
+        return "padded" if busy and torch.get_num_threads() > 1 else "grouped"
+
     def forward(self, x: Tensor) -> Tensor:
         topk_ids, topk_weights = route(self.router(x), self.top_k)
-        d = dispatch(x, topk_ids, topk_weights, self.num_experts, self.ep_ranks, self.dispatch_layout)
+        d = dispatch(x, topk_ids, topk_weights, self.num_experts, self.ep_ranks, self.layout_for(x.shape[0]))
         per = self.num_experts // self.ep_ranks
         with tracing.span("moe.experts", cat="moe", layer=self.layer, tokens=d.num_tokens):
-            outputs = [
-                swiglu_experts(buf, d.counts[r * per : (r + 1) * per], *self.rank_weights(r))
-                for r, buf in enumerate(d.buffers)
-            ]
+            if d.padded is not None:
+                # The ranks share this process: one batched GEMM pair over all their
+                # experts lets MKL spread the experts over the threads.
+                outputs = [swiglu_experts(d.padded, d.counts, self.w_gate_up, self.w_down)]
+            else:
+                outputs = [
+                    swiglu_experts(buf, d.counts[r * per : (r + 1) * per], *self.rank_weights(r))
+                    for r, buf in enumerate(d.buffers)
+                ]
         return combine(outputs, d)
