@@ -1,17 +1,26 @@
 """refstack engine output tokens/s against HF transformers ``generate``, batch 1 / 8 / 32.
 
     python bench/engine_throughput.py [--preset small] [--repeats 5] [--prompt-len 32] [--gen-len 64]
+                                      [--long-prompt-len 512 --long-batches 8]
 
-The peer is a randomly initialised ``LlamaForCausalLM`` of equal width, depth, vocab and
-attention shape (no download).  Its dense MLP has ``num_experts_per_tok *
-expert_hidden_size`` intermediate units by default: the same active MLP width per token
-as refstack's MoE (``--peer-mlp total`` matches all experts' weights instead).  Both run greedy, fixed-length generation (EOS ignored) in the same
-process on the same torch threads; throughput counts the prefill too
-(batch * gen_len / wall time).
+"A Llama of equal width, depth and vocab" does not pin the Llama's MLP width, and
+the choice decides the answer, so the run measures BOTH peers side by side, each a
+randomly initialised ``LlamaForCausalLM`` with refstack's hidden size, depth, vocab
+and attention shape (no download):
 
-Runs are interleaved (refstack, HF, HF, refstack, ...) so machine drift hits both; the
-ratio's 95% confidence interval is a paired bootstrap over the repeats.  Needs
-``pip install transformers`` (the ``bench`` extra); tests never import this file.
+- ``HF-active``: dense MLP width ``num_experts_per_tok * expert_hidden_size``, the
+  MoE's active width per token (FLOP-matched; far fewer weights);
+- ``HF-total``: dense MLP width ``num_experts * expert_hidden_size``, all experts'
+  width (MLP-parameter-matched: the weight bytes a batch that touches every expert
+  reads per step).
+
+All stacks run greedy, fixed-length generation (EOS ignored) in the same process on
+the same torch threads; throughput counts the prefill too (batch * gen_len / wall).
+Runs are interleaved with the order rotated each repeat, so machine drift hits all
+three; each ratio's 95% confidence interval is a paired bootstrap over the repeats.
+``--long-prompt-len`` adds a separately labelled table with long prompts, where
+refstack's KDA layers keep O(1) state while every Llama layer attends over the prompt.
+Needs ``pip install transformers`` (the ``bench`` extra); tests never import this file.
 """
 
 from __future__ import annotations
@@ -36,10 +45,9 @@ BATCHES = (1, 8, 32)
 def hf_peer(cfg: HybridConfig, mlp: str) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    # "active": the MLP width one token runs through (FLOP-matched, the default);
+    # "active": the MLP width one token runs through (FLOP-matched);
     # "total": all experts' width (weight-matched: the bytes a large batch reads).
     width = cfg.num_experts_per_tok if mlp == "active" else cfg.num_experts
-
     hf_cfg = LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
@@ -89,6 +97,49 @@ def ratio_ci(a: list[float], b: list[float], n_boot: int = 5000, seed: int = 0) 
     return point, boots[int(0.025 * n_boot)], boots[int(0.975 * n_boot) - 1]
 
 
+PEERS = ("active", "total")
+STACKS = ("refstack", *(f"hf-{p}" for p in PEERS))
+
+
+def make_engine(model: HybridModel, preset: str, batch: int, prompt_len: int) -> Engine:
+    # Every prompt of the batch prefills whole in one step, as HF's generate does.
+    return Engine(EngineConfig(preset=preset, max_running=batch, max_batch_tokens=batch * prompt_len,
+                               prefill_chunk=prompt_len), model=model, tokenizer=ByteTokenizer())
+
+
+def measure(engine: Engine, peers: dict[str, Any], batches: list[int], prompt_len: int, gen_len: int,
+            repeats: int, vocab: int, label: str) -> dict[int, dict[str, list[float]]]:
+    samples: dict[int, dict[str, list[float]]] = {b: {s: [] for s in STACKS} for b in batches}
+    for b in batches:  # warm-up: first-call allocations, lazy inits
+        p = prompts(b, prompt_len, vocab, seed=b)
+        run_refstack(engine, p, 4)
+        for m in peers.values():
+            run_hf(m, p, 4)
+    for r in range(repeats):
+        for b in batches:
+            p = prompts(b, prompt_len, vocab, seed=1000 * r + b)
+            # Rotate the order each repeat so no stack always runs first (drift cancels).
+            order = STACKS[r % 3:] + STACKS[: r % 3]
+            for name in order:
+                tps = run_refstack(engine, p, gen_len) if name == "refstack" else run_hf(peers[name], p, gen_len)
+                samples[b][name].append(tps)
+                print(f"  {label} repeat {r + 1}/{repeats} batch {b:>2} {name:>9}: {tps:8.1f} tok/s",
+                      file=sys.stderr, flush=True)  # progress; the tables go to stdout
+    return samples
+
+
+def print_table(samples: dict[int, dict[str, list[float]]]) -> None:
+    print("| batch | refstack tok/s | HF-active tok/s | refstack / HF-active [95% CI] "
+          "| HF-total tok/s | refstack / HF-total [95% CI] |")
+    print("|---|---|---|---|---|---|")
+    for b, s in samples.items():
+        cells = [f"{statistics.median(s['refstack']):.1f}"]
+        for peer in PEERS:
+            point, lo, hi = ratio_ci(s["refstack"], s[f"hf-{peer}"])
+            cells += [f"{statistics.median(s[f'hf-{peer}']):.1f}", f"**{point:.2f}x** [{lo:.2f}, {hi:.2f}]"]
+        print(f"| {b} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="small")
@@ -96,8 +147,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
-    ap.add_argument("--peer-mlp", choices=("active", "total"), default="active",
-                    help="HF MLP width: the MoE's active width per token, or all experts' width")
+    ap.add_argument("--long-prompt-len", type=int, default=0, help="also run a long-prompt table (0: skip)")
+    ap.add_argument("--long-batches", type=int, nargs="+", default=[8])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--json", dest="json_path", help="also write the raw samples here")
     args = ap.parse_args()
@@ -106,43 +157,33 @@ def main() -> None:
 
     cfg = HybridConfig.preset(args.preset)
     ours = HybridModel(cfg)
-    peer = hf_peer(cfg, args.peer_mlp)
-    tok = ByteTokenizer()
-    top = max(args.batches)
-    engine = Engine(EngineConfig(preset=args.preset, max_running=top, max_batch_tokens=top * args.prompt_len,
-                                 prefill_chunk=args.prompt_len), model=ours, tokenizer=tok)
+    peers = {f"hf-{p}": hf_peer(cfg, p) for p in PEERS}
+    n_params = {k: sum(p.numel() for p in m.parameters()) / 1e6 for k, m in peers.items()}
     print(f"# preset={args.preset} hidden={cfg.hidden_size} layers={cfg.num_layers} vocab={cfg.vocab_size} "
-          f"refstack params={ours.num_parameters / 1e6:.1f}M HF Llama params="
-          f"{sum(p.numel() for p in peer.parameters()) / 1e6:.1f}M (MLP width: {args.peer_mlp})")
-    print(f"# prompt_len={args.prompt_len} gen_len={args.gen_len} repeats={args.repeats} "
-          f"torch_threads={torch.get_num_threads()} cpu={platform.processor() or platform.machine()}")
+          f"refstack params={ours.num_parameters / 1e6:.1f}M (MoE {cfg.num_experts}x{cfg.expert_hidden_size}, "
+          f"top-{cfg.num_experts_per_tok})")
+    print(f"# HF-active: Llama MLP width {cfg.num_experts_per_tok * cfg.expert_hidden_size} (= top_k x expert_hidden, "
+          f"FLOP-matched), {n_params['hf-active']:.1f}M params")
+    print(f"# HF-total: Llama MLP width {cfg.num_experts * cfg.expert_hidden_size} (= num_experts x expert_hidden, "
+          f"MLP-weight-matched), {n_params['hf-total']:.1f}M params")
+    print(f"# gen_len={args.gen_len} repeats={args.repeats} torch_threads={torch.get_num_threads()} "
+          f"cpu={platform.processor() or platform.machine()}")
 
-    samples: dict[int, dict[str, list[float]]] = {b: {"refstack": [], "hf": []} for b in args.batches}
-    for b in args.batches:  # warm-up: first-call allocations, lazy inits
-        p = prompts(b, args.prompt_len, cfg.vocab_size, seed=b)
-        run_refstack(engine, p, 4)
-        run_hf(peer, p, 4)
-    for r in range(args.repeats):
-        for b in args.batches:
-            p = prompts(b, args.prompt_len, cfg.vocab_size, seed=1000 * r + b)
-            order = ("refstack", "hf") if r % 2 == 0 else ("hf", "refstack")  # ABBA: drift cancels
-            for name in order:
-                fn = run_refstack if name == "refstack" else run_hf
-                samples[b][name].append(fn(engine if name == "refstack" else peer, p, args.gen_len))
-                print(f"  repeat {r + 1}/{args.repeats} batch {b:>2} {name:>8}: {samples[b][name][-1]:8.1f} tok/s",
-                      file=sys.stderr, flush=True)  # progress; the table goes to stdout
-
-    print()
-    print("| batch | refstack tok/s (median) | HF generate tok/s (median) | ratio | 95% CI |")
-    print("|---|---|---|---|---|")
-    for b in args.batches:
-        a, h = samples[b]["refstack"], samples[b]["hf"]
-        point, lo, hi = ratio_ci(a, h)
-        print(f"| {b} | {statistics.median(a):.1f} | {statistics.median(h):.1f} | {point:.2f}x | "
-              f"[{lo:.2f}, {hi:.2f}] |")
+    results: dict[str, Any] = {}
+    engine = make_engine(ours, args.preset, max(args.batches), args.prompt_len)
+    results["main"] = measure(engine, peers, args.batches, args.prompt_len, args.gen_len, args.repeats,
+                              cfg.vocab_size, "main")
+    print(f"\n## prompt_len={args.prompt_len}, gen_len={args.gen_len}\n")
+    print_table(results["main"])
+    if args.long_prompt_len:
+        engine = make_engine(ours, args.preset, max(args.long_batches), args.long_prompt_len)
+        results["long"] = measure(engine, peers, args.long_batches, args.long_prompt_len, args.gen_len,
+                                  args.repeats, cfg.vocab_size, "long")
+        print(f"\n## long prompt: prompt_len={args.long_prompt_len}, gen_len={args.gen_len} (reported separately)\n")
+        print_table(results["long"])
     if args.json_path:
         with open(args.json_path, "w") as fh:
-            json.dump({"args": vars(args), "samples": samples}, fh, indent=2)
+            json.dump({"args": vars(args), "samples": results}, fh, indent=2)
 
 
 if __name__ == "__main__":

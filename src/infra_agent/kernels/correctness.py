@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
 
 from infra_agent.kernels.loader import require_declared, spec_error
 from infra_agent.kernels.numerics import Condition, ErrorStats, compare
-from infra_agent.kernels.spec import KERNEL, KernelSpec, Shape, Tolerance, Variant, shape_label
+from infra_agent.kernels.spec import (
+    KERNEL,
+    KernelSpec,
+    Shape,
+    Tolerance,
+    Variant,
+    shape_label,
+)
 
 Status = Literal["passed", "failed", "skipped"]
 
@@ -42,20 +49,10 @@ class CheckResult:
     condition: Condition | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "variant": self.variant,
-            "against": self.against,
-            "precision": self.precision,
-            "shape": self.shape,
-            "dtype": self.dtype,
-            "seed": self.seed,
-            "output": self.output,
-            "status": self.status,
-            "tolerance": self.tolerance,
-            "message": self.message,
-            "stats": self.stats.to_dict() if self.stats else None,
-            "condition": self.condition.label() if self.condition else None,
-        }
+        d: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["stats"] = self.stats.to_dict() if self.stats else None
+        d["condition"] = self.condition.label() if self.condition else None
+        return d
 
 
 @dataclass

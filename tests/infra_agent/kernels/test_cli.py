@@ -54,4 +54,60 @@ def test_broken_spec_exit_2(specs_dir: Path) -> None:
     res = runner.invoke(app, ["kernel", "check", str(specs_dir / "broken" / "bad_factory_spec.py"), "--json"])
     assert res.exit_code == 2
     err = json.loads(res.stdout)
-    assert err["error"] == "KernelSpecError" and "bad_factory" in err["message"] and "variant 'inputs'" in err["message"]
+    assert err["error"] == "KernelSpecError" and "spec 'bad_factory', input factory: raised KeyError" in err["message"]
+    assert "variant" not in err["message"]  # the factory is not a variant
+
+
+def test_bench_entry_raising_while_timed_exits_1(specs_dir: Path) -> None:
+    res = runner.invoke(app, ["kernel", "bench", str(specs_dir / "bench_raises_spec.py"), "--device", "cpu", *FAST, "--json"])
+    assert res.exit_code == 1, res.output
+    out = json.loads(res.stdout)
+    assert not out["ok"] and out["reports"][0]["passed_check"] and not out["reports"][0]["ok"]
+    assert out["feedback"]["error"] == "1 bench entry raised while timed"
+    (entry,) = out["reports"][0]["entries"]
+    assert entry["status"] == "failed" and "state overflow" in entry["message"]
+
+
+def test_undeclared_precision_or_variant_is_a_user_error(specs_dir: Path) -> None:
+    matmul = str(specs_dir / "matmul_spec.py")
+    for flag, bad in (("--precision", "fp64"), ("--variant", "split_k5")):
+        for mode in ("check", "bench"):
+            res = runner.invoke(app, ["kernel", mode, matmul, "--device", "cpu", flag, bad, "--json"])
+            assert res.exit_code == 2, (mode, flag, res.output)
+            assert isinstance(res.exception, SystemExit)  # a clean message, no traceback
+            msg = json.loads(res.stdout)["message"]
+            kind = flag.lstrip("-")
+            assert f"spec 'matmul': unknown {kind} '{bad}'" in msg, msg
+            assert ("'tf32'" if kind == "precision" else "'split_k4'") in msg  # the known names
+
+
+def test_nothing_checked_exits_3_with_reasons(specs_dir: Path) -> None:
+    gpu_only = str(specs_dir / "gpu_only_spec.py")
+    for mode in ("check", "bench"):
+        res = runner.invoke(app, ["kernel", mode, gpu_only, "--device", "cpu", *(FAST if mode == "bench" else []), "--json"])
+        assert res.exit_code == 3, (mode, res.output)
+        out = json.loads(res.stdout)
+        assert out["checked"] == 0 and not out["ok"]
+        assert out["skipped"] == ["spec 'gpu_only' is GPU-only; skipped on cpu"]
+        assert out["feedback"]["error"].startswith("nothing was checked: spec 'gpu_only' is GPU-only")
+    res = runner.invoke(app, ["kernel", "check", gpu_only, "--device", "cpu"], env={"COLUMNS": "200"})
+    assert res.exit_code == 3
+    assert "is GPU-only; skipped on cpu" in res.stdout and "NOTHING CHECKED" in res.stdout and "ok" not in res.stdout.split()
+
+
+def test_cuda_without_gpu_checks_nothing_and_says_so(specs_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    res = runner.invoke(app, ["kernel", "check", str(specs_dir / "matmul_spec.py"), "--device", "cuda", "--json"])
+    assert res.exit_code == 3, res.output
+    out = json.loads(res.stdout)
+    assert out["checked"] == 0 and "no CUDA device" in out["skipped"][0]
+
+
+def test_seeds_help_says_one_set_for_all_shapes() -> None:
+    for mode in ("check", "bench"):
+        res = runner.invoke(app, ["kernel", mode, "--help"], env={"COLUMNS": "250", "TERMINAL_WIDTH": "250"})
+        assert res.exit_code == 0
+        text = " ".join(res.stdout.replace("│", " ").split())
+        assert "shared by every shape and dtype" in text and "per shape" not in text, text

@@ -23,11 +23,12 @@ def test_missing_reference_names_spec(specs_dir: Path) -> None:
         load_specs(specs_dir / "broken" / "no_reference_spec.py")
 
 
-def test_throwing_input_factory_names_spec_and_variant(specs_dir: Path) -> None:
+def test_throwing_input_factory_names_spec_and_factory(specs_dir: Path) -> None:
     with pytest.raises(KernelSpecError) as exc:
         load_specs(specs_dir / "broken" / "bad_factory_spec.py")
     msg = str(exc.value)
-    assert "spec 'bad_factory', variant 'inputs'" in msg and "KeyError" in msg and "[N=4]" in msg
+    assert "spec 'bad_factory', input factory: raised KeyError" in msg and "[N=4]" in msg
+    assert "variant" not in msg
 
 
 def test_throwing_variant_predicate_names_variant(specs_dir: Path) -> None:
@@ -47,8 +48,50 @@ def test_factory_failing_only_at_run_time_is_a_spec_error(specs_dir: Path) -> No
 
     flaky_spec = dataclasses.replace(spec, inputs=flaky)
     assert check_spec(flaky_spec, seeds=[12], variants=[], precisions=["fp32"]).passed
-    with pytest.raises(KernelSpecError, match=r"matmul_spec\.py: spec 'matmul', variant 'inputs'.*seed 13 unsupported.*seed=13"):
+    with pytest.raises(KernelSpecError, match=r"matmul_spec\.py: spec 'matmul', input factory: raised ValueError: seed 13 unsupported \[shape=\[.*\] dtype=float32 seed=13") as exc:
         check_spec(flaky_spec, seeds=[13])
+    assert "variant" not in str(exc.value)
+
+
+def test_reference_failing_at_run_time_names_the_reference(specs_dir: Path) -> None:
+    import dataclasses
+
+    (spec,) = load_specs(specs_dir / "matmul_spec.py")
+
+    def bad_reference(a, b):  # type: ignore[no-untyped-def]
+        raise RuntimeError("no float64 on this backend")
+
+    with pytest.raises(KernelSpecError, match=r"spec 'matmul', reference: raised RuntimeError: no float64 .*\[shape=\[M=.*seed=7 device=cpu\]") as exc:
+        check_spec(dataclasses.replace(spec, reference=bad_reference), seeds=[7], device="cpu")
+    assert "variant" not in str(exc.value)
+
+
+def test_throwing_work_hook_names_hook_and_variant(specs_dir: Path) -> None:
+    import dataclasses
+
+    from infra_agent.kernels.microbench import account_work
+    from infra_agent.kernels.spec import Variant
+
+    (spec,) = load_specs(specs_dir / "matmul_spec.py")
+
+    def broken(**_: object) -> None:
+        raise KeyError("BV")
+
+    with pytest.raises(KernelSpecError, match=r"spec 'matmul', work hook: raised KeyError"):
+        account_work(dataclasses.replace(spec, work=broken))
+    with pytest.raises(KernelSpecError, match=r"spec 'matmul', variant 'tiled', work hook: raised KeyError"):
+        account_work(dataclasses.replace(spec, variants=[Variant("tiled", spec.kernel, work=broken)]))
+
+
+def test_undeclared_precision_or_variant_raises_naming_spec_and_known(specs_dir: Path) -> None:
+    (spec,) = load_specs(specs_dir / "matmul_spec.py")
+    with pytest.raises(KernelSpecError, match=r"spec 'matmul': unknown precision 'fp64' \(declared: \['fp32', 'tf32', '3xtf32', 'bf16'\]\)"):
+        check_spec(spec, seeds=[0], device="cpu", precisions=["fp64"])
+    with pytest.raises(KernelSpecError, match=r"spec 'matmul': unknown variant 'split_k5' \(declared: \['kernel', 'split_k4'"):
+        check_spec(spec, seeds=[0], device="cpu", variants=["split_k5"])
+    # "kernel" names the unpartitioned kernel: no partition variant, not an error.
+    only_kernel = check_spec(spec, seeds=[0], device="cpu", precisions=["fp32"], variants=["kernel"])
+    assert only_kernel.checked > 0 and {r.variant for r in only_kernel.results} == {"kernel"}
 
 
 def test_loads_are_independent_and_leave_no_module(specs_dir: Path) -> None:

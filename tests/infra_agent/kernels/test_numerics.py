@@ -98,3 +98,15 @@ def test_3xtf32_split_recovers_about_21_bits() -> None:
     assert torch.equal(big, tf32_truncate(big)) and torch.equal(small, tf32_truncate(small))
     rel = ((x.double() - big.double() - small.double()) / x.double()).abs().max()
     assert float(rel) < 2**-20
+
+
+def test_violated_names_the_failed_criteria() -> None:
+    ref = torch.ones(64, dtype=torch.float64)
+    out = ref.clone()
+    out[:8] += 1e-3  # small everywhere it moves: elementwise-fine, norm-wise not
+    only_norm = compare(out, ref, Tolerance(atol=1e-2, rel_fro=1e-5))
+    assert not only_norm.passed and only_norm.violated == ["rel_fro"] and only_norm.n_violations == 0
+    both = compare(out, ref, Tolerance(atol=1e-4, rel_fro=1e-5))
+    assert both.violated == ["atol/rtol", "rel_fro"] and both.n_violations == 8
+    assert compare(ref, ref, Tolerance(rel_fro=1e-5)).violated == []
+    assert compare(out, ref, Tolerance(atol=1e-2, rel_fro=1e-5)).to_dict()["violated"] == ["rel_fro"]

@@ -1,8 +1,16 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+import pytest
+
+from infra_agent.errors import ConfigError, KernelSpecError
 from infra_agent.feedback import Feedback, Tier
+from infra_agent.kernels.correctness import CheckReport, CheckResult
+from infra_agent.kernels.loader import load_specs
+from infra_agent.kernels.numerics import ErrorStats
+from infra_agent.kernels.probe import KernelProbe, check_feedback_parts, run_lab
 from infra_agent.probes import ProbeContext, get_probe
 
 FAST_BENCH = {"mode": "bench", "budget_s": 0.02, "copy_bytes": 4 * 2**20, "matmul_n": 128, "seeds": 1}
@@ -17,6 +25,8 @@ def test_check_feedback_names_worst_element_and_round_trips(specs_dir: Path, tmp
     assert len(mismatch.evidence["worst_index"]) == 2
     assert "seed=" in mismatch.evidence["condition"] and "variant=split_k4_gemm_reduce" in mismatch.evidence["condition"]
     assert mismatch.next_question and "fp32" in mismatch.next_question  # it passes there
+    # Only the norm criterion failed: no element is marked, and the evidence says why.
+    assert mismatch.evidence["violated"] == ["rel_fro"] and mismatch.evidence["n_violations"] == 0
     m = fb.measurement("rel_fro_error_vs_kernel", variant="split_k4_gemm_reduce", knob="precision=tf32")
     assert m.value > 1e-6 and m.tags["input"].startswith("M=32,N=32,K=256")
     assert Feedback.from_json(fb.to_json()) == fb
@@ -41,7 +51,51 @@ def test_bench_feedback_has_roofline_and_repeated_work(specs_dir: Path, tmp_path
 def test_bench_refuses_speed_for_failing_combination(specs_dir: Path, tmp_path: Path) -> None:
     fb = get_probe("kernel")().run({"spec": str(specs_dir / "splitk_bug_spec.py"), **FAST_BENCH}, ProbeContext(workdir=tmp_path))
     assert not fb.ok
+    # One failing check row and the one entry it refuses: counted apart, not "2".
+    assert fb.error == "1 failed check, 1 refused bench entry"
     refused = [f for f in fb.findings if f.kind == "bench_refused"]
     assert len(refused) == 1 and "split_k4_gemm_reduce tf32" in refused[0].message
     timed = {(m.tags["variant"], m.tags["knob"]) for m in fb.measurements if m.name == "time"}
     assert timed == {("kernel", "precision=fp32"), ("kernel", "precision=tf32"), ("split_k4_gemm_reduce", "precision=fp32")}
+
+
+def test_tier_declares_cheapest_and_tier_for_matches_feedback(specs_dir: Path, tmp_path: Path) -> None:
+    assert KernelProbe.tier == Tier.check
+    assert KernelProbe.tier_for({}) == Tier.check and KernelProbe.tier_for({"mode": "bench"}) == Tier.micro
+    assert all(KernelProbe.tier.rank <= KernelProbe.tier_for({"mode": m}).rank for m in ("check", "bench"))
+    with pytest.raises(ConfigError):
+        KernelProbe.tier_for({"mode": "profile"})
+    config = {"spec": str(specs_dir / "bench_raises_spec.py"), **FAST_BENCH}
+    fb = KernelProbe().run(config, ProbeContext(workdir=tmp_path))
+    assert fb.tier == KernelProbe.tier_for(config)
+
+
+def test_bench_entry_raising_while_timed_fails_the_run(specs_dir: Path, tmp_path: Path) -> None:
+    fb = get_probe("kernel")().run({"spec": str(specs_dir / "bench_raises_spec.py"), **FAST_BENCH}, ProbeContext(workdir=tmp_path))
+    assert not fb.ok and fb.error == "1 bench entry raised while timed"
+    assert [f.kind for f in fb.findings if f.severity == "error"] == ["bench_failed"]
+    assert fb.meta["checked"] > 0 and fb.meta["timing_failures"] == 1
+
+
+def test_error_metric_interval_is_clamped_at_zero() -> None:
+    def result(seed: int, err: float) -> CheckResult:
+        stats = ErrorStats(err, err, err * 1e6, err, (0,), 0.0, 0.0, 4)
+        return CheckResult("kernel", "reference", "fp32", "N=4", "float32", seed, "out", "passed", stats=stats)
+
+    # Two seeds an order of magnitude apart: the t-interval (t=12.7) would reach -6e-5.
+    report = CheckReport("s", "", "cpu", [1, 2], results=[result(1, 1e-7), result(2, 1e-5)])
+    ms, _ = check_feedback_parts(report)
+    assert {m.name for m in ms} == {"rel_fro_error_vs_reference", "max_abs_error_vs_reference", "max_ulp_vs_reference"}
+    for m in ms:
+        assert m.summary is not None and m.summary.ci_low == 0.0 and m.summary.ci_high > m.summary.max
+
+
+def test_names_several_specs_declare_apply_where_declared(specs_dir: Path) -> None:
+    (matmul,) = load_specs(specs_dir / "matmul_spec.py")
+    fp32_only = dataclasses.replace(matmul, name="fp32_only", precisions=("fp32",), variants=())
+    fb, reports = run_lab([matmul, fp32_only], "check", {"seeds": 1, "device": "cpu", "precisions": "tf32", "variants": "split_k4"})
+    assert fb.ok and fb.meta["checked"] > 0
+    assert {r.precision for r in reports[0].results} == {"tf32"}  # type: ignore[union-attr]
+    assert reports[1].results == [] and any("declares none of the requested precisions" in s for s in fb.meta["skipped"])
+    with pytest.raises(KernelSpecError, match=r"specs 'matmul', 'fp32_only': unknown precision 'fp46'"):
+        run_lab([matmul, fp32_only], "check", {"seeds": 1, "device": "cpu", "precisions": "fp46"})

@@ -1,0 +1,162 @@
+"""Kernel-lab reports as Feedback parts: measurements and findings.
+
+Measurements carry the locality the agent acts on: ``kernel`` (spec), ``variant``,
+``input`` (shape and dtype) and ``knob`` (``precision=...``).  Findings name the worst
+element, the failed criteria and the input condition of a mismatch, the bound and
+headroom of each timed entry, and the work repeated across tiles.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from infra_agent.feedback import Finding, Location, Measurement
+from infra_agent.kernels.correctness import KERNEL, CheckReport, CheckResult
+from infra_agent.kernels.microbench import BenchReport
+from infra_agent.kernels.work import OpWork, describe_repeat
+
+
+def _tags(spec: str, variant: str, shape: str, dtype: str, precision: str) -> dict[str, str]:
+    return {"kernel": spec, "variant": variant, "input": f"{shape};dtype={dtype}", "knob": f"precision={precision}"}
+
+
+def check_feedback_parts(report: CheckReport) -> tuple[list[Measurement], list[Finding]]:
+    groups: dict[tuple[str, str, str, str, str], list[CheckResult]] = defaultdict(list)
+    for r in report.results:
+        if r.stats is not None:
+            groups[(r.variant, r.precision, r.shape, r.dtype, r.output)].append(r)
+    ms: list[Measurement] = []
+    for (variant, precision, shape, dtype, output), rs in groups.items():
+        tags = _tags(report.spec, variant, shape, dtype, precision)
+        if output != "out":
+            tags["component"] = f"output={output}"
+        vs = rs[0].against
+        for name, attr in (("rel_fro_error", "rel_fro"), ("max_abs_error", "max_abs"), ("max_ulp", "max_ulp")):
+            samples = [getattr(r.stats, attr) for r in rs if r.stats is not None]
+            ms.append(error_measurement(f"{name}_vs_{vs}", "ratio" if attr == "rel_fro" else ("ulp" if attr == "max_ulp" else "abs"), samples, **tags))
+    findings = [_mismatch_finding(report, r) for r in _worst_failures(report)]
+    findings += [Finding(kind="skipped", message=s, severity="info", location=Location(file=report.origin or None, kernel=report.spec)) for s in report.skipped]
+    return ms, findings
+
+
+def error_measurement(name: str, unit: str, samples: list[float], **tags: str) -> Measurement:
+    """An error metric (max abs, max ULP, rel. Frobenius) over seeds x shapes x dtypes.
+
+    These are >= 0, but the summary's 95% t-interval of the mean is symmetric and with
+    two seeds (t = 12.7) it reaches below zero.  We clamp its low end at 0 -- the
+    interval intersected with the metric's domain -- rather than switch to min/max, so
+    ci_low/ci_high mean the same thing here as in every other measurement.
+    """
+    m = Measurement.from_samples(name, unit, samples, better="lower", **tags)
+    if m.summary is not None and m.summary.ci_low < 0:
+        m.summary = m.summary.model_copy(update={"ci_low": 0.0})
+    return m
+
+
+def _worst_failures(report: CheckReport) -> list[CheckResult]:
+    """One failure per (variant, precision, output): the worst one, with its condition."""
+    return [r for r in report.rows() if r.status == "failed"]
+
+
+def _mismatch_finding(report: CheckReport, r: CheckResult) -> Finding:
+    loc = Location(file=report.origin or None, kernel=report.spec, component=f"variant={r.variant}")
+    cond = r.condition.label() if r.condition else ""
+    ev: dict[str, Any] = {"against": r.against, "precision": r.precision, "tolerance": r.tolerance, "condition": cond, "seeds": report.seeds}
+    passing = sorted({x.precision for x in report.results if x.variant == r.variant and x.status == "passed"} - {r.precision})
+    if r.stats is None:
+        kind = "kernel_error" if r.message.startswith("raised") else "wrong_output"
+        question = f"Reproduce with {cond}: why does {r.variant} {r.message.split(':')[0]}?"
+    else:
+        s = r.stats
+        kind = "nonfinite_output" if s.n_nonfinite else "mismatch"
+        ev.update(
+            max_abs=s.max_abs, max_rel=s.max_rel, max_ulp=s.max_ulp, rel_fro=s.rel_fro,
+            worst_index=list(s.worst_index), worst_value=s.worst_value, worst_ref=s.worst_ref,
+            n_violations=s.n_violations, n_elements=s.n_elements,
+            # n_violations counts elements only; a rel_fro-only failure has 0 there.
+            violated=list(s.violated),
+        )
+        if r.against == KERNEL and passing:
+            question = (
+                f"{r.variant} agrees with the unpartitioned kernel under {', '.join(passing)} but not {r.precision}: "
+                f"does the partition round an intermediate (partial sums, a reduction) to {r.precision}? "
+                f"Look at index {list(s.worst_index)} with {cond}."
+            )
+        elif r.against == KERNEL:
+            question = f"Which partial of {r.variant} produces index {list(s.worst_index)}? Compare it shard by shard with the unpartitioned result ({cond})."
+        else:
+            question = f"Is the error at {list(s.worst_index)} rounding (grows with the reduction length) or a bug (fixed offset)? Rerun {cond} with a longer and a shorter reduction."
+    msg = f"{r.variant} vs {r.against} under {r.precision} [{r.shape} {r.dtype}] output {r.output}: {r.message}"
+    return Finding(kind=kind, message=msg, severity="error", location=loc, evidence=ev, next_question=question)
+
+
+def work_findings(spec: str, origin: str, work: dict[str, dict[str, Any]]) -> tuple[list[Measurement], list[Finding]]:
+    ms: list[Measurement] = []
+    fs: list[Finding] = []
+    for variant, counted in work.items():
+        tags = {"kernel": spec, "variant": variant, "input": counted["shape"]}
+        ms.append(Measurement.from_samples("repeated_flops", "FLOP", [counted["repeated_flops"]], better="lower", **tags))
+        ms.append(Measurement.from_samples("counted_flops", "FLOP", [counted["total_flops"]], **tags))
+        for op in counted["ops"]:
+            w = OpWork(op["op"], op["calls"], op["unique_keys"], op["total_flops"], op["unique_flops"])
+            if w.repeat_factor <= 1.0 or w.repeated_flops <= 0:
+                continue
+            fs.append(
+                Finding(
+                    kind="repeated_work",
+                    message=f"{variant}: {describe_repeat(w, counted['total_flops'])}",
+                    severity="warning",
+                    location=Location(file=origin or None, kernel=spec, component=f"variant={variant}", span=w.op),
+                    evidence={**w.to_dict(), "shape": counted["shape"]},
+                    next_question=f"Compute {w.op} once per key (a prologue, or one tile covering the key): does removing the {w.repeat_factor:.3g}x repeat raise achieved bandwidth?",
+                )
+            )
+    return ms, fs
+
+
+def bench_feedback_parts(report: BenchReport) -> tuple[list[Measurement], list[Finding]]:
+    ms: list[Measurement] = []
+    fs: list[Finding] = []
+    c = report.ceilings
+    if c is not None:
+        ms.append(Measurement.from_samples("ceiling_copy_bandwidth", "GB/s", [c.bandwidth_Bps / 1e9], better="higher", kernel=report.spec, component=f"device={c.device}"))
+        for p, rate in c.flops_per_s.items():
+            ms.append(Measurement.from_samples("ceiling_matmul", "GFLOP/s", [rate / 1e9], better="higher", kernel=report.spec, knob=f"precision={p}", component=f"device={c.device}"))
+    for e in report.entries:
+        tags = _tags(report.spec, e.variant, e.shape, e.dtype, e.precision)
+        loc = Location(file=report.origin or None, kernel=report.spec, component=f"variant={e.variant}")
+        if e.status in ("refused", "failed"):
+            fs.append(Finding(kind=f"bench_{e.status}", message=f"{e.variant} {e.precision} [{e.shape}]: {e.message}", severity="error", location=loc))
+            continue
+        if e.timing is None:
+            continue
+        ms.append(Measurement.from_samples("time", "s", e.timing.samples_s, better="lower", **tags))
+        rl = e.roofline
+        if rl is None:
+            continue
+        if rl.achieved_Bps is not None:
+            ms.append(Measurement.from_samples("achieved_bandwidth", "GB/s", [rl.achieved_Bps / 1e9], better="higher", **tags))
+        if rl.achieved_flops_per_s is not None:
+            ms.append(Measurement.from_samples("achieved_compute", "GFLOP/s", [rl.achieved_flops_per_s / 1e9], better="higher", **tags))
+        if rl.fraction is not None:
+            ms.append(Measurement.from_samples("fraction_of_ceiling", "ratio", [rl.fraction], better="higher", **tags))
+            ceiling = "copy bandwidth" if rl.bound == "memory" else f"{e.precision} matmul rate"
+            fs.append(
+                Finding(
+                    kind="roofline",
+                    message=(
+                        f"{e.variant} {e.precision} [{e.shape}] is {rl.bound}-bound: {rl.fraction:.1%} of the {ceiling} "
+                        f"measured in this run; headroom {rl.headroom:.1%}" + (f" ({e.message})" if e.message else "")
+                    ),
+                    severity="info",
+                    location=loc,
+                    evidence={**rl.to_dict(), "median_s": e.timing.median_s, "ci_low_s": e.timing.ci_low_s, "ci_high_s": e.timing.ci_high_s},
+                    next_question=(
+                        "What keeps it off the bandwidth ceiling: launch overhead, too few programs to fill the device, or repeated loads?"
+                        if rl.bound == "memory"
+                        else "Is the inner loop on the tensor cores (or the vector units), and is the tile large enough to reuse operands?"
+                    ),
+                )
+            )
+    return ms, fs
