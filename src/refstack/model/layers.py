@@ -24,6 +24,28 @@ def seeded_weight(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter
     return nn.Parameter(w, requires_grad=False)
 
 
+# Up to this many rows, ``x @ w`` runs as ``(w^T @ x^T)^T`` (see matmul_rows).
+FEW_ROWS = 8
+
+
+def matmul_rows(x: Tensor, w: Tensor) -> Tensor:
+    """``x @ w`` for activations x [M, in] and a weight w [in, out]; contiguous result.
+
+    Decode multiplies a handful of rows by a large weight, so the step is bound by
+    streaming the weight.  For M <= 8 MKL streams it 1.5-3x faster (and, unlike the
+    plain form, splits it over the threads) when the weight is the left operand:
+    ``w^T [out, in] @ x^T``, with ``w^T`` row-major and ``x^T`` a transposed view of a
+    row-major x (a contiguous ``x^T`` takes a slow path).  Callers store weights
+    [out, in] and pass ``w`` as a transposed view, so no weight is ever copied.
+    Measured on the 2-core bench box, fp32, weights 512-900 x 256-512.
+    """
+    if x.dim() == 2 and x.shape[0] <= FEW_ROWS:
+        # The copies are of M rows only; downstream ops and the next matmul_rows want
+        # row-major activations.
+        return (w.t() @ x.contiguous().t()).t().contiguous()
+    return x @ w
+
+
 class Linear(nn.Module):
     """``y = x @ W^T`` without a bias; fan-in scaled init keeps activations near unit scale."""
 
@@ -32,7 +54,7 @@ class Linear(nn.Module):
         self.weight = seeded_weight(gen, out_features, in_features, std=scale / math.sqrt(in_features))
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight)
+        return matmul_rows(x, self.weight.t())
 
 
 class RMSNorm(nn.Module):
