@@ -97,7 +97,8 @@ KNOBS: tuple[Knob, ...] = (
          "Run a step's decodes and prefill chunks in one forward pass instead of two (fewer passes "
          "over the weights; the trace then shows such steps as 'prefill' with a decode_batch arg)."),
     Knob("max_waiting", "int", 256, ("engine.scheduler", "server"),
-         "Queue cap: beyond it new requests get HTTP 503 with Retry-After.", min=0, max=1_000_000),
+         "Queue cap: beyond it new requests get HTTP 503 with Retry-After.  Every request waits "
+         "at least until the next step, so the cap is at least 1.", min=1, max=1_000_000),
     Knob("num_slots", "int", 0, ("engine.cache",),
          "Cache slots (KV rows + KDA state); 0 means one per max_running.", min=0, max=4096),
     Knob("max_seq_len", "int", 0, ("engine.cache", "model"),

@@ -60,6 +60,20 @@ def _scenario(data: dict[str, Any]) -> Scenario:
         raise ConfigError(None, field, err["msg"], err.get("input")) from None
 
 
+def _url_dataset(kind: str, input_len: int, output_len: int, range_ratio: float, path: Path | None,
+                 prefix_len: int, num_prefixes: int, seed: int) -> dict[str, Any]:
+    if kind == "random":
+        return {"kind": "random", "input_len": input_len, "output_len": output_len, "range_ratio": range_ratio, "seed": seed}
+    if kind == "jsonl":
+        if path is None:
+            raise ConfigError(None, "--dataset-path", "a JSONL file for --dataset jsonl", None)
+        return {"kind": "jsonl", "path": str(path), "output_len": output_len}
+    if kind == "shared_prefix":
+        return {"kind": "shared_prefix", "prefix_len": prefix_len, "suffix_len": input_len, "output_len": output_len,
+                "num_prefixes": num_prefixes, "seed": seed}
+    raise ConfigError(None, "--dataset", "random, jsonl or shared_prefix", kind)
+
+
 def render_result(result: dict[str, Any], console: Console, output: Path | None = None) -> None:
     if not result.get("ok", True):
         console.print(f"[bold red]run failed:[/] {result.get('error')}")
@@ -106,19 +120,19 @@ def register(app: typer.Typer) -> None:
         max_concurrency: int | None = typer.Option(None, "--max-concurrency"),
         request_rate: float | None = typer.Option(None, "--request-rate", help="Requests/s; inf sends all at once."),
         burstiness: float | None = typer.Option(None, "--burstiness", help="Gamma shape of the gaps; 1 is Poisson."),
-        dataset: str = typer.Option("random", "--dataset", help="URL mode: random | jsonl | shared_prefix."),
-        input_len: int = typer.Option(128, "--input-len"),
-        output_len: int = typer.Option(64, "--output-len"),
-        range_ratio: float = typer.Option(0.0, "--range-ratio"),
+        dataset: str | None = typer.Option(None, "--dataset", help="URL mode: random (default) | jsonl | shared_prefix."),
+        input_len: int | None = typer.Option(None, "--input-len", help="URL mode (default 128)."),
+        output_len: int | None = typer.Option(None, "--output-len", help="URL mode (default 64)."),
+        range_ratio: float | None = typer.Option(None, "--range-ratio", help="URL mode (default 0)."),
         dataset_path: Path | None = typer.Option(None, "--dataset-path", help="JSONL prompt file (--dataset jsonl)."),
-        prefix_len: int = typer.Option(256, "--prefix-len"),
-        num_prefixes: int = typer.Option(1, "--num-prefixes"),
-        seed: int = typer.Option(0, "--seed"),
-        endpoint: str = typer.Option("completions", "--endpoint", help="completions | chat"),
+        prefix_len: int | None = typer.Option(None, "--prefix-len", help="URL mode (default 256)."),
+        num_prefixes: int | None = typer.Option(None, "--num-prefixes", help="URL mode (default 1)."),
+        seed: int | None = typer.Option(None, "--seed", help="URL mode (default 0)."),
+        endpoint: str | None = typer.Option(None, "--endpoint", help="completions (URL-mode default) | chat"),
         model: str | None = typer.Option(None, "--model", help="Model name to send (default: first of /v1/models)."),
         metrics_url: str | None = typer.Option(None, "--metrics-url", help="URL mode: Prometheus /metrics to diff."),
-        warmup: int = typer.Option(1, "--warmup-requests"),
-        temperature: float = typer.Option(0.0, "--temperature", help="URL mode: sampling temperature sent."),
+        warmup: int | None = typer.Option(None, "--warmup-requests", help="Default 1 in URL mode."),
+        temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature sent (URL-mode default 0)."),
         slo_ttft_ms: float | None = typer.Option(None, "--slo-ttft-ms"),
         slo_tpot_ms: float | None = typer.Option(None, "--slo-tpot-ms"),
         slo_e2el_ms: float | None = typer.Option(None, "--slo-e2el-ms"),
@@ -131,30 +145,32 @@ def register(app: typer.Typer) -> None:
         with user_errors(as_json):
             pcts = parse_percentiles(percentiles)
             load = {k: v for k, v in (("num_requests", num_requests), ("max_concurrency", max_concurrency),
-                                       ("request_rate", request_rate), ("burstiness", burstiness)) if v is not None}
+                                       ("request_rate", request_rate), ("burstiness", burstiness),
+                                       ("endpoint", endpoint), ("warmup_requests", warmup),
+                                       ("temperature", temperature)) if v is not None}
+            slo = {k: v for k, v in (("ttft_ms", slo_ttft_ms), ("tpot_ms", slo_tpot_ms), ("e2el_ms", slo_e2el_ms)) if v is not None}
+            url_only = {"--dataset": dataset, "--input-len": input_len, "--output-len": output_len,
+                        "--range-ratio": range_ratio, "--dataset-path": dataset_path, "--prefix-len": prefix_len,
+                        "--num-prefixes": num_prefixes, "--seed": seed, "--model": model, "--metrics-url": metrics_url}
             if _URL.match(target):
-                slo = {k: v for k, v in (("ttft_ms", slo_ttft_ms), ("tpot_ms", slo_tpot_ms), ("e2el_ms", slo_e2el_ms)) if v is not None}
-                ds: dict[str, Any]
-                if dataset == "random":
-                    ds = {"kind": "random", "input_len": input_len, "output_len": output_len, "range_ratio": range_ratio, "seed": seed}
-                elif dataset == "jsonl":
-                    if dataset_path is None:
-                        raise ConfigError(None, "--dataset-path", "a JSONL file for --dataset jsonl", None)
-                    ds = {"kind": "jsonl", "path": str(dataset_path), "output_len": output_len}
-                elif dataset == "shared_prefix":
-                    ds = {"kind": "shared_prefix", "prefix_len": prefix_len, "suffix_len": input_len, "output_len": output_len,
-                          "num_prefixes": num_prefixes, "seed": seed}
-                else:
-                    raise ConfigError(None, "--dataset", "random, jsonl or shared_prefix", dataset)
-                sc = _scenario({"dataset": ds, "num_requests": load.pop("num_requests", 100), **load, "endpoint": endpoint,
-                                "warmup_requests": warmup, "slo": slo or None, "temperature": temperature})
+                ds = _url_dataset(dataset or "random", input_len or 128, output_len or 64, range_ratio or 0.0,
+                                  dataset_path, prefix_len or 256, num_prefixes or 1, seed or 0)
+                sc = _scenario({"dataset": ds, "num_requests": load.pop("num_requests", 100), "endpoint": "completions",
+                                "warmup_requests": 1, "temperature": 0.0, **load, "slo": slo or None})
                 result = run_benchmark(target.rstrip("/"), sc, model=model, metrics_url=metrics_url, progress=not no_progress,
                                        percentiles=pcts)
             else:
+                given = sorted(flag for flag, v in url_only.items() if v is not None)
+                if given:
+                    # The workspace scenario and target own these; silently ignoring them
+                    # would benchmark something other than what the user asked for.
+                    raise ConfigError(target, ", ".join(given), "no dataset/model/metrics flags in workspace mode "
+                                      "(edit the scenario or target in infra-agent.yaml)", "given")
                 ws = load_workspace(target)
                 name = scenario or only_scenario(ws)
                 base = ws.scenario(name)
-                sc = _scenario({**base.model_dump(), **load}) if load else base
+                merged = {**base.model_dump(), **load, **({"slo": slo} if slo else {})}
+                sc = _scenario(merged) if (load or slo) else base
                 result = run_workspace_scenario(ws, name, parse_sets(set_), scenario=sc, progress=not no_progress, percentiles=pcts)
             if output is not None:
                 write_result(result, output)

@@ -90,10 +90,13 @@ def decide(gate: Gate, ci: RatioCI | None) -> Verdict:
                        f"only {ci.n} sample(s) per side; an interval needs >= {MIN_SAMPLES} to decide anything")
     lower_bound = gate.op in (">=", ">")
     # The side of the interval that faces the threshold decides.
+    strict = gate.op in (">", "<")
     if lower_bound:
-        passed, failed = ci.low >= gate.threshold, ci.high < gate.threshold
+        passed = ci.low > gate.threshold if strict else ci.low >= gate.threshold
+        failed = ci.high <= gate.threshold if strict else ci.high < gate.threshold
     else:
-        passed, failed = ci.high <= gate.threshold, ci.low > gate.threshold
+        passed = ci.high < gate.threshold if strict else ci.high <= gate.threshold
+        failed = ci.low >= gate.threshold if strict else ci.low > gate.threshold
     if passed or failed:
         outcome: Outcome = "pass" if passed else "fail"
         msg = f"{ci.confidence:.0%} CI [{ci.low:.4f}, {ci.high:.4f}] lies {'inside' if passed else 'outside'} {gate}"
@@ -150,7 +153,13 @@ def compare_metric(
     n_boot: int = 2000,
     seed: int = 0,
 ) -> MetricComparison:
-    base, cand = _ok(baseline_runs), _ok(candidate_runs)
+    if len(baseline_runs) == len(candidate_runs):
+        # Interleaved files hold run i of both sides from the same cycle: drop a failed
+        # run together with its partner, or later runs would pair across cycles.
+        keep = [i for i in range(len(baseline_runs)) if _ok([baseline_runs[i]]) and _ok([candidate_runs[i]])]
+        base, cand = [baseline_runs[i] for i in keep], [candidate_runs[i] for i in keep]
+    else:
+        base, cand = _ok(baseline_runs), _ok(candidate_runs)
     if not base or not cand:
         return MetricComparison(metric, None, None, None, "none", "a side has no successful run")
     if any(metric not in r for r in base + cand):

@@ -46,7 +46,7 @@ class EngineConfig:
         assert self.max_running >= 1, "max_running must be >= 1"
         assert self.max_batch_tokens >= 1, "max_batch_tokens must be >= 1"
         assert self.prefill_chunk >= 1, "prefill_chunk must be >= 1"
-        assert self.max_waiting >= 0, "max_waiting must be >= 0"
+        assert self.max_waiting >= 1, "max_waiting must be >= 1"
         assert self.num_slots >= 0 and self.max_seq_len >= 0
         assert self.lm_head_precision in LM_HEAD_PRECISIONS, self.lm_head_precision
         assert self.step_delay_ms >= 0.0, "step_delay_ms must be >= 0"

@@ -135,14 +135,17 @@ async def _sse(rs: RequestStream, request: Request, include_usage: bool, chunk: 
             if out.finished:
                 if out.text or out.token_ids:
                     yield _event(chunk(out.text, None, None))
-                final = chunk("", out.finish_reason, _usage(out))
+                # As OpenAI's API: usage travels only in its own last chunk, and only
+                # when the client asked for it with stream_options.include_usage.
+                final = chunk("", out.finish_reason, None)
                 yield _event(final)
                 if include_usage:
-                    yield _event({**final, "choices": []})
+                    yield _event({**final, "choices": [], "usage": _usage(out)})
             elif out.text or out.token_ids:
                 # One event per step even when the text is empty (a byte still inside a
-                # UTF-8 character, a special id, text held back for a stop string), so a
-                # client's inter-token latencies see every step.
+                # UTF-8 character, text held back for a stop string), so a client that
+                # times every event sees every step.  Clients that follow vLLM's
+                # benchmark convention time content-bearing events only.
                 yield _event(chunk(out.text, None, None))
         yield "data: [DONE]\n\n"
     finally:

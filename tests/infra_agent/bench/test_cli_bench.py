@@ -46,3 +46,12 @@ def test_bench_workspace_mode_with_set(fake_workspace, tmp_path: Path) -> None: 
     assert json.loads(out.read_text())["completed"] == 4
     bad = runner.invoke(app, ["bench", str(ws), "--set", "nope=1", "--no-progress"])
     assert bad.exit_code == 2 and "nope" in bad.output
+
+
+def test_workspace_mode_rejects_url_only_flags(fake_workspace) -> None:  # type: ignore[no-untyped-def]
+    # The scenario and the target own the dataset and the model in workspace mode;
+    # a flag that would be ignored is refused, naming the flag.
+    ws = fake_workspace(num_requests=2)
+    res = runner.invoke(app, ["bench", str(ws), "--input-len", "999", "--model", "m", "--no-progress"])
+    assert res.exit_code == 2
+    assert "--input-len" in res.output and "--model" in res.output and "Traceback" not in res.output

@@ -93,3 +93,24 @@ def test_too_few_samples_never_decide() -> None:
     v = decide(Gate("output_throughput", ">=", 0.95), ci)
     assert v.outcome == "inconclusive" and v.more_samples is not None and v.more_samples >= 1
     assert "only 2" in v.message
+
+
+def test_a_failed_run_drops_its_partner_so_pairs_stay_in_their_cycles() -> None:
+    # Cycle i ran A then B under the same machine load; load differs a lot by cycle.
+    load = [100.0, 50.0, 200.0, 80.0]
+    a = _runs(load)
+    b = _runs([0.9 * x for x in load])
+    a[1] = {"ok": False, "error": "died"}  # A failed in cycle 1, B failed in cycle 3
+    b[3] = {"ok": False, "error": "died"}
+    comp = compare_runs(a, b, ["output_throughput"])
+    ci = comp.metrics[0].ci
+    assert ci is not None and ci.paired and ci.n_baseline == 2
+    # Pairs (cycles 0 and 2) are exactly 0.9 apart; cross-cycle pairing would not be.
+    assert ci.ratio == pytest.approx(0.9)
+
+
+def test_strict_gate_fails_on_an_interval_that_touches_the_threshold() -> None:
+    ci = bootstrap_ratio([95.0] * 6, [100.0] * 6, stat="mean", paired=True)
+    assert ci.low == pytest.approx(0.95) and ci.high == pytest.approx(0.95)
+    assert decide(Gate("output_throughput", ">=", 0.95), ci).outcome == "pass"
+    assert decide(Gate("output_throughput", ">", 0.95), ci).outcome == "fail"

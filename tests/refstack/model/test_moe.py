@@ -26,7 +26,7 @@ def _moe(**overrides) -> MoE:
     return MoE(cfg, layer=0, gen=torch.Generator().manual_seed(11))
 
 
-@pytest.mark.parametrize("layout", ["grouped", "padded"])
+@pytest.mark.parametrize("layout", ["grouped", "padded", "auto"])
 def test_moe_matches_dense_reference(layout: str) -> None:
     moe = _moe()
     moe.dispatch_layout = layout
@@ -34,7 +34,7 @@ def test_moe_matches_dense_reference(layout: str) -> None:
     torch.testing.assert_close(moe(x), _dense_reference(moe, x), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("layout", ["grouped", "padded"])
+@pytest.mark.parametrize("layout", ["grouped", "padded", "auto"])
 def test_moe_matches_dense_reference_with_one_token_and_one_rank(layout: str) -> None:
     moe = _moe(ep_ranks=1, num_experts_per_tok=3)
     moe.dispatch_layout = layout
@@ -89,3 +89,12 @@ def test_swiglu_experts_skips_idle_experts() -> None:
     assert torch.isfinite(out).all()
     gate, up = (buf[2] @ w_gu[2]).chunk(2)
     torch.testing.assert_close(out[2], (F.silu(gate) * up) @ w_d[2])
+
+
+def test_auto_layout_pads_only_busy_experts_with_several_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    moe = _moe()  # 8 experts, top-2
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert moe.layout_for(1) == "grouped"  # few copies: idle experts' weights stay unread
+    assert moe.layout_for(8) == "padded"  # 16 copies over 8 experts
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert moe.layout_for(64) == "grouped"  # one thread: the batched GEMM has nothing to split

@@ -66,12 +66,15 @@ def test_concurrent_streams_match_solo_runs_and_move_the_metrics(refstack_server
     before = scrape(url)
 
     async def one(client: httpx.AsyncClient, prompt: str) -> tuple[str, dict[str, int]]:
-        body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "stream": True}
+        body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
         async with client.stream("POST", url + "/v1/completions", json=body) as r:
             assert r.status_code == 200
             events = sse_events([line async for line in r.aiter_lines()])
         assert events[-1] == "[DONE]"
         text = "".join(e["choices"][0]["text"] for e in events[:-1])
+        # Usage comes once, in its own last chunk, because include_usage asked for it.
+        assert [e for e in events[:-2] if "usage" in e] == []
         return text, events[-2]["usage"]
 
     async def all_at_once() -> list[tuple[str, dict[str, int]]]:
