@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
 import threading
 import time
 
@@ -176,7 +175,7 @@ def test_step_slowdown_lengthens_each_step_in_proportion(model: HybridModel) -> 
     steps = [e["dur"] for e in events if e["name"] == "engine.step"]
     waits = [e["dur"] for e in events if e["name"] == "step_slowdown"]
     assert len(steps) == len(waits) >= GREEDY.max_tokens
-    # wait = 0.5 x (work before it), so wait / step = 1/3.  The median over steps
-    # keeps a step preempted by the OS (a busy shared machine) from deciding it.
-    share = statistics.median(w / s for w, s in zip(waits, steps))
-    assert 0.28 < share < 0.36, share
+    # The busy-wait never ends before 0.5 x the work that preceded it (it may end
+    # later when the OS preempts the spinning thread, so only the floor is exact).
+    ratios = [w / (s - w) for w, s in zip(waits, steps)]
+    assert min(ratios) >= 0.5 * 0.98, ratios
