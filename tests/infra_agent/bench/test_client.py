@@ -37,7 +37,12 @@ def test_completions_stream_timings(fake_server_factory) -> None:  # type: ignor
     assert rec.output_len == 8  # from the usage chunk
     assert len(rec.itl) == 7
     assert rec.ttft >= 0.010  # one token delay before the first content chunk
-    assert all(g >= 0.008 for g in rec.itl)
+    # The server sleeps 10 ms before each of the 8 tokens, so the last one cannot
+    # arrive before 80 ms.  Single gaps carry no such guarantee: on a busy machine
+    # two chunks can reach the client in one read, so the ITLs are only checked to
+    # account for the whole stream.
+    assert rec.ttft + sum(rec.itl) >= 0.080 - 1e-6
+    assert all(g >= 0.0 for g in rec.itl)
     assert rec.latency >= rec.ttft + sum(rec.itl) - 1e-6
 
 
