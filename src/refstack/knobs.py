@@ -114,9 +114,9 @@ KNOBS: tuple[Knob, ...] = (
          "slowdown of known size and check that their measurements detect it; leave 0 otherwise.",
          min=0.0, max=60_000.0),
     Knob("step_slowdown", "float", 0.0, ("engine.loop",),
-         "CALIBRATION knob: after every engine step, busy-wait this fraction of the step's own time "
-         "(0.05 = each step 5% longer, about 5% less throughput under steady load); leave 0 otherwise.",
-         min=0.0, max=10.0),
+         "CALIBRATION knob: every engine step busy-waits so that steps per second drop by this "
+         "fraction under steady load (0.05 = 5% lower throughput); leave 0 otherwise.",
+         min=0.0, max=0.9),
     Knob("trace", "bool", False, ("tracing",),
          "Record spans in memory for GET /debug/trace (INFRA_AGENT_TRACE=path also writes a file at exit)."),
     Knob("log_level", "choice", "warning", ("server",), "uvicorn log level.", choices=LOG_LEVELS),

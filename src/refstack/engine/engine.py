@@ -72,6 +72,7 @@ class Engine:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
+        self._prev_step_start: float | None = None  # for the step_slowdown calibration knob
         self._inbox: list[Request] = []
         self._aborts: list[str] = []
         self._num_waiting = 0  # inbox + scheduler queue, kept under the lock for max_waiting
@@ -143,10 +144,14 @@ class Engine:
     # ---- one step ---------------------------------------------------------------
     def step(self) -> bool:
         """Run one scheduling + forward + sampling step; False when there was nothing to do."""
+        was_idle = not self.scheduler.has_work()
         self._drain_inbox()
         if not self.scheduler.has_work():
             return False
         step_start = time.perf_counter()
+        # Time spent idle before this step is no part of a step period.
+        prev_start = None if was_idle else self._prev_step_start
+        self._prev_step_start = step_start
         with tracing.span("engine.step", cat="engine"):
             with tracing.span("schedule", cat="engine"):
                 out = self.scheduler.schedule()
@@ -179,11 +184,26 @@ class Engine:
                 with tracing.span("step_delay", cat="engine"):
                     time.sleep(self.config.step_delay_ms / 1000.0)
             if self.config.step_slowdown > 0:
-                with tracing.span("step_slowdown", cat="engine"):
-                    until = step_start + (time.perf_counter() - step_start) * (1.0 + self.config.step_slowdown)
-                    while time.perf_counter() < until:
-                        pass
+                self._slow_down(step_start, prev_start)
         return True
+
+    def _slow_down(self, step_start: float, prev_start: float | None) -> None:
+        """Calibration: stretch the step period so throughput drops by ``step_slowdown``.
+
+        The spin is a share of the previous step-to-step period (work, the serving
+        thread's turns at the GIL, and the previous spin), so in steady state the
+        period becomes (work + rest) / (1 - s): exactly a fraction s fewer steps per
+        second.  After an idle wait there is no period yet; the step's own time stands
+        in.  Spinning, unlike a sleep, keeps the core as slower compute would, and is
+        free of the OS's wake-up latency.
+        """
+        s = self.config.step_slowdown
+        now = time.perf_counter()
+        base = (step_start - prev_start) if prev_start is not None else (now - step_start) / (1.0 - s)
+        with tracing.span("step_slowdown", cat="engine"):
+            until = now + s * base
+            while time.perf_counter() < until:
+                pass
 
     def _forward(self, chunks: list[ScheduledChunk]) -> list[tuple[ScheduledChunk, torch.Tensor]]:
         logits = self.model.forward_chunks(
