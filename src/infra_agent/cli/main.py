@@ -7,7 +7,6 @@ Each verb lives in its own module ``infra_agent.cli.<verb>`` exposing
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 import typer
 
@@ -38,11 +37,7 @@ def _root(
 
 
 for _verb in _VERB_MODULES:
-    _name = f"infra_agent.cli.{_verb}"
-    # BOOTSTRAP: verbs are being built in parallel; skip the ones not written yet.
-    if importlib.util.find_spec(_name) is None:
-        continue
-    importlib.import_module(_name).register(app)
+    importlib.import_module(f"infra_agent.cli.{_verb}").register(app)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
 - ``"bf16"``: operands rounded to bf16 once, bf16 MMAs, fp32 accumulation.
 
 Three Hopper facts shape the tf32/tf32x3 paths (each measured on an H200, see
-docs/_perf_gemm.md):
+docs/performance.md):
 
 1. TF32 ``wgmma`` takes both operands K-major from shared memory (transposed tiles
    are a 16-bit-type feature).  An N-major B sends Triton down a slower MMA path
