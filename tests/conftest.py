@@ -128,28 +128,9 @@ def refstack_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Refsta
         server.stop()
 
 
-@pytest.fixture
-def refstack_server_factory(tmp_path: Path) -> Iterator[Callable[..., RefstackServer]]:
-    """``start(args=[...], env={...}, preset="tiny")`` -> a server stopped after the test."""
+def _server_factory(base: Path) -> Iterator[Callable[..., RefstackServer]]:
+    """Yields ``start(args=[...], env={...}, preset="tiny")``; stops every server after."""
     started: list[RefstackServer] = []
-
-    def start(args: Sequence[str] = (), env: Mapping[str, str] | None = None, preset: str = "tiny") -> RefstackServer:
-        server = start_refstack_server(tmp_path / f"server{len(started)}", args, env, preset)
-        started.append(server)
-        return server
-
-    try:
-        yield start
-    finally:
-        for server in started:
-            server.stop()
-
-
-@pytest.fixture(scope="module")
-def refstack_module_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RefstackServer]]:
-    """Like ``refstack_server_factory``, but the servers live for the whole test module."""
-    started: list[RefstackServer] = []
-    base = tmp_path_factory.mktemp("refstack-module-servers")
 
     def start(args: Sequence[str] = (), env: Mapping[str, str] | None = None, preset: str = "tiny") -> RefstackServer:
         server = start_refstack_server(base / f"server{len(started)}", args, env, preset)
@@ -161,3 +142,15 @@ def refstack_module_server_factory(tmp_path_factory: pytest.TempPathFactory) -> 
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture
+def refstack_server_factory(tmp_path: Path) -> Iterator[Callable[..., RefstackServer]]:
+    """Servers started with extra flags or env, stopped after the test."""
+    yield from _server_factory(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def refstack_module_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RefstackServer]]:
+    """Like ``refstack_server_factory``, but the servers live for the whole test module."""
+    yield from _server_factory(tmp_path_factory.mktemp("refstack-module-servers"))
