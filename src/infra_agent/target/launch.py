@@ -67,10 +67,9 @@ def plan_launch(
     file: str | None = None,
 ) -> LaunchPlan:
     """Fill the placeholders of ``spec`` with ``port`` and the knob values."""
-    used = {name for _, text in spec.templates() for name in template.placeholders(text)}
     values = {name: render_value(value) for name, value in knobs.items()}
     values["port"] = str(port)
-    for name in sorted(used - set(values)):
+    for name in sorted({name for _, name in spec.missing_values(values)}):
         raise ConfigError(file, f"knobs.{name}", f"a value for {{{name}}} (no default declared; pass --set {name}=...)", MISSING)
 
     uses_shell = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -69,6 +69,10 @@ class ServerTargetSpec(_Strict):
         if self.cwd is not None:
             out.append((("cwd",), self.cwd))
         return out
+
+    def missing_values(self, have: Collection[str]) -> list[tuple[tuple[str | int, ...], str]]:
+        """Placeholders that ``have`` gives no value for, each with the field it sits in."""
+        return [(sub, name) for sub, text in self.templates() for name in template.placeholders(text) if name not in have]
 
 
 class EndpointTargetSpec(_Strict):
@@ -289,13 +293,11 @@ class Workspace(_Strict):
                 raise ConfigError(self._file(), f"knobs.{name}", exc.expected, raw) from None
         # A knob the launch command needs but that has no value would only fail at
         # launch time; say so now, where `validate` and `bench --set` can fix it.
-        launch = self.target.templates() if isinstance(self.target, ServerTargetSpec) else []
-        for subpath, text in launch:
-            for name in template.placeholders(text):
-                if name in self.knobs and name not in values:
-                    raise ConfigError(self._file(), f"knobs.{name}",
-                                      f"a value for {{{name}}} in target.{'.'.join(map(str, subpath))} "
-                                      f"(the knob has no default: pass --set {name}=...)", None)
+        if isinstance(self.target, ServerTargetSpec):
+            for subpath, name in self.target.missing_values({*values, *RESERVED_PLACEHOLDERS}):
+                raise ConfigError(self._file(), f"knobs.{name}",
+                                  f"a value for {{{name}}} in target.{'.'.join(map(str, subpath))} "
+                                  f"(the knob has no default: pass --set {name}=...)", None)
         return values
 
     def _file(self) -> str:
