@@ -39,18 +39,8 @@ with ServerProcess(spec, {}, sys.argv[1]) as server:
     ids=["ctrl-c", "sigterm"],
 )
 def test_signalled_parent_leaves_no_orphan(tmp_path: Path, reap: list[int], sig: signal.Signals, expected_rc: int) -> None:
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    parent, pgid = _start_parent(PARENT, tmp_path, reap)
     try:
-        assert parent.stdout is not None
-        line = parent.stdout.readline()
-        assert line.strip().isdigit(), parent.stderr.read() if parent.stderr else line
-        pgid = int(line)
-        reap.append(pgid)
         assert len(group_members(pgid)) == 2  # the server and its child are running
         parent.send_signal(sig)
         rc = parent.wait(timeout=30)
@@ -63,6 +53,21 @@ def test_signalled_parent_leaves_no_orphan(tmp_path: Path, reap: list[int], sig:
     assert rc == expected_rc
     assert group_members(pgid) == []  # no live member, at once
     assert _group_reaped(pgid, timeout=10)  # and, once PID 1 reaps the orphaned zombies, no member at all
+
+
+def _start_parent(code: str, tmp_path: Path, reap: list[int]) -> tuple[subprocess.Popen[str], int]:
+    """Run ``code`` (a ServerProcess user) and read the server's process group id it prints."""
+    parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    line = parent.stdout.readline()
+    if not line.strip().isdigit():
+        parent.kill()
+        parent.wait()
+        raise AssertionError(parent.stderr.read() if parent.stderr else line)
+    pgid = int(line)
+    reap.append(pgid)
+    return parent, pgid
 
 
 def _group_reaped(pgid: int, timeout: float) -> bool:
@@ -88,13 +93,8 @@ def test_double_ctrl_c_escalates_but_still_cleans_up(tmp_path: Path, reap: list[
         "runpy.run_module('http.server', run_name='__main__')\\\"\"",
     ).replace("stop_grace_s=5", "stop_grace_s=60")
     assert parent_code != PARENT
-    parent = subprocess.Popen([sys.executable, "-c", parent_code, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    parent, pgid = _start_parent(parent_code, tmp_path, reap)
     try:
-        assert parent.stdout is not None
-        line = parent.stdout.readline()
-        assert line.strip().isdigit(), parent.stderr.read() if parent.stderr else line
-        pgid = int(line)
-        reap.append(pgid)
         parent.send_signal(signal.SIGINT)
         time.sleep(0.5)  # now inside the 60 s grace period
         assert parent.poll() is None and group_members(pgid)
