@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from infra_agent.cli.output import console, emit, err_console, user_errors
+from infra_agent.cli.output import emit, err_console, user_errors
 from infra_agent.demo import run_demo
 
 

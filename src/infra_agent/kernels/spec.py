@@ -92,10 +92,6 @@ InputFactory = Callable[[Shape, torch.dtype, int, str], dict[str, Any]]
 # The variant name of the unpartitioned kernel itself (rows "kernel vs reference").
 KERNEL = "kernel"
 
-# Modes the lab knows how to talk about; a spec may add its own if it gives a tolerance.
-KNOWN_PRECISIONS = ("fp64", "fp32", "tf32", "3xtf32", "bf16", "fp16")
-
-
 @dataclass(frozen=True)
 class Tolerance:
     """Pass criteria; every criterion that is set must hold.
