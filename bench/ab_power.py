@@ -1,28 +1,39 @@
 """How well the judge separates A from B on this (noisy, shared, 2-core) machine.
 
-    python bench/ab_power.py [--trials 10] [--pairs 50] [--requests 16] [--slowdown 0.05]  # B runs refstack --step-slowdown 0.05
+    python bench/ab_power.py [--trials 10] [--pairs 110] [--requests 16] [--slowdown 0.05]
+                             [--server-cpus 0 --client-cpus 1] [--raw runs.json]
 
-Three refstack servers run side by side: A and A2 with default knobs, and B with
-``--step-slowdown s``, refstack's documented calibration knob that makes every engine
-step a fraction s longer (a busy-wait proportional to the step's own time, so the
-change stays the stated size on any machine).  B's realised slowdown is measured
-first on interleaved runs and reported with its interval.  Each trial then runs
-``pairs`` cycles of A, A2, B (rotated each cycle so no side always goes first) and asks
-the judge two questions on output throughput, from the paired per-run values:
+Every trial starts three fresh refstack servers: A and A2 with default knobs, and B
+with ``--step-slowdown s``, refstack's documented calibration knob that stretches every
+engine step period so that steps per second drop by s (a busy-wait proportional to the
+previous period).  Each trial runs ``pairs`` cycles of A, A2, B (rotated each cycle so
+no side always goes first) and asks the judge three questions on output throughput, from
+the paired per-run values:
 
 - A/A (A vs A2): does the 95% interval of the ratio exclude 1?  That is a false positive.
 - A/B (A vs B): does the interval lie wholly below 1?  That is a detection (power).
+- The same for an exactly 5% slower side with real noise: A2's runs scaled by 0.95
+  (B's realised drop is what the knob does to the whole serving path, which is not
+  exactly 5%; this row measures power at exactly 5%).
 
 It prints one table: false-positive rate and power with Wilson 95% intervals over the
-trials, the wall time of one comparison (the runs of its two sides), the calibrated
-slowdown, and the minimum detectable effect at that budget computed from the paired
-noise the A/A runs showed.
+trials; the false-positive rate of comparisons redrawn from all A/A pairs (does the
+interval hold its 95% on this noise?); B's realised throughput drop pooled over all
+trials, with its interval (the knob acts on engine steps, the client sees the whole
+serving path); the wall time of one comparison (starting and warming its two servers
+plus their runs); and the minimum detectable effect at that budget from the paired noise.
+
+``--server-cpus``/``--client-cpus`` pin the three servers and this process (the client)
+to separate cores, so the client's event loop and the server under test never queue for
+the same core; ``--raw`` keeps every run's throughput, duration and wall time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -30,6 +41,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from scipy import stats
 
 from infra_agent.bench.runner import run_benchmark
@@ -78,58 +90,97 @@ def cycle(servers: dict[str, ServerProcess], sides: list[str], sc: Scenario, pai
     return runs
 
 
-def calibrate(servers: dict[str, ServerProcess], sc: Scenario, pairs: int) -> Any:
-    """Measure B's realised slowdown against A on interleaved pairs (reported, not tuned)."""
-    cal = cycle(servers, ["A", "B"], sc, pairs)
-    ca, cb = paired(cal["A"], cal["B"])
-    return bootstrap_ratio(cb, ca, stat="mean", paired=True, seed=7)
+def start_servers(stack: ExitStack, spec: ServerTargetSpec, args: argparse.Namespace, sc: Scenario) -> tuple[dict[str, ServerProcess], dict[str, float]]:
+    """Fresh A, A2 and B for one trial, each warmed by one run; seconds each took to be usable.
+
+    Fresh per trial because a comparison in practice starts its own servers, and
+    because per-process effects (memory layout, where the threads land) would
+    otherwise repeat in every trial and make the trials' verdicts correlated."""
+    servers, ready = {}, {}
+    for name, slow in (("A", 0.0), ("A2", 0.0), ("B", args.slowdown)):
+        t0 = time.perf_counter()
+        servers[name] = stack.enter_context(
+            ServerProcess(spec, {"slowdown": slow, "threads": args.torch_threads}, args.log_dir, name=name))
+        one_run(servers[name], sc)  # first requests pay one-off costs
+        ready[name] = time.perf_counter() - t0
+    return servers, ready
+
+
+def resampled_fpr(aa_pairs: list[tuple[float, float]], n: int, reps: int, seed: int = 11) -> float:
+    """How often the judge's interval excludes 1 on comparisons of n pairs redrawn from the
+    pooled A/A pairs (centred on the null): a check that the interval is calibrated for
+    this noise, with more comparisons than the trials can afford."""
+    rng = np.random.default_rng(seed)
+    pool = np.array(aa_pairs, dtype=float)
+    # Centre the pool on the null (A2's mean scaled to A's): the pool's own chance
+    # deviation from 1 would otherwise count as false positives in every redraw.
+    pool[:, 1] *= pool[:, 0].mean() / pool[:, 1].mean()
+    hits = 0
+    for r in range(reps):
+        pick = pool[rng.integers(0, len(pool), size=n)]
+        ci = bootstrap_ratio(pick[:, 1], pick[:, 0], stat="mean", paired=True, seed=1000 + r)
+        hits += not (ci.low <= 1.0 <= ci.high)
+    return hits / reps
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=10, help="comparisons of each kind (A/A and A/B)")
-    ap.add_argument("--pairs", type=int, default=50, help="interleaved runs per side in one comparison")
+    ap.add_argument("--pairs", type=int, default=110, help="interleaved runs per side in one comparison")
     ap.add_argument("--requests", type=int, default=16, help="requests per run")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--slowdown", type=float, default=0.05, help="the true change B carries")
-    ap.add_argument("--calibration-pairs", type=int, default=20)
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="engine threads per server; 1 keeps three servers from oversubscribing 2 cores")
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/ab_power_logs"))
+    ap.add_argument("--server-cpus", default=None, help="pin the servers to these CPUs (taskset list, e.g. 0)")
+    ap.add_argument("--client-cpus", default=None, help="pin this process, the client, to these CPUs (e.g. 1)")
+    ap.add_argument("--raw", type=Path, default=None, help="write every run's numbers here (JSON)")
+    ap.add_argument("--resamples", type=int, default=400, help="redrawn A/A comparisons for the calibration check")
     args = ap.parse_args()
-
+    spec = SPEC
+    if args.server_cpus:
+        spec = SPEC.model_copy(update={"command": ["taskset", "-c", args.server_cpus, *SPEC.command]})
+    if args.client_cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
     sc = Scenario.model_validate({
         "dataset": {"kind": "random", "input_len": args.input_len, "output_len": args.output_len, "seed": 1},
         "num_requests": args.requests, "max_concurrency": args.concurrency, "temperature": 1.0,
     })
-    with ExitStack() as stack:
-        servers = {name: stack.enter_context(ServerProcess(SPEC, {"slowdown": slow, "threads": args.torch_threads}, args.log_dir, name=name))
-                   for name, slow in (("A", 0.0), ("A2", 0.0), ("B", args.slowdown))}
-        for s in servers.values():  # warm every server (first requests pay one-off costs)
-            one_run(s, sc)
-        cal_ci = calibrate(servers, sc, args.calibration_pairs)
 
-        fp = det = 0
-        aa_logs: list[float] = []
-        ab_logs: list[float] = []
-        walls: list[float] = []
-        for t in range(args.trials):
+    fp = det = det5 = 0
+    aa_pairs: list[tuple[float, float]] = []
+    ab_logs: list[float] = []
+    walls: list[float] = []
+    raw: list[dict[str, Any]] = []
+    for t in range(args.trials):
+        with ExitStack() as stack:
+            servers, ready = start_servers(stack, spec, args, sc)
             runs = cycle(servers, ["A", "A2", "B"], sc, args.pairs)
-            a, a2 = paired(runs["A"], runs["A2"])
-            ci_aa = bootstrap_ratio(a2, a, stat="mean", paired=True, seed=100 + t)
-            a, b = paired(runs["A"], runs["B"])
-            ci_ab = bootstrap_ratio(b, a, stat="mean", paired=True, seed=200 + t)
-            fp += not (ci_aa.low <= 1.0 <= ci_aa.high)
-            det += ci_ab.high < 1.0
-            aa_logs += [math.log(y / x) for x, y in zip(*paired(runs["A"], runs["A2"]))]
-            ab_logs += [math.log(y / x) for x, y in zip(*paired(runs["A"], runs["B"]))]
-            walls.append(sum(r["wall_s"] for r in runs["A"] + runs["B"]))
-            print(f"trial {t}: A/A {ci_aa.ratio:.3f} [{ci_aa.low:.3f},{ci_aa.high:.3f}]  "
-                  f"A/B {ci_ab.ratio:.3f} [{ci_ab.low:.3f},{ci_ab.high:.3f}]  A/B runs {walls[-1]:.0f}s", file=sys.stderr)
+        a, a2 = paired(runs["A"], runs["A2"])
+        ci_aa = bootstrap_ratio(a2, a, stat="mean", paired=True, seed=100 + t)
+        aa_pairs += list(zip(a, a2))
+        a, b = paired(runs["A"], runs["B"])
+        ci_ab = bootstrap_ratio(b, a, stat="mean", paired=True, seed=200 + t)
+        ab_logs += [math.log(y / x) for x, y in zip(a, b)]
+        fp += not (ci_aa.low <= 1.0 <= ci_aa.high)
+        det += ci_ab.high < 1.0
+        # An exactly 5% slower B with real noise: A2's runs x 0.95.  The ratio of means
+        # scales exactly, so that interval is this A/A interval x 0.95.
+        det5 += 0.95 * ci_aa.high < 1.0
+        # One comparison = start and warm its two servers, then its interleaved runs.
+        walls.append(ready["A"] + ready["B"] + sum(r["wall_s"] for r in runs["A"] + runs["B"]))
+        raw.append({"ready_s": ready, **{side: [{k: r.get(k) for k in ("output_throughput", "duration", "wall_s", "failed")}
+                                                for r in rs] for side, rs in runs.items()}})
+        if args.raw:
+            args.raw.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "trials": raw}))
+        print(f"trial {t}: A/A {ci_aa.ratio:.3f} [{ci_aa.low:.3f},{ci_aa.high:.3f}]  "
+              f"A/B {ci_ab.ratio:.3f} [{ci_ab.low:.3f},{ci_ab.high:.3f}]  comparison {walls[-1]:.0f}s", file=sys.stderr, flush=True)
 
     n = args.pairs
+    aa_logs = [math.log(y / x) for x, y in aa_pairs]
     sd = statistics.stdev(aa_logs) if len(aa_logs) > 1 else float("nan")
     # Paired design, n pairs, two-sided 95%, 90% power: MDE = (t_.975 + t_.90)·sd/√n.
     mde = (stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.90, n - 1)) * sd / math.sqrt(n)
@@ -137,21 +188,28 @@ def main() -> None:
     nc = -math.log(1 - 0.05) / (sd / math.sqrt(n))
     power_5 = 1 - stats.nct.cdf(stats.t.ppf(0.975, n - 1), n - 1, nc)
     fpr_ci, pow_ci = wilson(fp, args.trials), wilson(det, args.trials)
-    true_drop = 1 - math.exp(statistics.mean(ab_logs)) if ab_logs else float("nan")
+    drop = 1 - math.exp(statistics.mean(ab_logs))
+    drop_se = statistics.stdev(ab_logs) / math.sqrt(len(ab_logs))
+    rs_fpr = resampled_fpr(aa_pairs, n, args.resamples)
     rows = [
-        ("trials (each kind)", f"{args.trials}", ""),
-        ("pairs per comparison x requests per run", f"{n} x {args.requests}", ""),
+        ("trials (each kind)", f"{args.trials}", "fresh servers every trial"),
+        ("pairs per comparison x requests per run", f"{n} x {args.requests}", f"concurrency {args.concurrency}"),
         ("step slowdown for B", f"{args.slowdown:g}", "refstack --step-slowdown"),
-        ("B slowdown, calibration", f"{1 - cal_ci.ratio:.1%}", f"95% CI [{1 - cal_ci.high:.1%}, {1 - cal_ci.low:.1%}], {args.calibration_pairs} pairs"),
-        ("B slowdown, pooled over trials", f"{true_drop:.1%}", f"{len(ab_logs)} pairs"),
+        ("B's realised throughput drop, pooled", f"{drop:.1%}",
+         f"95% CI [{1 - math.exp(math.log(1 - drop) + 1.96 * drop_se):.1%}, {1 - math.exp(math.log(1 - drop) - 1.96 * drop_se):.1%}], {len(ab_logs)} pairs"),
         ("false-positive rate (A/A)", f"{fp}/{args.trials} = {fp / args.trials:.0%}", f"Wilson 95% [{fpr_ci[0]:.0%}, {fpr_ci[1]:.0%}]; goal <= 5%"),
-        ("power (A/B)", f"{det}/{args.trials} = {det / args.trials:.0%}", f"Wilson 95% [{pow_ci[0]:.0%}, {pow_ci[1]:.0%}]; goal >= 90%"),
-        ("wall time per comparison [s]", f"{statistics.median(walls):.0f}", f"max {max(walls):.0f}; goal <= 120"),
+        ("false-positive rate, A/A pairs redrawn", f"{rs_fpr:.1%}", f"{args.resamples} comparisons of {n} pairs from the pooled {len(aa_pairs)}"),
+        ("power (A/B), at B's realised drop", f"{det}/{args.trials} = {det / args.trials:.0%}", f"Wilson 95% [{pow_ci[0]:.0%}, {pow_ci[1]:.0%}]"),
+        ("power against an exact 5% drop (A2's runs x 0.95)", f"{det5}/{args.trials} = {det5 / args.trials:.0%}",
+         f"Wilson 95% [{wilson(det5, args.trials)[0]:.0%}, {wilson(det5, args.trials)[1]:.0%}]; goal >= 90%"),
+        ("wall time per comparison [s]", f"{statistics.median(walls):.0f}", f"max {max(walls):.0f}; both servers' start included; goal <= 120"),
         ("paired run-to-run noise (sd of log ratio)", f"{sd:.1%}", "from the A/A pairs"),
         ("power against a true 5% change (from that noise)", f"{power_5:.0%}", "noncentral t, same pairs"),
         ("min detectable effect at this budget", f"{mde:.1%}", "90% power, 95% two-sided; ratio to the 5% goal: " + f"{mde / 0.05:.2f}x"),
     ]
     w = max(len(r[0]) for r in rows)
+    if args.server_cpus or args.client_cpus:
+        print(f"pinned: servers on CPU(s) {args.server_cpus}, client on CPU(s) {args.client_cpus}\n")
     print(f"| {'quantity'.ljust(w)} | value | note |\n|{'-' * (w + 2)}|---|---|")
     for name, value, note in rows:
         print(f"| {name.ljust(w)} | {value} | {note} |")

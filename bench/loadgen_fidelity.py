@@ -1,24 +1,29 @@
-"""Our load generator against a peer (NVIDIA aiperf) on the same refstack server.
+"""Our load generator against peers (NVIDIA aiperf, vLLM's guidellm) on the same refstack server.
 
-    python bench/loadgen_fidelity.py [--aiperf PATH] [--reps 3] [--small 60] [--large 240]
-                                     [--server-cpus 0 --client-cpus 1]
+    python bench/loadgen_fidelity.py [--aiperf PATH] [--guidellm PATH] [--reps 3] [--small 60] [--large 240]
+                                     [--server-cpus 0 --client-cpus 1] [--server-step-delay-ms 10]
 
-Both clients drive the same server with the same load (concurrency, prompt and output
-lengths, ignore_eos, temperature 1), interleaved rep by rep with the order flipped each
+All clients drive the same server with the same load (concurrency, prompt and output
+lengths, ignore_eos, temperature 1), interleaved rep by rep with the order rotated each
 rep, each as its own process.  For every run we also diff the server's own Prometheus
-histograms, the reference that no client overhead can touch.
+histograms, the reference that no client overhead can touch.  One table per peer.
 
 - Agreement: medians over reps of median TTFT, median TPOT (aiperf's
-  ``inter_token_latency`` is (e2e − TTFT)/(tokens − 1), vLLM's TPOT) and output
-  throughput, at the large run size; the goal is |ours/peer − 1| <= 5%.
+  ``inter_token_latency`` and guidellm's ``inter_token_latency_ms`` are both
+  (e2e − TTFT)/(tokens − 1) per request, vLLM's TPOT) and output throughput, at the
+  large run size; the goal is |ours/peer − 1| <= 5%.
 - CPU per streamed token: child-process CPU (user+sys, ``RUSAGE_CHILDREN``, which
-  covers aiperf's worker processes) of a large run minus that of a small run, divided
+  covers a peer's worker processes) of a large run minus that of a small run, divided
   by the difference in streamed tokens, so interpreter and framework start-up cancel.
 
-aiperf runs fully offline: its tokenizer is a byte-level one (like refstack's) built
-here with the ``tokenizers`` package into a private Hugging Face cache folder, and
-``HF_HUB_OFFLINE=1`` keeps it off the network.  Output token counts come from the
-server's ``usage`` for both clients (aiperf ``--use-server-token-count``).
+The peers run fully offline: their tokenizer is a byte-level one (like refstack's)
+built here with the ``tokenizers`` package into a private Hugging Face cache folder,
+and ``HF_HUB_OFFLINE=1`` keeps them off the network.  aiperf takes output token counts
+from the server's ``usage`` (``--use-server-token-count``); guidellm reads ``usage``
+from the stream by itself.  ``--server-step-delay-ms`` makes the engine sleep inside
+every step, like a server whose engine waits on a GPU: the host's cores are then left
+to the clients, which on a 2-core machine is the only way a heavy client does not
+slow the very server it measures.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ from infra_agent.bench.prom import parse_histogram_totals, phase_deltas
 from infra_agent.target import ServerProcess
 from infra_agent.workspace.models import ServerTargetSpec
 
-def server_spec(pin: str | None) -> ServerTargetSpec:
+
+def server_spec(pin: str | None, step_delay_ms: float) -> ServerTargetSpec:
     # With --pin the server gets its own core(s) and the clients the rest, so a
     # client's CPU appetite cannot slow the server it is measuring (on a 2-core box
     # that effect was larger than the 5% agreement goal).
@@ -50,7 +56,7 @@ def server_spec(pin: str | None) -> ServerTargetSpec:
     return ServerTargetSpec(
         kind="server",
         command=[*prefix, sys.executable, "-m", "refstack.cli", "serve", "--preset", "tiny", "--port", "{port}",
-                 "--torch-threads", "{threads}"],
+                 "--torch-threads", "{threads}", "--step-delay-ms", str(step_delay_ms)],
         ready_url="/health", metrics_url="/metrics", ready_timeout_s=180,
     )
 
@@ -115,6 +121,27 @@ def run_aiperf(url: str, n: int, a: argparse.Namespace, work: Path, env: dict[st
             "output_throughput": r["output_token_throughput"]["avg"], "tokens": r["total_osl"]["avg"], "failed": errors}
 
 
+def run_guidellm(url: str, n: int, a: argparse.Namespace, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    out = work / f"guidellm-{n}-{time.monotonic_ns()}.json"
+    tok = next((Path(env["HF_HUB_CACHE"]) / "models--local--bytetok" / "snapshots").iterdir())
+    cmd = [a.guidellm, "run", "--backend", f"kind=openai_http,target={url},request_format=/v1/completions",
+           "--profile", f"kind=concurrent,streams={a.concurrency}", "--constraint", f"kind=max_requests,count={n}",
+           "--data", f"kind=synthetic_text,prompt_tokens={a.input_len},output_tokens={a.output_len}",
+           "--tokenizer", f"kind=huggingface_auto,model={tok}", "--output", f"kind=json,path={out}",
+           "--disable-console"]
+    subprocess.run(pinned(cmd, a.client_cpus), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   env=env, cwd=work)
+    m = json.loads(out.read_text())["benchmarks"][0]["metrics"]
+    ok = {k: v["successful"] for k, v in m.items() if isinstance(v, dict) and "successful" in v}
+    # guidellm's inter_token_latency is (e2e − TTFT)/(tokens − 1) per request, vLLM's TPOT;
+    # its time_per_output_token also spreads the TTFT over the tokens.
+    return {"median_ttft_ms": ok["time_to_first_token_ms"]["median"], "median_tpot_ms": ok["inter_token_latency_ms"]["median"],
+            "mean_ttft_ms": ok["time_to_first_token_ms"]["mean"], "mean_tpot_ms": ok["inter_token_latency_ms"]["mean"],
+            "output_throughput": ok["output_tokens_per_second"]["mean"],
+            "tokens": ok["output_token_count"]["mean"] * ok["output_token_count"]["count"],
+            "failed": m["request_totals"]["errored"] if isinstance(m.get("request_totals"), dict) else 0}
+
+
 def measured(fn: Any, url: str, *args: Any) -> dict[str, Any]:
     before, cpu0 = scrape(url), child_cpu()
     res = fn(url, *args)
@@ -128,6 +155,7 @@ def measured(fn: Any, url: str, *args: Any) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--aiperf", default=shutil.which("aiperf"), help="the aiperf executable (its venv must have tokenizers)")
+    ap.add_argument("--guidellm", default=shutil.which("guidellm"), help="the guidellm executable (second peer)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--small", type=int, default=60, help="requests in the small run (start-up cost reference)")
     ap.add_argument("--large", type=int, default=240, help="requests in the large run (the one compared)")
@@ -137,26 +165,43 @@ def main() -> None:
     ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--server-cpus", default=None, help="pin the server to these CPUs (taskset list, e.g. 0)")
     ap.add_argument("--client-cpus", default=None, help="pin each client process to these CPUs (e.g. 1)")
+    ap.add_argument("--server-step-delay-ms", type=float, default=0.0,
+                    help="refstack --step-delay-ms: the engine sleeps this long per step, like a server waiting "
+                         "on its GPU, which leaves the host's cores to the clients")
     a = ap.parse_args()
-    if not a.aiperf:
-        sys.exit("aiperf not found: pip install aiperf into a separate venv and pass --aiperf PATH")
+    peers = [p for p in ("aiperf", "guidellm") if getattr(a, p)]
+    if not peers:
+        sys.exit("no peer client found: pip install aiperf (or guidellm) into a separate venv and pass --aiperf/--guidellm PATH")
     work = Path(tempfile.mkdtemp(prefix="loadgen_fidelity_"))
     hub = work / "hf-hub"
-    subprocess.run([str(Path(a.aiperf).with_name("python")), "-c", _MAKE_TOKENIZER, str(hub)], check=True)
+    subprocess.run([str(Path(getattr(a, peers[0])).with_name("python")), "-c", _MAKE_TOKENIZER, str(hub)], check=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_CACHE": str(hub)}
 
-    res: dict[str, dict[int, list[dict[str, Any]]]] = {"ours": {a.small: [], a.large: []}, "aiperf": {a.small: [], a.large: []}}
-    with ServerProcess(server_spec(a.server_cpus), {"threads": a.torch_threads}, work / "logs", name="refstack") as srv:
-        tools = {"ours": lambda url, n: run_ours(url, n, a, work), "aiperf": lambda url, n: run_aiperf(url, n, a, work, env)}
-        measured(tools["ours"], srv.url, 16)  # warm the server once
+    runners = {"ours": lambda url, n: run_ours(url, n, a, work),
+               "aiperf": lambda url, n: run_aiperf(url, n, a, work, env),
+               "guidellm": lambda url, n: run_guidellm(url, n, a, work, env)}
+    names = ["ours", *peers]
+    res: dict[str, dict[int, list[dict[str, Any]]]] = {t: {a.small: [], a.large: []} for t in names}
+    with ServerProcess(server_spec(a.server_cpus, a.server_step_delay_ms), {"threads": a.torch_threads}, work / "logs", name="refstack") as srv:
+        measured(runners["ours"], srv.url, 16)  # warm the server once
         for rep in range(a.reps):
-            order = ["ours", "aiperf"] if rep % 2 == 0 else ["aiperf", "ours"]
+            order = names[rep % len(names):] + names[:rep % len(names)]  # rotate who goes first
             for n in (a.small, a.large):
                 for tool in order:
-                    r = measured(tools[tool], srv.url, n)
+                    r = measured(runners[tool], srv.url, n)
                     res[tool][n].append(r)
-                    print(f"rep {rep} {tool:6s} n={n}: {json.dumps({k: round(v, 3) for k, v in r.items()})}", file=sys.stderr)
+                    print(f"rep {rep} {tool:8s} n={n}: {json.dumps({k: round(v, 3) for k, v in r.items()})}", file=sys.stderr)
+    for peer in peers:
+        report(res, "ours", peer, a)
+    print(f"\nload: concurrency {a.concurrency}, {a.input_len} in / {a.output_len} out tokens, {a.large} requests per compared run, "
+          f"{a.reps} reps; failed requests over all runs: {sum(r['failed'] for t in res.values() for runs in t.values() for r in runs)}")
+    if a.server_step_delay_ms:
+        print(f"server: refstack --step-delay-ms {a.server_step_delay_ms:g} (an engine that waits, like one on a GPU)")
+    if a.server_cpus or a.client_cpus:
+        print(f"pinned: server on CPU(s) {a.server_cpus}, clients on CPU(s) {a.client_cpus}")
 
+
+def report(res: dict[str, dict[int, list[dict[str, Any]]]], ours: str, peer: str, a: argparse.Namespace) -> None:
     def med(tool: str, key: str) -> float:
         return statistics.median(r[key] for r in res[tool][a.large])
 
@@ -165,36 +210,34 @@ def main() -> None:
                 for small, big in zip(res[tool][a.small], res[tool][a.large])]
         return statistics.median(vals)
 
+    def within(x: float) -> str:
+        return "yes" if abs(x - 1) <= 0.05 else "no"
+
     rows = []
     for key, label in (("median_ttft_ms", "median TTFT [ms]"), ("median_tpot_ms", "median TPOT [ms]"),
                        ("output_throughput", "output throughput [tok/s]")):
-        ours, peer = med("ours", key), med("aiperf", key)
-        rows.append((label, f"{ours:.2f}", f"{peer:.2f}", f"{ours / peer:.3f}", "yes" if abs(ours / peer - 1) <= 0.05 else "no"))
+        o, p = med(ours, key), med(peer, key)
+        rows.append((label, f"{o:.2f}", f"{p:.2f}", f"{o / p:.3f}", within(o / p)))
     # The server's own histograms over the same run: how slow the server really was
     # while each client drove it (a heavier client slows a server on a shared box),
     # and how far each client's reading sits from that reference.
     for key, srv_key, label in (("mean_ttft_ms", "server_ttft_ms", "TTFT"), ("mean_tpot_ms", "server_tpot_ms", "TPOT")):
-        so, sp = med("ours", srv_key), med("aiperf", srv_key)
+        so, sp = med(ours, srv_key), med(peer, srv_key)
         rows.append((f"server's own mean {label} during the runs [ms]", f"{so:.2f}", f"{sp:.2f}", f"{so / sp:.3f}", "-"))
-        o = statistics.median(r[key] - r[srv_key] for r in res["ours"][a.large])
-        p = statistics.median(r[key] - r[srv_key] for r in res["aiperf"][a.large])
+        o = statistics.median(r[key] - r[srv_key] for r in res[ours][a.large])
+        p = statistics.median(r[key] - r[srv_key] for r in res[peer][a.large])
         rows.append((f"client mean {label} minus server's [ms]", f"{o:+.2f}", f"{p:+.2f}", "-", "-"))
-        o = statistics.median(r[key] / r[srv_key] for r in res["ours"][a.large])
-        p = statistics.median(r[key] / r[srv_key] for r in res["aiperf"][a.large])
-        rows.append((f"client mean {label} / server's", f"{o:.3f}", f"{p:.3f}", f"{o / p:.3f}", "yes" if abs(o / p - 1) <= 0.05 else "no"))
-    co, cp = cpu_per_tok("ours"), cpu_per_tok("aiperf")
+        o = statistics.median(r[key] / r[srv_key] for r in res[ours][a.large])
+        p = statistics.median(r[key] / r[srv_key] for r in res[peer][a.large])
+        rows.append((f"client mean {label} / server's", f"{o:.3f}", f"{p:.3f}", f"{o / p:.3f}", within(o / p)))
+    co, cp = cpu_per_tok(ours), cpu_per_tok(peer)
     rows.append(("client CPU per streamed token [us]", f"{co * 1e6:.1f}", f"{cp * 1e6:.1f}", f"{co / cp:.3f}", "yes" if co <= cp else "no"))
-    to = statistics.median(r["cpu_s"] / r["tokens"] for r in res["ours"][a.large])
-    tp = statistics.median(r["cpu_s"] / r["tokens"] for r in res["aiperf"][a.large])
+    to = statistics.median(r["cpu_s"] / r["tokens"] for r in res[ours][a.large])
+    tp = statistics.median(r["cpu_s"] / r["tokens"] for r in res[peer][a.large])
     rows.append((f"client CPU per token incl. start-up, n={a.large} [us]", f"{to * 1e6:.1f}", f"{tp * 1e6:.1f}", f"{to / tp:.3f}", "-"))
-    fails = sum(r["failed"] for t in res.values() for runs in t.values() for r in runs)
-    print(f"| metric | infra-agent | aiperf {a.reps} reps | ratio | within goal |\n|---|---|---|---|---|")
+    print(f"\n| metric | infra-agent | {peer} | ratio | within goal |\n|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
-    if a.server_cpus or a.client_cpus:
-        print(f"\npinned: server on CPU(s) {a.server_cpus}, clients on CPU(s) {a.client_cpus}")
-    print(f"\nload: concurrency {a.concurrency}, {a.input_len} in / {a.output_len} out tokens, {a.large} requests per compared run; "
-          f"failed requests over all runs: {fails}")
 
 
 if __name__ == "__main__":

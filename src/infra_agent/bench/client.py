@@ -13,7 +13,9 @@ decides what a pattern of failures means (unreachable server, wrong protocol).
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -62,12 +64,19 @@ def endpoint_path(endpoint: str) -> str:
     return _PATHS[endpoint]
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # Loading the CA bundle takes ~25 ms; httpx would do it for every client, i.e.
+    # twice per benchmark run, which was a sixth of a judge's short repeated run.
+    return ssl.create_default_context()
+
+
 def make_http_client(max_connections: int, timeout_s: float = 600.0) -> httpx.AsyncClient:
     # trust_env=False: a proxy from the environment must never sit between the load
     # generator and a loopback server; it would distort every latency.
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     timeout = httpx.Timeout(timeout_s, connect=10.0)
-    return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+    return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, verify=_tls_context())
 
 
 def build_payload(req: RequestInput, opts: RequestOptions) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import time
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 
 def build_app(token_delay_s: float, mode: str, die_after: int, usage: bool = True) -> FastAPI:
@@ -27,6 +27,7 @@ def build_app(token_delay_s: float, mode: str, die_after: int, usage: bool = Tru
     registry = CollectorRegistry()
     e2e = Histogram("refstack:e2e_request_latency_seconds", "e2e", registry=registry)
     queue = Histogram("refstack:request_queue_time_seconds", "queue", registry=registry)
+    requested = Counter("fake_requested_tokens", "max_tokens over all requests served", registry=registry)
     served = {"n": 0}
 
     @app.get("/v1/models")
@@ -46,6 +47,7 @@ def build_app(token_delay_s: float, mode: str, die_after: int, usage: bool = Tru
         if mode == "json":
             return JSONResponse({"choices": [{"text": "hello", "index": 0}]})
         n = int(body.get("max_tokens", 16))
+        requested.inc(n)
         include_usage = usage and bool((body.get("stream_options") or {}).get("include_usage"))
         prompt_tokens = len(str(body.get("prompt") or body.get("messages")).encode())
         t0 = time.perf_counter()

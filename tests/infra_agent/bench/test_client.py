@@ -72,6 +72,24 @@ def test_run_benchmark_concurrency_and_server_metrics(fake_server) -> None:  # t
     assert len(res["ttfts"]) == len(res["itls"]) == len(res["errors"]) == 12
 
 
+def _requested_tokens(metrics_url: str) -> float:
+    import httpx
+
+    text = httpx.get(metrics_url, trust_env=False).text
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith("fake_requested_tokens_total")))
+
+
+def test_reachability_check_is_short_without_warmup(fake_server_factory) -> None:  # type: ignore[no-untyped-def]
+    # warmup_requests 0: the one check request asks for 2 tokens, not a full output,
+    # so short repeated runs (a judge's) are not padded by a full-length request each.
+    srv = fake_server_factory("--token-delay-ms", "1")
+    run_benchmark(srv.url, _scenario(max_concurrency=4), metrics_url=srv.metrics_url, progress=False)
+    assert _requested_tokens(srv.metrics_url) == 12 * 6 + 2
+    # Asked-for warm-up requests stay full length.
+    run_benchmark(srv.url, _scenario(max_concurrency=4, warmup_requests=2), metrics_url=srv.metrics_url, progress=False)
+    assert _requested_tokens(srv.metrics_url) == (12 * 6 + 2) + (12 * 6 + 2 * 6)
+
+
 def test_rate_based_run(fake_server) -> None:  # type: ignore[no-untyped-def]
     res = run_benchmark(fake_server.url, _scenario(request_rate=40.0, burstiness=1.0), progress=False)
     assert res["completed"] == 12
