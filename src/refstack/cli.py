@@ -83,7 +83,11 @@ async def _serve_until_stopped(server: Any, sock: socket.socket, url: str) -> No
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must be IPPROTO_TCP, not 0: accepted sockets inherit it, and asyncio turns
+    # Nagle off (TCP_NODELAY) only on sockets whose proto says TCP.  With Nagle on, a
+    # keep-alive connection held each streamed chunk behind the client's delayed ACK
+    # of the previous segment: ~40 ms stalls, the whole stream in one burst.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

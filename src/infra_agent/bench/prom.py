@@ -8,9 +8,10 @@ the ``vllm:`` and ``refstack:`` prefixes; label sets (model name, engine id) are
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra_agent.errors import TargetError
@@ -43,15 +44,17 @@ def parse_histogram_totals(text: str) -> Snapshot:
     return totals
 
 
-async def scrape(client: httpx.AsyncClient, metrics_url: str) -> Snapshot:
+async def scrape(client: aiohttp.ClientSession, metrics_url: str) -> Snapshot:
     try:
-        resp = await client.get(metrics_url)
-    except httpx.HTTPError as exc:
-        raise TargetError(f"cannot scrape Prometheus metrics at {metrics_url}: {exc}") from exc
-    if resp.status_code != 200:
-        raise TargetError(f"Prometheus metrics at {metrics_url} answered HTTP {resp.status_code}")
+        async with client.get(metrics_url) as resp:
+            status = resp.status
+            text = await resp.text(errors="replace")
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise TargetError(f"cannot scrape Prometheus metrics at {metrics_url}: {exc or type(exc).__name__}") from exc
+    if status != 200:
+        raise TargetError(f"Prometheus metrics at {metrics_url} answered HTTP {status}")
     try:
-        return parse_histogram_totals(resp.text)
+        return parse_histogram_totals(text)
     except ValueError as exc:
         raise TargetError(f"{metrics_url} is not Prometheus text exposition: {exc}") from exc
 

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -57,13 +57,13 @@ def _options(scenario: Scenario, model: str) -> RequestOptions:
     return RequestOptions(endpoint=scenario.endpoint, model=model, temperature=scenario.temperature, ignore_eos=scenario.ignore_eos)
 
 
-async def _discover_model(client: httpx.AsyncClient, base_url: str) -> str:
+async def _discover_model(client: aiohttp.ClientSession, base_url: str) -> str:
     """The first model id from /v1/models; servers that do not list models get 'default'."""
     try:
-        resp = await client.get(base_url.rstrip("/") + "/v1/models")
-        data = resp.json()["data"]
+        async with client.get(base_url.rstrip("/") + "/v1/models") as resp:
+            data = (await resp.json(content_type=None))["data"]
         return str(data[0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, IndexError, TypeError):
         return "default"
 
 
@@ -89,7 +89,7 @@ async def _watch(alive: AliveCheck) -> None:
 
 
 async def _window(
-    client: httpx.AsyncClient, base_url: str, reqs: Sequence[RequestInput], scenario: Scenario, opts: RequestOptions, progress: bool
+    client: aiohttp.ClientSession, base_url: str, reqs: Sequence[RequestInput], scenario: Scenario, opts: RequestOptions, progress: bool
 ) -> tuple[list[RequestRecord], float]:
     sem = asyncio.Semaphore(scenario.max_concurrency) if scenario.max_concurrency else None
     offsets = arrival_offsets(len(reqs), scenario.request_rate, scenario.burstiness, seed=_arrival_seed(scenario))

@@ -87,7 +87,8 @@ def main() -> None:
     ap.add_argument("--no-usage", action="store_true", help="never send a usage chunk")
     ap.add_argument("--port", type=int, default=0, help="0 picks a free port")
     args = ap.parse_args()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP so asyncio turns Nagle off on accepted connections (see refstack.cli._bind).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))  # 0: the OS picks a free port
     port = sock.getsockname()[1]
