@@ -1,6 +1,7 @@
 """How well the judge separates A from B on this (noisy, shared, 2-core) machine.
 
     python bench/ab_power.py [--trials 10] [--pairs 110] [--requests 16] [--slowdown 0.05]
+                             [--restarts 1] [--process-noise 0.0]
                              [--server-cpus 0 --client-cpus 1] [--raw runs.json]
 
 Every trial starts three fresh refstack servers: A and A2 with default knobs, and B
@@ -22,6 +23,14 @@ interval hold its 95% on this noise?); B's realised throughput drop pooled over 
 trials, with its interval (the knob acts on engine steps, the client sees the whole
 serving path); the wall time of one comparison (starting and warming its two servers
 plus their runs); and the minimum detectable effect at that budget from the paired noise.
+
+``--restarts R`` runs each trial as the judge's restarts do: R blocks of pairs/R cycles,
+each block on three freshly started servers, and ``--process-noise`` is the spread
+between two fresh processes that the judge's interval adds over those restarts
+(``bootstrap_ratio(process_noise=...)``).  The table reports that spread as estimated
+from this run's A/A blocks (random-effects, DerSimonian-Laird), so one run calibrates
+the next.  ``--process-noise loo`` does both in one run without judging a trial by
+its own data: trial t's interval uses the spread estimated from the other trials.
 
 ``--server-cpus``/``--client-cpus`` pin the three servers and this process (the client)
 to separate cores, so the client's event loop and the server under test never queue for
@@ -90,6 +99,22 @@ def cycle(servers: dict[str, ServerProcess], sides: list[str], sc: Scenario, pai
     return runs
 
 
+def process_noise_estimate(blocks: list[list[float]]) -> tuple[float, float, int]:
+    """tau (sd of the A/A log ratio between two fresh processes), Cochran's Q and its df.
+
+    DerSimonian-Laird over blocks: each block is one A/A process pair, summarised by its
+    mean log ratio and that mean's variance from the block's own pairs."""
+    blocks = [b for b in blocks if len(b) >= 2]
+    means = np.array([statistics.mean(b) for b in blocks])
+    var = np.array([statistics.variance(b) / len(b) for b in blocks])
+    w = 1.0 / var
+    centre = float((w * means).sum() / w.sum())
+    q = float((w * (means - centre) ** 2).sum())
+    df = len(blocks) - 1
+    tau2 = max(0.0, (q - df) / (w.sum() - (w**2).sum() / w.sum())) if df > 0 else 0.0
+    return math.sqrt(tau2), q, df
+
+
 def start_servers(stack: ExitStack, spec: ServerTargetSpec, args: argparse.Namespace, sc: Scenario) -> tuple[dict[str, ServerProcess], dict[str, float]]:
     """Fresh A, A2 and B for one trial, each warmed by one run; seconds each took to be usable.
 
@@ -139,6 +164,10 @@ def main() -> None:
     ap.add_argument("--client-cpus", default=None, help="pin this process, the client, to these CPUs (e.g. 1)")
     ap.add_argument("--raw", type=Path, default=None, help="write every run's numbers here (JSON)")
     ap.add_argument("--resamples", type=int, default=400, help="redrawn A/A comparisons for the calibration check")
+    ap.add_argument("--restarts", type=int, default=1, help="fresh server processes per side in one comparison")
+    ap.add_argument("--process-noise", default="0",
+                    help="the judge's per-process spread (sd of log ratio) from an earlier calibration run, or 'loo': "
+                         "each trial's from the other trials' A/A blocks (leave one out)")
     args = ap.parse_args()
     spec = SPEC
     if args.server_cpus:
@@ -150,42 +179,74 @@ def main() -> None:
         "num_requests": args.requests, "max_concurrency": args.concurrency, "temperature": 1.0,
     })
 
-    fp = det = det5 = 0
     aa_pairs: list[tuple[float, float]] = []
     ab_logs: list[float] = []
     walls: list[float] = []
     raw: list[dict[str, Any]] = []
+    aa_blocks: list[list[list[float]]] = []  # per trial, per restart: the A/A log ratios
+    sides: list[dict[str, list[float]]] = []  # per trial: paired A, A2 (with A) and B (with A) throughputs
     for t in range(args.trials):
-        with ExitStack() as stack:
-            servers, ready = start_servers(stack, spec, args, sc)
-            runs = cycle(servers, ["A", "A2", "B"], sc, args.pairs)
+        runs: dict[str, list[dict[str, Any]]] = {"A": [], "A2": [], "B": []}
+        ready: dict[str, float] = {"A": 0.0, "A2": 0.0, "B": 0.0}
+        aa_blocks.append([])
+        for r in range(args.restarts):
+            block = args.pairs * (r + 1) // args.restarts - args.pairs * r // args.restarts
+            with ExitStack() as stack:
+                servers, ready_r = start_servers(stack, spec, args, sc)
+                block_runs = cycle(servers, ["A", "A2", "B"], sc, block)
+            for side in runs:
+                runs[side] += block_runs[side]
+                ready[side] += ready_r[side]
+            a_r, a2_r = paired(block_runs["A"], block_runs["A2"])
+            aa_blocks[-1].append([math.log(y / x) for x, y in zip(a_r, a2_r)])
         a, a2 = paired(runs["A"], runs["A2"])
-        ci_aa = bootstrap_ratio(a2, a, stat="mean", paired=True, seed=100 + t)
+        a_b, b = paired(runs["A"], runs["B"])
+        sides.append({"a": a, "a2": a2, "a_b": a_b, "b": b})
         aa_pairs += list(zip(a, a2))
-        a, b = paired(runs["A"], runs["B"])
-        ci_ab = bootstrap_ratio(b, a, stat="mean", paired=True, seed=200 + t)
-        ab_logs += [math.log(y / x) for x, y in zip(a, b)]
-        fp += not (ci_aa.low <= 1.0 <= ci_aa.high)
-        det += ci_ab.high < 1.0
-        # An exactly 5% slower B with real noise: A2's runs x 0.95.  The ratio of means
-        # scales exactly, so that interval is this A/A interval x 0.95.
-        det5 += 0.95 * ci_aa.high < 1.0
-        # One comparison = start and warm its two servers, then its interleaved runs.
+        ab_logs += [math.log(y / x) for x, y in zip(a_b, b)]
+        # One comparison = start and warm its two servers (each restart), then its interleaved runs.
         walls.append(ready["A"] + ready["B"] + sum(r["wall_s"] for r in runs["A"] + runs["B"]))
         raw.append({"ready_s": ready, **{side: [{k: r.get(k) for k in ("output_throughput", "duration", "wall_s", "failed")}
                                                 for r in rs] for side, rs in runs.items()}})
         if args.raw:
             args.raw.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "trials": raw}))
-        print(f"trial {t}: A/A {ci_aa.ratio:.3f} [{ci_aa.low:.3f},{ci_aa.high:.3f}]  "
-              f"A/B {ci_ab.ratio:.3f} [{ci_ab.low:.3f},{ci_ab.high:.3f}]  comparison {walls[-1]:.0f}s", file=sys.stderr, flush=True)
+        print(f"trial {t}: A/A {statistics.mean(a2) / statistics.mean(a):.3f}  A/B {statistics.mean(b) / statistics.mean(a_b):.3f}  "
+              f"comparison {walls[-1]:.0f}s", file=sys.stderr, flush=True)
+
+    # The judge's verdicts.  With --process-noise loo, trial t's interval uses the spread
+    # estimated from the *other* trials' A/A blocks: calibrated on comparisons of the same
+    # target and machine, never on the one it judges.
+    fp = det = det5 = 0
+    taus: list[float] = []
+    for t, sd_t in enumerate(sides):
+        if args.process_noise == "loo":
+            tau_t = process_noise_estimate([blk for u, blocks in enumerate(aa_blocks) if u != t for blk in blocks])[0]
+        else:
+            tau_t = float(args.process_noise)
+        taus.append(tau_t)
+        ci_aa = bootstrap_ratio(sd_t["a2"], sd_t["a"], stat="mean", paired=True, seed=100 + t,
+                                process_noise=tau_t, restarts=args.restarts)
+        ci_ab = bootstrap_ratio(sd_t["b"], sd_t["a_b"], stat="mean", paired=True, seed=200 + t,
+                                process_noise=tau_t, restarts=args.restarts)
+        fp += not (ci_aa.low <= 1.0 <= ci_aa.high)
+        det += ci_ab.high < 1.0
+        # An exactly 5% slower B with real noise: A2's runs x 0.95.  The ratio of means
+        # scales exactly, so that interval is this A/A interval x 0.95.
+        det5 += 0.95 * ci_aa.high < 1.0
+        print(f"trial {t}: process noise {tau_t:.2%}  A/A {ci_aa.ratio:.3f} [{ci_aa.low:.3f},{ci_aa.high:.3f}]  "
+              f"A/B {ci_ab.ratio:.3f} [{ci_ab.low:.3f},{ci_ab.high:.3f}]", file=sys.stderr, flush=True)
 
     n = args.pairs
     aa_logs = [math.log(y / x) for x, y in aa_pairs]
     sd = statistics.stdev(aa_logs) if len(aa_logs) > 1 else float("nan")
-    # Paired design, n pairs, two-sided 95%, 90% power: MDE = (t_.975 + t_.90)·sd/√n.
-    mde = (stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.90, n - 1)) * sd / math.sqrt(n)
+    # The judge's standard error: the pairs' own, plus the process spread over the
+    # restarts that its interval adds.  Paired design, two-sided 95%, 90% power:
+    # MDE = (t_.975 + t_.90)·se.
+    tau_judge = statistics.mean(taus)
+    se = math.sqrt(sd**2 / n + tau_judge**2 / args.restarts)
+    mde = (stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.90, n - 1)) * se
     # Power a paired t-style test of this size would have against a true 5% change.
-    nc = -math.log(1 - 0.05) / (sd / math.sqrt(n))
+    nc = -math.log(1 - 0.05) / se
     power_5 = 1 - stats.nct.cdf(stats.t.ppf(0.975, n - 1), n - 1, nc)
     fpr_ci, pow_ci, pow5_ci = wilson(fp, args.trials), wilson(det, args.trials), wilson(det5, args.trials)
     # B's drop from the mean log ratio; its interval is the mean's, mapped through 1 - e^x.
@@ -193,9 +254,14 @@ def main() -> None:
     ab_se = statistics.stdev(ab_logs) / math.sqrt(len(ab_logs))
     drop, drop_lo, drop_hi = (1 - math.exp(ab_mean + z * ab_se) for z in (0.0, 1.96, -1.96))
     rs_fpr = resampled_fpr(aa_pairs, n, args.resamples)
+    tau, q, q_df = process_noise_estimate([blk for blocks in aa_blocks for blk in blocks])
+    q_p = float(stats.chi2.sf(q, q_df)) if q_df > 0 else float("nan")
     rows = [
         ("trials (each kind)", f"{args.trials}", "fresh servers every trial"),
         ("pairs per comparison x requests per run", f"{n} x {args.requests}", f"concurrency {args.concurrency}"),
+        ("restarts per comparison; judge's process noise", f"{args.restarts}; {min(taus):.2%}-{max(taus):.2%}",
+         "fresh servers per restart; the spread the interval adds over them"
+         + (" (each trial: estimated from the other trials)" if args.process_noise == "loo" else "")),
         ("step slowdown for B", f"{args.slowdown:g}", "refstack --step-slowdown"),
         ("B's realised throughput drop, pooled", f"{drop:.1%}", f"95% CI [{drop_lo:.1%}, {drop_hi:.1%}], {len(ab_logs)} pairs"),
         ("false-positive rate (A/A)", f"{fp}/{args.trials} = {fp / args.trials:.0%}", f"Wilson 95% [{fpr_ci[0]:.0%}, {fpr_ci[1]:.0%}]; goal <= 5%"),
@@ -205,6 +271,8 @@ def main() -> None:
          f"Wilson 95% [{pow5_ci[0]:.0%}, {pow5_ci[1]:.0%}]; goal >= 90%"),
         ("wall time per comparison [s]", f"{statistics.median(walls):.0f}", f"max {max(walls):.0f}; both servers' start included; goal <= 120"),
         ("paired run-to-run noise (sd of log ratio)", f"{sd:.1%}", "from the A/A pairs"),
+        ("process noise estimated here (tau)", f"{tau:.2%}",
+         f"A/A blocks, DerSimonian-Laird; Q = {q:.1f} on {q_df} df, p = {q_p:.2f}; calibrates the next run"),
         ("power against a true 5% change (from that noise)", f"{power_5:.0%}", "noncentral t, same pairs"),
         ("min detectable effect at this budget", f"{mde:.1%}", "90% power, 95% two-sided; ratio to the 5% goal: " + f"{mde / 0.05:.2f}x"),
     ]

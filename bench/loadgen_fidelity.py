@@ -1,6 +1,6 @@
 """Our load generator against peers (NVIDIA aiperf, vLLM's guidellm) on the same refstack server.
 
-    python bench/loadgen_fidelity.py [--aiperf PATH] [--guidellm PATH] [--reps 3] [--small 60] [--large 240] [--request-rate R]
+    python bench/loadgen_fidelity.py [--aiperf PATH] [--guidellm PATH] [--reps 3] [--small 60] [--large 240] [--request-rate R [--arrival constant]]
                                      [--server-cpus 0 --client-cpus 1] [--server-step-delay-ms 10]
 
 All clients drive the same server with the same load (concurrency, prompt and output
@@ -96,7 +96,7 @@ def scrape(url: str) -> dict[str, float]:
 def run_ours(url: str, n: int, a: argparse.Namespace, work: Path) -> dict[str, Any]:
     out = work / f"ours-{n}-{time.monotonic_ns()}.json"
     exe = Path(sys.executable).with_name("infra-agent")
-    load = (["--request-rate", str(a.request_rate), "--burstiness", "1"] if a.request_rate
+    load = (["--request-rate", str(a.request_rate), "--burstiness", "1" if a.arrival == "poisson" else "inf"] if a.request_rate
             else ["--max-concurrency", str(a.concurrency)])
     cmd = [str(exe), "bench", url, "--num-requests", str(n), *load,
            "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--temperature", "1.0",
@@ -113,7 +113,7 @@ def run_aiperf(url: str, n: int, a: argparse.Namespace, work: Path, env: dict[st
     cmd = [a.aiperf, "profile", "--model", "refstack-tiny", "--url", url, "--endpoint-type", "completions", "--streaming",
            "--tokenizer", "local/bytetok", "--synthetic-input-tokens-mean", str(a.input_len), "--synthetic-input-tokens-stddev", "0",
            "--output-tokens-mean", str(a.output_len), "--output-tokens-stddev", "0",
-           *(["--request-rate", str(a.request_rate), "--arrival-pattern", "poisson"] if a.request_rate
+           *(["--request-rate", str(a.request_rate), "--arrival-pattern", a.arrival] if a.request_rate
              else ["--concurrency", str(a.concurrency)]),
            "--request-count", str(n), "--warmup-request-count", "1", "--extra-inputs", "ignore_eos:true",
            "--extra-inputs", "temperature:1.0", "--use-server-token-count", "--ui-type", "none", "--artifact-dir", str(art)]
@@ -129,7 +129,7 @@ def run_guidellm(url: str, n: int, a: argparse.Namespace, work: Path, env: dict[
     out = work / f"guidellm-{n}-{time.monotonic_ns()}.json"
     tok = next((Path(env["HF_HUB_CACHE"]) / "models--local--bytetok" / "snapshots").iterdir())
     cmd = [a.guidellm, "run", "--backend", f"kind=openai_http,target={url},request_format=/v1/completions",
-           "--profile", f"kind=poisson,rate={a.request_rate}" if a.request_rate else f"kind=concurrent,streams={a.concurrency}",
+           "--profile", f"kind={a.arrival},rate={a.request_rate}" if a.request_rate else f"kind=concurrent,streams={a.concurrency}",
            "--constraint", f"kind=max_requests,count={n}",
            "--data", f"kind=synthetic_text,prompt_tokens={a.input_len},output_tokens={a.output_len}",
            "--tokenizer", f"kind=huggingface_auto,model={tok}", "--output", f"kind=json,path={out}",
@@ -166,8 +166,11 @@ def main() -> None:
     ap.add_argument("--large", type=int, default=240, help="requests in the large run (the one compared)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--request-rate", type=float, default=0.0,
-                    help="Poisson arrivals at this many requests/s instead of a closed loop at --concurrency: no "
+                    help="open-loop arrivals at this many requests/s instead of a closed loop at --concurrency: no "
                          "client can then time its sends to the engine's steps")
+    ap.add_argument("--arrival", choices=["poisson", "constant"], default="poisson",
+                    help="with --request-rate: Poisson gaps (each client draws its own), or constant gaps of "
+                         "1/rate, the same send times for every client, so their windows and throughputs compare")
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--torch-threads", type=int, default=1)
@@ -201,7 +204,7 @@ def main() -> None:
                     print(f"rep {rep} {tool:8s} n={n}: {json.dumps({k: round(v, 3) for k, v in r.items()})}", file=sys.stderr)
     for peer in peers:
         report(res, "ours", peer, a)
-    shape = f"Poisson {a.request_rate:g} req/s" if a.request_rate else f"concurrency {a.concurrency}"
+    shape = f"{a.arrival} arrivals, {a.request_rate:g} req/s" if a.request_rate else f"concurrency {a.concurrency}"
     print(f"\nload: {shape}, {a.input_len} in / {a.output_len} out tokens, {a.large} requests per compared run, "
           f"{a.reps} reps; failed requests over all runs: {sum(r['failed'] for t in res.values() for runs in t.values() for r in runs)}")
     if a.server_step_delay_ms:

@@ -3,7 +3,9 @@
 vLLM convention: with a finite ``request_rate`` the gaps between sends are drawn from
 a gamma distribution with shape = burstiness and scale = 1 / (rate * burstiness), so
 the mean gap is always 1/rate.  Burstiness 1 is a Poisson process; below 1 requests
-clump together, above 1 they are more evenly spaced.  ``max_concurrency`` (applied by
+clump together, above 1 they are more evenly spaced, and ``inf`` (the gamma's limit)
+spaces them exactly 1/rate apart: constant arrivals, the schedule other load
+generators call "constant", so two clients can be given the very same send times.  ``max_concurrency`` (applied by
 the runner) caps requests in flight independently of the arrival process.
 """
 
@@ -26,8 +28,11 @@ def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0, seed: 
         raise ValueError(f"request_rate must be > 0 (or inf), got {request_rate}")
     if math.isinf(request_rate):
         return np.zeros(n)
-    rng = np.random.default_rng(seed)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
+    if math.isinf(burstiness):
+        gaps = np.full(n, 1.0 / request_rate)
+    else:
+        rng = np.random.default_rng(seed)
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
     # The first request goes out at once, as in vLLM; the gaps separate the rest.
     gaps[:1] = 0.0
     return np.cumsum(gaps)

@@ -41,6 +41,32 @@ from infra_agent.target import open_target
 from infra_agent.workspace.models import Scenario
 
 _MAX_SAMPLES = 5000  # per measurement kept in Feedback; the summary uses all of them
+# A gap this short between two content chunks means they came out of one read: no
+# engine produces tokens 0.5 ms apart while its TPOT is many times that.
+_BURST_GAP_MS = 0.5
+_BURST_SHARE = 0.3  # this share of such gaps at a TPOT >= 10x the gap is reported
+
+
+def _burst_delivery(ok: list[dict[str, Any]], phases: dict[str, list[float]]) -> dict[str, Any] | None:
+    """Evidence that streamed chunks arrive in bursts, or None when they arrive spread out.
+
+    The yardstick is how long a token takes to make: the server's own TPOT when it
+    exports one, else each request's E2E latency over its output tokens.  The client's
+    TPOT cannot serve: a held-back stream shrinks it along with the gaps."""
+    gaps = [g for r in ok for g in request_samples(r, "itl")]
+    if len(gaps) < 20:
+        return None
+    if phases.get("tpot"):
+        per_token, source = sum(phases["tpot"]) / len(phases["tpot"]), "server TPOT"
+    else:
+        rates = [e / n for r in ok for e, n, err in zip(r["e2els"], r["output_lens"], r["errors"]) if not err and n > 0]
+        if not rates:
+            return None
+        per_token, source = 1e3 * sum(rates) / len(rates), "client E2E latency / output tokens"
+    share = sum(g < _BURST_GAP_MS for g in gaps) / len(gaps)
+    if share < _BURST_SHARE or per_token < 10 * _BURST_GAP_MS:
+        return None
+    return {"short_share": share, "per_token_ms": per_token, "per_token_from": source, "gaps": len(gaps)}
 
 
 class _UrlTarget:
@@ -177,6 +203,18 @@ class ServingProbe(Probe):
                 message=f"prefill takes {prefill:.1f} ms of a {ttft_ref:.1f} ms TTFT in {name}",
                 location=Location(component="prefill"), evidence={"prefill_ms": prefill, "ttft_ms": ttft_ref},
                 next_question="Would a larger prefill chunk or a faster attention kernel cut prefill time?",
+            ))
+        burst = _burst_delivery(ok, phases)
+        if burst is not None:
+            fb.findings.append(Finding(
+                kind="streamed tokens arrive in bursts", severity="warning",
+                message=(f"{burst['short_share']:.0%} of inter-token gaps are under {_BURST_GAP_MS:g} ms while a token takes "
+                         f"{burst['per_token_ms']:.1f} ms to make ({burst['per_token_from']}) in {name}: chunks are held "
+                         "back and delivered together, so TTFT, ITL and TPOT on this stream measure the holding, not the engine"),
+                location=Location(component="api_server"), evidence=burst,
+                next_question=("Is Nagle's algorithm on for the server's connections (TCP_NODELAY unset; stalls of about "
+                               "40 ms, one delayed ACK, on reused keep-alive connections), or does the server batch "
+                               "stream output on purpose (a stream interval)?"),
             ))
         if phases.get("ttft") and client_ttft > 0:
             gap = client_ttft - ttft_ref

@@ -174,7 +174,7 @@ def _header(base_url: str, scenario: Scenario, model: str) -> dict[str, Any]:
         "max_concurrency": scenario.max_concurrency,
         # JSON has no infinity; vLLM writes the string "inf" too.
         "request_rate": "inf" if math.isinf(rate) else rate,
-        "burstiness": scenario.burstiness,
+        "burstiness": "inf" if math.isinf(scenario.burstiness) else scenario.burstiness,
         "dataset": scenario.dataset.model_dump(mode="json"),
     }
 

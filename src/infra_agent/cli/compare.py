@@ -57,6 +57,10 @@ def register(app: typer.Typer) -> None:
         confidence: float = typer.Option(0.95, "--confidence"),
         n_boot: int = typer.Option(2000, "--n-boot"),
         seed: int = typer.Option(0, "--seed"),
+        process_noise: float = typer.Option(
+            0.0, "--process-noise", min=0.0,
+            help="Spread (sd of the log ratio) between two fresh server processes with the same settings, from an A/A "
+                 "calibration (bench/ab_power.py reports it); widens the interval by it over the runs' restarts."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Per-metric ratio B/A with a bootstrap CI, and a verdict per criterion."""
@@ -65,7 +69,8 @@ def register(app: typer.Typer) -> None:
             runs_a, runs_b = load_runs(a), load_runs(b)
             # Defaults are only those both files hold (a failed run holds none of them).
             present = [m for m in DEFAULT_METRICS if any(m in r for r in runs_a) and any(m in r for r in runs_b)]
-            comp = compare_runs(runs_a, runs_b, metric or present, gates, confidence=confidence, n_boot=n_boot, seed=seed)
+            comp = compare_runs(runs_a, runs_b, metric or present, gates, confidence=confidence, n_boot=n_boot, seed=seed,
+                                process_noise=process_noise)
             emit(comp.as_dict(), as_json, lambda console: render_comparison(comp, console, a, b))
             if any(v.outcome == "fail" for v in comp.verdicts):
                 raise typer.Exit(code=1)

@@ -9,6 +9,16 @@ and converges to the plain interval as n grows.
 
 ``paired=True`` resamples index pairs jointly (A and B runs taken side by side in an
 interleaved A B A B schedule), so drift shared by a pair cancels in the ratio.
+
+``process_noise`` adds what resampling runs cannot see: two server processes started
+with the same settings differ by a per-process offset (memory layout, where threads
+land), so A's and B's processes differ by one even with no real change.  Resampling
+runs of those two processes measures the two processes, not the settings.  When the
+offset's spread is known (``process_noise`` = the standard deviation of the log ratio
+between two fresh, identically configured processes, measured by an A/A calibration
+such as ``bench/ab_power.py``), each bootstrap replicate's log ratio gets an independent
+normal draw with variance ``process_noise² / restarts``: restarts (fresh processes per
+side, see ``interleave_knobs``) average that many independent offsets.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ class RatioCI:
     n_baseline: int
     paired: bool
     n_boot: int
+    process_noise: float = 0.0
+    restarts: int = 1
 
     @property
     def n(self) -> int:
@@ -86,8 +98,16 @@ def bootstrap_ratio(
     n_boot: int = 2000,
     seed: int = 0,
     paired: bool = False,
+    process_noise: float = 0.0,
+    restarts: int = 1,
 ) -> RatioCI:
-    """CI of stat(candidate)/stat(baseline).  Values must be positive (times, rates)."""
+    """CI of stat(candidate)/stat(baseline).  Values must be positive (times, rates).
+
+    ``process_noise``/``restarts``: see the module docstring; 0 leaves the interval
+    about the runs alone.
+    """
+    if process_noise < 0 or restarts < 1:
+        raise ValueError(f"process_noise must be >= 0 and restarts >= 1, got {process_noise} and {restarts}")
     c = np.asarray(candidate, dtype=np.float64)
     b = np.asarray(baseline, dtype=np.float64)
     if c.size == 0 or b.size == 0:
@@ -116,10 +136,13 @@ def bootstrap_ratio(
         sb = _boot_stats(rng, b, lambda k: rng.integers(0, b.size, size=(k, b.size)), fn, n_boot)
         ratios = sc / sb
         n_eff = min(c.size, b.size)
+    if process_noise > 0:
+        ratios = ratios * np.exp(rng.normal(0.0, process_noise / math.sqrt(restarts), size=ratios.size))
     ratios = ratios[np.isfinite(ratios)]
     alpha = expanded_alpha(n_eff, confidence)
     low, high = np.quantile(ratios, [alpha / 2, 1 - alpha / 2]) if ratios.size else (math.nan, math.nan)
     return RatioCI(
         ratio=ratio, low=float(low), high=float(high), confidence=confidence, stat=stat,
         n_candidate=int(c.size), n_baseline=int(b.size), paired=paired, n_boot=n_boot,
+        process_noise=process_noise, restarts=restarts,
     )

@@ -6,8 +6,14 @@ each A next to a B, and the judge pairs them (``bootstrap_ratio(paired=True)``).
 With ``order="abba"`` every other pair is flipped (A B B A …), which also cancels a
 linear trend inside a pair.
 
-For two knob configurations both servers are started once and kept up for the whole
-schedule: restarting per run would add start-up noise and minutes of cost.
+For two knob configurations both servers are started, kept up for a block of pairs, and
+stopped; ``restarts=R`` splits the pairs into R such blocks, each with two fresh
+processes.  Restarting per run would add start-up noise and minutes of cost; never
+restarting leaves the whole comparison resting on one process per side, and two
+processes with the same settings differ by a per-process offset (about 1% for refstack
+on a shared 2-core machine) that no number of runs of those two processes can average
+out.  Each run is labelled with its ``restart``, and the judge widens its interval by
+the calibrated offset divided over the restarts (``bootstrap_ratio(process_noise=...)``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,11 @@ class InterleavedRuns:
     a: list[dict[str, Any]] = field(default_factory=list)
     b: list[dict[str, Any]] = field(default_factory=list)
     order: list[str] = field(default_factory=list)
+
+    def extend(self, other: InterleavedRuns) -> None:
+        self.a += other.a
+        self.b += other.b
+        self.order += other.order
 
     def complete_pairs(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Pairs where both runs succeeded; a failed run drops its partner so pairing holds."""
@@ -94,17 +105,35 @@ def interleave_knobs(
     log_dir: str | Path | None = None,
     order: Literal["abab", "abba"] = "abab",
     on_run: OnRun | None = None,
+    restarts: int = 1,
 ) -> InterleavedRuns:
-    """Start the workspace target twice (knob sets A and B), then alternate runs on them."""
+    """Start the workspace target twice (knob sets A and B), then alternate runs on them.
+
+    ``restarts``: split the pairs into that many blocks, each on two freshly started
+    servers (the side started first alternates), and label every run with its block.
+    """
+    if not 1 <= restarts <= pairs:
+        raise ValueError(f"restarts must be between 1 and the number of pairs ({pairs}), got {restarts}")
     name = scenario_name or only_scenario(workspace)
     sc = scenario or workspace.scenario(name)
     va, vb = workspace.resolve_knobs(knobs_a), workspace.resolve_knobs(knobs_b)
     logs = Path(log_dir) if log_dir else default_log_dir(workspace)
-    with ExitStack() as stack:
-        ta = stack.enter_context(open_target(workspace, va, logs))
-        tb = stack.enter_context(open_target(workspace, vb, logs))
-        return interleave(
-            lambda: run_on_target(ta, sc, scenario_name=name, knobs=va, progress=False),
-            lambda: run_on_target(tb, sc, scenario_name=name, knobs=vb, progress=False),
-            pairs, order=order, on_run=on_run,
-        )
+    out = InterleavedRuns()
+    for r in range(restarts):
+        first = pairs * r // restarts
+        block = pairs * (r + 1) // restarts - first  # as even as integers allow
+        with ExitStack() as stack:
+            order_started = [("a", va), ("b", vb)] if r % 2 == 0 else [("b", vb), ("a", va)]
+            targets = {side: stack.enter_context(open_target(workspace, knobs, logs)) for side, knobs in order_started}
+
+            def run(side: str, knobs: Mapping[str, Any], r: int = r, targets: dict[str, Any] = targets) -> dict[str, Any]:
+                result = run_on_target(targets[side], sc, scenario_name=name, knobs=knobs, progress=False)
+                result["restart"] = r
+                return result
+
+            def shifted(side: str, i: int, result: dict[str, Any], first: int = first) -> None:
+                if on_run is not None:
+                    on_run(side, first + i, result)
+
+            out.extend(interleave(lambda: run("a", va), lambda: run("b", vb), block, order=order, on_run=shifted))
+    return out

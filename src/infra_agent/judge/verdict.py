@@ -152,7 +152,11 @@ def compare_metric(
     confidence: float = 0.95,
     n_boot: int = 2000,
     seed: int = 0,
+    process_noise: float = 0.0,
 ) -> MetricComparison:
+    """B/A for one metric.  ``process_noise``: the per-process offset's spread (see
+    ``bootstrap_ratio``); the restarts it is averaged over are counted from the runs'
+    ``restart`` labels, which ``interleave_knobs(restarts=...)`` writes."""
     if len(baseline_runs) == len(candidate_runs):
         # Interleaved files hold run i of both sides from the same cycle: drop a failed
         # run together with its partner, or later runs would pair across cycles.
@@ -168,8 +172,12 @@ def compare_metric(
         a = [float(r[metric]) for r in base]
         b = [float(r[metric]) for r in cand]
         paired = len(a) == len(b)
-        ci = bootstrap_ratio(b, a, stat=run_stat, confidence=confidence, n_boot=n_boot, seed=seed, paired=paired)
+        restarts = _restarts(base, cand)
+        ci = bootstrap_ratio(b, a, stat=run_stat, confidence=confidence, n_boot=n_boot, seed=seed, paired=paired,
+                             process_noise=process_noise, restarts=restarts)
         note = f"{run_stat} of {len(a)}+{len(b)} runs" + (", paired" if paired else "")
+        if process_noise > 0:
+            note += f", process noise {process_noise:.2%} over {restarts} restart(s)"
         return MetricComparison(metric, float(np.mean(a)) if run_stat == "mean" else float(np.median(a)),
                                 float(np.mean(b)) if run_stat == "mean" else float(np.median(b)), ci, "per-run", note)
     m = _LATENCY_KEY.match(metric)
@@ -177,11 +185,18 @@ def compare_metric(
         stat, base_metric = m.group(1), m.group(2)
         a, b = request_samples(base[0], base_metric), request_samples(cand[0], base_metric)
         if a and b:
-            ci = bootstrap_ratio(b, a, stat=stat, confidence=confidence, n_boot=n_boot, seed=seed)
+            ci = bootstrap_ratio(b, a, stat=stat, confidence=confidence, n_boot=n_boot, seed=seed, process_noise=process_noise)
             return MetricComparison(metric, float(base[0][metric]), float(cand[0][metric]), ci, "per-request",
                                     f"{stat} of {len(a)}+{len(b)} per-request {base_metric} samples")
     note = "one run per side: repeat the runs (interleaved) for an interval" if len(base) == 1 or len(cand) == 1 else ""
     return MetricComparison(metric, float(np.mean([r[metric] for r in base])), float(np.mean([r[metric] for r in cand])), None, "none", note)
+
+
+def _restarts(base: Sequence[dict[str, Any]], cand: Sequence[dict[str, Any]]) -> int:
+    """Fresh process pairs behind the runs: distinct ``restart`` labels (1 when unlabelled)."""
+    labels = {r.get("restart") for r in base} | {r.get("restart") for r in cand}
+    labels.discard(None)
+    return max(1, len(labels))
 
 
 def compare_runs(

@@ -1,6 +1,6 @@
 """A tiny real OpenAI-compatible streaming server for client tests (run as a subprocess).
 
-``python fake_openai_server.py [--token-delay-ms D] [--mode stream|json|die-after|empty] [--die-after N] [--no-usage] [--port P]``
+``python fake_openai_server.py [--token-delay-ms D] [--mode stream|json|die-after|empty] [--die-after N] [--no-usage] [--nagle] [--port P]``
 binds a free loopback port itself and prints ``READY http://127.0.0.1:PORT`` once serving.
 It exposes vLLM-named histograms under the ``refstack:`` prefix on /metrics so the
 Prometheus delta can be checked against what it served.
@@ -86,9 +86,12 @@ def main() -> None:
     ap.add_argument("--die-after", type=int, default=0)
     ap.add_argument("--no-usage", action="store_true", help="never send a usage chunk")
     ap.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    ap.add_argument("--nagle", action="store_true",
+                    help="listen on a proto-0 socket, so Nagle's algorithm stays on for accepted connections "
+                         "(reproduces a real server bug: streamed chunks held behind delayed ACKs)")
     args = ap.parse_args()
     # IPPROTO_TCP so asyncio turns Nagle off on accepted connections (see refstack.cli._bind).
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0 if args.nagle else socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))  # 0: the OS picks a free port
     port = sock.getsockname()[1]

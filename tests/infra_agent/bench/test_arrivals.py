@@ -35,6 +35,8 @@ def test_seeded_and_infinite_rate() -> None:
     assert np.array_equal(a, arrival_offsets(100, 4.0, 1.0, seed=7))
     assert not np.array_equal(a, arrival_offsets(100, 4.0, 1.0, seed=8))
     assert np.array_equal(arrival_offsets(5, math.inf), np.zeros(5))
+    # Infinite burstiness: the gamma's limit, gaps of exactly 1/rate (constant arrivals).
+    assert np.allclose(arrival_offsets(5, 4.0, burstiness=math.inf), [0.0, 0.25, 0.5, 0.75, 1.0])
     with pytest.raises(ValueError):
         arrival_offsets(5, 1.0, burstiness=0)
 

@@ -45,3 +45,41 @@ def test_seeded_and_expanded_alpha() -> None:
         bootstrap_ratio([1.0, 2.0], [1.0], paired=True)
     p99 = bootstrap_ratio(np.arange(1, 101), np.arange(1, 101), stat="p99", n_boot=200)
     assert p99.ratio == pytest.approx(1.0)
+
+
+def _aa_comparison(rng: np.random.Generator, tau: float, restarts: int, pairs: int) -> tuple[np.ndarray, np.ndarray]:
+    """A/A throughput runs where every fresh process carries its own offset (sd tau/sqrt2
+    per process, so the A-vs-B log offset per restart has sd tau), plus per-run noise."""
+    restart_of = np.arange(pairs) * restarts // pairs
+    off_a = rng.normal(0.0, tau / np.sqrt(2), size=restarts)[restart_of]
+    off_b = rng.normal(0.0, tau / np.sqrt(2), size=restarts)[restart_of]
+    base = 100.0 * np.exp(off_a + rng.normal(0.0, 0.05, size=pairs))
+    cand = 100.0 * np.exp(off_b + rng.normal(0.0, 0.05, size=pairs))
+    return cand, base
+
+
+@pytest.mark.parametrize("restarts", [1, 3])
+def test_process_noise_restores_coverage_across_fresh_processes(restarts: int) -> None:
+    # Per-run noise 5% over 60 pairs gives a run-only interval of about +-1.3%; a 2%
+    # process offset is invisible to it, so A/A intervals miss 1 far too often.  With
+    # the offset's spread passed in, the interval holds its 95% again.
+    rng = np.random.default_rng(7 + restarts)
+    reps, tau = 300, 0.02
+    miss_runs_only = miss_with_noise = 0
+    for k in range(reps):
+        cand, base = _aa_comparison(rng, tau, restarts, pairs=60)
+        plain = bootstrap_ratio(cand, base, stat="mean", paired=True, n_boot=400, seed=k)
+        wide = bootstrap_ratio(cand, base, stat="mean", paired=True, n_boot=400, seed=k, process_noise=tau, restarts=restarts)
+        miss_runs_only += not plain.low <= 1.0 <= plain.high
+        miss_with_noise += not wide.low <= 1.0 <= wide.high
+        assert wide.high - wide.low > plain.high - plain.low
+    # 300 reps at a true 5% miss rate: binomial sd ~1.3%; 0.09 is > 3 sd above it.
+    assert miss_with_noise / reps <= 0.09
+    assert miss_runs_only / reps >= 0.15  # without the term the interval is badly overconfident
+
+
+def test_process_noise_validation() -> None:
+    with pytest.raises(ValueError, match="process_noise"):
+        bootstrap_ratio([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], process_noise=-0.1)
+    with pytest.raises(ValueError, match="restarts"):
+        bootstrap_ratio([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], restarts=0)

@@ -54,3 +54,25 @@ def test_compare_bad_file(tmp_path: Path) -> None:
     bad.write_text("{not json")
     res = runner.invoke(app, ["compare", str(bad), str(bad)])
     assert res.exit_code == 2 and "not a readable result JSON" in " ".join(res.output.split())
+
+
+def test_compare_process_noise_counts_restarts_and_widens(tmp_path: Path) -> None:
+    # Six pairs from two restarts (labels as interleave_knobs writes them), B 3% faster.
+    rng = np.random.default_rng(2)
+    runs_a = [{**_run(t, 1.0, rng), "restart": i // 3} for i, t in enumerate((100, 101, 99, 100, 102, 98))]
+    runs_b = [{**_run(t, 1.0, rng), "restart": i // 3} for i, t in enumerate((103, 104, 102, 103, 105, 101))]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"runs": runs_a}))
+    b.write_text(json.dumps({"runs": runs_b}))
+    args = ["compare", str(a), str(b), "--metric", "output_throughput", "--criterion", "output_throughput>1.0", "--json"]
+    plain = json.loads(runner.invoke(app, args).stdout)
+    noisy = json.loads(runner.invoke(app, [*args, "--process-noise", "0.03"]).stdout)
+    assert plain["verdicts"][0]["outcome"] == "pass"  # the runs alone say B is faster...
+    # ...but a 3% spread between fresh processes, over 2 restarts, cannot rule out chance.
+    assert noisy["verdicts"][0]["outcome"] == "inconclusive"
+    ci = noisy["metrics"][0]["ci"]
+    assert ci["restarts"] == 2 and ci["process_noise"] == 0.03
+    assert ci["high"] - ci["low"] > plain["metrics"][0]["ci"]["high"] - plain["metrics"][0]["ci"]["low"]
+    assert "over 2 restart(s)" in noisy["metrics"][0]["note"]
+    bad = runner.invoke(app, [*args, "--process-noise", "-1"])
+    assert bad.exit_code == 2

@@ -3,6 +3,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from infra_agent.judge.interleave import interleave, interleave_knobs, interleave_urls
 from infra_agent.judge.verdict import parse_gate
 from infra_agent.workspace import load_workspace
@@ -49,3 +51,18 @@ def test_interleaved_knobs_start_both_servers(fake_workspace, tmp_path: Path) ->
     assert [r["knobs"]["token_delay_ms"] for r in runs.a] == [2.0, 2.0]
     assert [r["knobs"]["token_delay_ms"] for r in runs.b] == [8.0, 8.0]
     assert min(r["median_tpot_ms"] for r in runs.b) > max(r["median_tpot_ms"] for r in runs.a)
+
+
+def test_interleaved_knobs_restart_fresh_servers_per_block(fake_workspace, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ws = load_workspace(fake_workspace(num_requests=4))
+    seen: list[tuple[str, int]] = []
+    runs = interleave_knobs(ws, {"token_delay_ms": 2}, {"token_delay_ms": 4}, pairs=3, restarts=2,
+                            log_dir=tmp_path / "logs", on_run=lambda side, i, r: seen.append((side, i)))
+    # 3 pairs over 2 restarts: one pair, then two, each block on two fresh servers.
+    assert [r["restart"] for r in runs.a] == [r["restart"] for r in runs.b] == [0, 1, 1]
+    assert seen == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    assert len(list((tmp_path / "logs").glob("*.log"))) == 4  # one log per started server
+    comp = runs.judge(["output_throughput"], process_noise=0.01)
+    assert comp.metrics[0].ci is not None and comp.metrics[0].ci.restarts == 2
+    with pytest.raises(ValueError, match="restarts"):
+        interleave_knobs(ws, {}, {}, pairs=2, restarts=3)

@@ -1,0 +1,35 @@
+"""The serving probe notices a stream whose chunks are held back and delivered together.
+
+The cause reproduced here is a real one (it was in refstack's own server): a listening
+socket created with proto 0, so asyncio leaves Nagle's algorithm on for accepted
+connections, and on a reused keep-alive connection every small SSE write waits for
+the client's delayed ACK of the previous response.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra_agent.probes import ProbeContext, get_probe
+
+_SCENARIO = {"dataset": {"kind": "random", "input_len": 8, "output_len": 6}, "num_requests": 12, "max_concurrency": 1}
+
+
+def _findings(url: str, tmp_path: Path) -> dict[str, dict]:
+    fb = get_probe("serving")().run({"url": url, "scenario": _SCENARIO}, ProbeContext(workdir=tmp_path, progress=False))
+    assert fb.ok, fb.error
+    return {f.kind: f.model_dump() for f in fb.findings}
+
+
+def test_nagle_on_the_server_is_reported(fake_server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # 6 tokens 3 ms apart: the whole stream is shorter than one delayed ACK (~40 ms).
+    found = _findings(fake_server_factory("--token-delay-ms", "3", "--nagle").url, tmp_path)
+    burst = found.get("streamed tokens arrive in bursts")
+    assert burst is not None, sorted(found)
+    assert burst["evidence"]["short_share"] >= 0.3
+    assert "TCP_NODELAY" in burst["next_question"]
+
+
+def test_a_streaming_server_is_not_reported(fake_server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    found = _findings(fake_server_factory("--token-delay-ms", "3").url, tmp_path)
+    assert "streamed tokens arrive in bursts" not in found
