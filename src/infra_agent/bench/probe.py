@@ -59,7 +59,7 @@ def _burst_delivery(ok: list[dict[str, Any]], phases: dict[str, list[float]]) ->
     if phases.get("tpot"):
         per_token, source = sum(phases["tpot"]) / len(phases["tpot"]), "server TPOT"
     else:
-        rates = [e / n for r in ok for e, n, err in zip(r["e2els"], r["output_lens"], r["errors"]) if not err and n > 0]
+        rates = [e / n for r in ok for e, n, err in zip(r["e2els"], r["output_lens"], r["errors"], strict=True) if not err and n > 0]
         if not rates:
             return None
         per_token, source = 1e3 * sum(rates) / len(rates), "client E2E latency / output tokens"
