@@ -55,6 +55,7 @@ from scipy import stats
 
 from infra_agent.bench.runner import run_benchmark
 from infra_agent.judge.bootstrap import bootstrap_ratio
+from infra_agent.judge.interleave import restart_blocks
 from infra_agent.target import ServerProcess
 from infra_agent.workspace.models import Scenario, ServerTargetSpec
 
@@ -148,8 +149,7 @@ def analyse_trial(trial: dict[str, Any], pairs: int, restarts: int) -> tuple[lis
     a, a2 = paired(trial["A"], trial["A2"])
     a_b, b = paired(trial["A"], trial["B"])
     blocks = []
-    for r in range(restarts):
-        lo, hi = pairs * r // restarts, pairs * (r + 1) // restarts
+    for lo, hi in restart_blocks(pairs, restarts):
         a_r, a2_r = paired(trial["A"][lo:hi], trial["A2"][lo:hi])
         blocks.append([math.log(y / x) for x, y in zip(a_r, a2_r)])
     wall = trial["ready_s"]["A"] + trial["ready_s"]["B"] + sum(r["wall_s"] for r in trial["A"] + trial["B"])
@@ -216,11 +216,10 @@ def main() -> None:
     for t in range(0 if args.from_raw else args.trials):
         runs: dict[str, list[dict[str, Any]]] = {"A": [], "A2": [], "B": []}
         ready: dict[str, float] = {"A": 0.0, "A2": 0.0, "B": 0.0}
-        for r in range(args.restarts):
-            block = args.pairs * (r + 1) // args.restarts - args.pairs * r // args.restarts
+        for r, (first, end) in enumerate(restart_blocks(args.pairs, args.restarts)):
             with ExitStack() as stack:
                 servers, ready_r = start_servers(stack, spec, args, sc, START_ORDERS[r % len(START_ORDERS)])
-                block_runs = cycle(servers, ["A", "A2", "B"], sc, block)
+                block_runs = cycle(servers, ["A", "A2", "B"], sc, end - first)
             for side in runs:
                 runs[side] += block_runs[side]
                 ready[side] += ready_r[side]

@@ -10,8 +10,8 @@ For two knob configurations both servers are started, kept up for a block of pai
 stopped; ``restarts=R`` splits the pairs into R such blocks, each with two fresh
 processes.  Restarting per run would add start-up noise and minutes of cost; never
 restarting leaves the whole comparison resting on one process per side, and two
-processes with the same settings differ by a per-process offset (about 1% for refstack
-on a shared 2-core machine) that no number of runs of those two processes can average
+processes with the same settings differ by a per-process offset (1.6% for refstack on
+a shared 2-core machine) that no number of runs of those two processes can average
 out.  Each run is labelled with its ``restart``, and the judge widens its interval by
 the calibrated offset divided over the restarts (``bootstrap_ratio(process_noise=...)``).
 """
@@ -94,6 +94,11 @@ def interleave_urls(
     )
 
 
+def restart_blocks(pairs: int, restarts: int) -> list[tuple[int, int]]:
+    """``[first, end)`` pair indices of each restart's block, as even as integers allow."""
+    return [(pairs * r // restarts, pairs * (r + 1) // restarts) for r in range(restarts)]
+
+
 def interleave_knobs(
     workspace: Workspace,
     knobs_a: Mapping[str, object],
@@ -119,9 +124,7 @@ def interleave_knobs(
     va, vb = workspace.resolve_knobs(knobs_a), workspace.resolve_knobs(knobs_b)
     logs = Path(log_dir) if log_dir else default_log_dir(workspace)
     out = InterleavedRuns()
-    for r in range(restarts):
-        first = pairs * r // restarts
-        block = pairs * (r + 1) // restarts - first  # as even as integers allow
+    for r, (first, end) in enumerate(restart_blocks(pairs, restarts)):
         with ExitStack() as stack:
             order_started = [("a", va), ("b", vb)] if r % 2 == 0 else [("b", vb), ("a", va)]
             targets = {side: stack.enter_context(open_target(workspace, knobs, logs)) for side, knobs in order_started}
@@ -135,5 +138,5 @@ def interleave_knobs(
                 if on_run is not None:
                     on_run(side, first + i, result)
 
-            out.extend(interleave(lambda: run("a", va), lambda: run("b", vb), block, order=order, on_run=shifted))
+            out.extend(interleave(lambda: run("a", va), lambda: run("b", vb), end - first, order=order, on_run=shifted))
     return out
