@@ -21,8 +21,8 @@ It prints one table: false-positive rate and power with Wilson 95% intervals ove
 trials; the false-positive rate of comparisons redrawn from all A/A pairs (does the
 interval hold its 95% on this noise?); B's realised throughput drop pooled over all
 trials, with its interval (the knob acts on engine steps, the client sees the whole
-serving path); the wall time of one comparison (starting and warming its two servers
-plus their runs); and the minimum detectable effect at that budget from the paired noise.
+serving path); the wall time of one comparison (starting, warming and stopping its
+two servers, plus their runs); and the minimum detectable effect at that budget from the paired noise.
 
 ``--restarts R`` runs each trial as the judge's restarts do: R blocks of pairs/R cycles,
 each block on three freshly started servers, and ``--process-noise`` is the spread
@@ -124,8 +124,10 @@ START_ORDERS = (("A", "A2", "B"), ("B", "A2", "A"), ("A2", "A", "B"), ("B", "A",
 
 
 def start_servers(stack: ExitStack, spec: ServerTargetSpec, args: argparse.Namespace, sc: Scenario,
-                  order: tuple[str, ...] = START_ORDERS[0]) -> tuple[dict[str, ServerProcess], dict[str, float]]:
+                  order: tuple[str, ...], stopped: dict[str, float]) -> tuple[dict[str, ServerProcess], dict[str, float]]:
     """Fresh A, A2 and B for one block, each warmed by one run; seconds each took to be usable.
+
+    Leaving ``stack`` stops them and adds each one's stopping time to ``stopped``.
 
     Fresh per block because a comparison in practice starts its own servers, and
     because per-process effects (memory layout, where the threads land) would
@@ -137,22 +139,32 @@ def start_servers(stack: ExitStack, spec: ServerTargetSpec, args: argparse.Names
         t0 = time.perf_counter()
         servers[name] = stack.enter_context(
             ServerProcess(spec, {"slowdown": slow, "threads": args.torch_threads}, args.log_dir, name=name))
+        stack.callback(timed_stop, servers[name], name, stopped)  # runs before the context's own (no-op) stop
         one_run(servers[name], sc)  # first requests pay one-off costs
         ready[name] = time.perf_counter() - t0
     return servers, ready
 
 
+def timed_stop(server: ServerProcess, name: str, stopped: dict[str, float]) -> None:
+    """Stop one server and add the seconds it took to ``stopped[name]``: a comparison waits for it."""
+    t0 = time.perf_counter()
+    server.stop()
+    stopped[name] = stopped.get(name, 0.0) + time.perf_counter() - t0
+
+
 def analyse_trial(trial: dict[str, Any], pairs: int, restarts: int) -> tuple[list[float], list[float], list[float], list[float], list[list[float]], float]:
     """From one trial's stored runs: paired A/A2 and A/B throughputs, the A/A log ratios of
-    each restart block, and the comparison's wall time (starting and warming A and B at
-    every restart, plus their runs)."""
+    each restart block, and the comparison's wall time (starting, warming and stopping A
+    and B at every restart, plus their runs)."""
     a, a2 = paired(trial["A"], trial["A2"])
     a_b, b = paired(trial["A"], trial["B"])
     blocks = []
     for lo, hi in restart_blocks(pairs, restarts):
         a_r, a2_r = paired(trial["A"][lo:hi], trial["A2"][lo:hi])
         blocks.append([math.log(y / x) for x, y in zip(a_r, a2_r)])
-    wall = trial["ready_s"]["A"] + trial["ready_s"]["B"] + sum(r["wall_s"] for r in trial["A"] + trial["B"])
+    stop = trial.get("stop_s", {})  # not stored by runs before stopping was timed
+    wall = (trial["ready_s"]["A"] + trial["ready_s"]["B"] + stop.get("A", 0.0) + stop.get("B", 0.0)
+            + sum(r["wall_s"] for r in trial["A"] + trial["B"]))
     return a, a2, a_b, b, blocks, wall
 
 
@@ -216,14 +228,15 @@ def main() -> None:
     for t in range(0 if args.from_raw else args.trials):
         runs: dict[str, list[dict[str, Any]]] = {"A": [], "A2": [], "B": []}
         ready: dict[str, float] = {"A": 0.0, "A2": 0.0, "B": 0.0}
+        stopped: dict[str, float] = {}
         for r, (first, end) in enumerate(restart_blocks(args.pairs, args.restarts)):
             with ExitStack() as stack:
-                servers, ready_r = start_servers(stack, spec, args, sc, START_ORDERS[r % len(START_ORDERS)])
+                servers, ready_r = start_servers(stack, spec, args, sc, START_ORDERS[r % len(START_ORDERS)], stopped)
                 block_runs = cycle(servers, ["A", "A2", "B"], sc, end - first)
             for side in runs:
                 runs[side] += block_runs[side]
                 ready[side] += ready_r[side]
-        raw.append({"ready_s": ready, **{side: [{k: r.get(k) for k in ("output_throughput", "duration", "wall_s", "failed")}
+        raw.append({"ready_s": ready, "stop_s": stopped, **{side: [{k: r.get(k) for k in ("output_throughput", "duration", "wall_s", "failed")}
                                                 for r in rs] for side, rs in runs.items()}})
         if args.raw:
             args.raw.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "trials": raw}))
@@ -300,7 +313,7 @@ def main() -> None:
         ("power (A/B), at B's realised drop", f"{det}/{args.trials} = {det / args.trials:.0%}", f"Wilson 95% [{pow_ci[0]:.0%}, {pow_ci[1]:.0%}]"),
         ("power against an exact 5% drop (A2's runs x 0.95)", f"{det5}/{args.trials} = {det5 / args.trials:.0%}",
          f"Wilson 95% [{pow5_ci[0]:.0%}, {pow5_ci[1]:.0%}]; goal >= 90%"),
-        ("wall time per comparison [s]", f"{statistics.median(walls):.0f}", f"max {max(walls):.0f}; both servers' start included; goal <= 120"),
+        ("wall time per comparison [s]", f"{statistics.median(walls):.0f}", f"max {max(walls):.0f}; both servers' start and stop included; goal <= 120"),
         ("paired run-to-run noise (sd of log ratio)", f"{sd:.1%}", "from the A/A pairs"),
         ("process noise estimated here (tau)", f"{tau:.2%}",
          f"A/A blocks, DerSimonian-Laird; Q = {q:.1f} on {q_df} df, p = {q_p:.2f}; calibrates the next run"),

@@ -11,7 +11,9 @@ with a one-line message and a non-zero status.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
+import os
 import signal
 import socket
 import sys
@@ -65,6 +67,22 @@ def _serve(**raw: Any) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _after_graceful_shutdown)
     asyncio.run(_serve_until_stopped(server, sock, url))
+    _exit_after_shutdown()
+
+
+def _exit_after_shutdown() -> None:
+    """End the process without the interpreter's teardown, once uvicorn has shut down.
+
+    With torch loaded, finalising modules and objects takes ~0.4 s, and none of it
+    matters after a clean shutdown.  Every restart of a server in an A/B comparison
+    pays it, so it is skipped.  The exit hooks still run (the trace file is written by
+    one), and the streams are flushed; the engine thread has already been joined by
+    the app's lifespan.
+    """
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _after_graceful_shutdown(signum: int, frame: Any) -> None:
