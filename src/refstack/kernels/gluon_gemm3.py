@@ -126,13 +126,16 @@ def supported(a: torch.Tensor, b_nk: torch.Tensor) -> bool:
     return all(t.stride(1) == 1 and (t.stride(0) * 4) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (a, b_nk))
 
 
-def gemm3(a: torch.Tensor, b_nk: torch.Tensor, blo_nk: torch.Tensor) -> torch.Tensor:
-    """``a [M, K] @ b`` in 3xTF32, with B given K-major as ``b_nk [N, K]`` and its residual ``blo_nk``."""
+def gemm3(a: torch.Tensor, b_nk: torch.Tensor, blo_nk: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``a [M, K] @ b`` in 3xTF32, with B given K-major as ``b_nk [N, K]`` and its residual ``blo_nk``.
+
+    ``out``: a row-major ``[M, N]`` fp32 tensor to write into (else a new one)."""
     M, K = a.shape
     N = b_nk.shape[0]
     if not (supported(a, b_nk) and supported(a, blo_nk)):
         raise ValueError("gluon gemm3 needs K-contiguous, 16-byte-aligned operands (K % 4 == 0)")
-    c = torch.empty((M, N), device=a.device, dtype=torch.float32)
+    c = torch.empty((M, N), device=a.device, dtype=torch.float32) if out is None else out
+    assert c.shape == (M, N) and c.dtype == torch.float32 and c.stride(1) == 1, "out must be [M, N] fp32, row-major"
     a_layout = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.float32)
     b_layout = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float32)
     a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [BM, BK], a_layout)

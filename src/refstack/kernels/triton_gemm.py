@@ -158,14 +158,14 @@ def gemm(a: torch.Tensor, b: torch.Tensor, precision: str = "tf32", *,
         on = a.is_cuda and _gluon_gemm3_on(a.device.index or 0)
         if tf32x3_impl == "gluon" and not on:
             raise ValueError("tf32x3_impl='gluon' needs a Hopper GPU and a Triton with Gluon")
-        if on and a_lo_in_kernel:
+        if on and (a_lo_in_kernel or tf32x3_impl == "gluon"):  # Gluon always makes a_lo in registers
             from refstack.kernels import gluon_gemm3
 
             a_k = split_operand(a, k_dim=1, want_lo=False)[0]
             b_k, b_lo = b_split if b_split is not None else split_operand(b, k_dim=0)
             assert b_lo is not None
             if gluon_gemm3.supported(a_k, b_k.t()) and gluon_gemm3.supported(a_k, b_lo.t()):
-                return gluon_gemm3.gemm3(a_k, b_k.t(), b_lo.t())
+                return gluon_gemm3.gemm3(a_k, b_k.t(), b_lo.t(), out=c)
             if tf32x3_impl == "gluon":
                 raise ValueError("tf32x3_impl='gluon' needs K % 4 == 0 and 16-byte-aligned operands")
         tf32x3_impl = "presplit"
