@@ -121,9 +121,9 @@ def gemm3_kernel(a_desc, b_desc, blo_desc, c_ptr, M, N, K, stride_cm,
     gl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def supported(a: torch.Tensor, b_nk: torch.Tensor) -> bool:
+def supported(*operands: torch.Tensor) -> bool:
     """The copy engine's constraints: K-contiguous operands, 16-byte-aligned base and rows."""
-    return all(t.stride(1) == 1 and (t.stride(0) * 4) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (a, b_nk))
+    return all(t.stride(1) == 1 and (t.stride(0) * 4) % 16 == 0 and t.data_ptr() % 16 == 0 for t in operands)
 
 
 def gemm3(a: torch.Tensor, b_nk: torch.Tensor, blo_nk: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -132,7 +132,7 @@ def gemm3(a: torch.Tensor, b_nk: torch.Tensor, blo_nk: torch.Tensor, out: torch.
     ``out``: a row-major ``[M, N]`` fp32 tensor to write into (else a new one)."""
     M, K = a.shape
     N = b_nk.shape[0]
-    if not (supported(a, b_nk) and supported(a, blo_nk)):
+    if not supported(a, b_nk, blo_nk):
         raise ValueError("gluon gemm3 needs K-contiguous, 16-byte-aligned operands (K % 4 == 0)")
     c = torch.empty((M, N), device=a.device, dtype=torch.float32) if out is None else out
     assert c.shape == (M, N) and c.dtype == torch.float32 and c.stride(1) == 1, "out must be [M, N] fp32, row-major"

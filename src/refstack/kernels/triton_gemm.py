@@ -154,31 +154,29 @@ def gemm(a: torch.Tensor, b: torch.Tensor, precision: str = "tf32", *,
             a16, b16, c, M, N, K, *a16.stride(), *b16.stride(), *c.stride(), PRECISION=prec)
         return c
     a, b = a.to(torch.float32), b.to(torch.float32)
-    if precision == "tf32x3" and tf32x3_impl in ("auto", "gluon"):
-        on = a.is_cuda and _gluon_gemm3_on(a.device.index or 0)
-        if tf32x3_impl == "gluon" and not on:
-            raise ValueError("tf32x3_impl='gluon' needs a Hopper GPU and a Triton with Gluon")
-        if on and (a_lo_in_kernel or tf32x3_impl == "gluon"):  # Gluon always makes a_lo in registers
+    if precision == "tf32x3" and tf32x3_impl != "native":
+        # Gluon makes a_lo in registers itself, so "auto" takes it only when the caller did not ask to stream a_lo.
+        gluon = tf32x3_impl == "gluon" or (tf32x3_impl == "auto" and a_lo_in_kernel)
+        if gluon and not (a.is_cuda and _gluon_gemm3_on(a.device.index or 0)):
+            if tf32x3_impl == "gluon":
+                raise ValueError("tf32x3_impl='gluon' needs a Hopper GPU and a Triton with Gluon")
+            gluon = False
+        # Both kernels take the same split operands; made once, also when Gluon declines them below.
+        stream_a_lo = not (gluon or a_lo_in_kernel)
+        a_k, a_lo = split_operand(a, k_dim=1, want_lo=stream_a_lo)
+        b_k, b_lo = b_split if b_split is not None else split_operand(b, k_dim=0)
+        assert b_lo is not None
+        if gluon:
             from refstack.kernels import gluon_gemm3
 
-            a_k = split_operand(a, k_dim=1, want_lo=False)[0]
-            b_k, b_lo = b_split if b_split is not None else split_operand(b, k_dim=0)
-            assert b_lo is not None
-            if gluon_gemm3.supported(a_k, b_k.t()) and gluon_gemm3.supported(a_k, b_lo.t()):
+            if gluon_gemm3.supported(a_k, b_k.t(), b_lo.t()):
                 return gluon_gemm3.gemm3(a_k, b_k.t(), b_lo.t(), out=c)
             if tf32x3_impl == "gluon":
                 raise ValueError("tf32x3_impl='gluon' needs K % 4 == 0 and 16-byte-aligned operands")
-        tf32x3_impl = "presplit"
-    if precision == "tf32x3" and tf32x3_impl == "presplit":
-        if a_lo_in_kernel:
-            a_k, a_lo = split_operand(a, k_dim=1, want_lo=False)[0], a  # a_lo unused
-        else:
-            a_k, a_lo = split_operand(a, k_dim=1)
-        b_k, b_lo = b_split if b_split is not None else split_operand(b, k_dim=0)
-        assert a_lo is not None and b_lo is not None
+        a_lo = a_k if a_lo is None else a_lo  # unused by the kernel when it makes a_lo itself
         k["presplit"][lambda m: _grid(m, M, N)](
             a_k, a_lo, b_k, b_lo, c, M, N, K, *a_k.stride(), *a_lo.stride(), *b_k.stride(),
-            *b_lo.stride(), *c.stride(), EXPLICIT_HI=_interpreting(), A_LO_IN_KERNEL=a_lo_in_kernel)
+            *b_lo.stride(), *c.stride(), EXPLICIT_HI=_interpreting(), A_LO_IN_KERNEL=not stream_a_lo)
         return c
     if k_major and precision != "ieee":
         a = split_operand(a, k_dim=1, want_lo=False)[0]
