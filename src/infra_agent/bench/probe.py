@@ -115,16 +115,19 @@ class ServingProbe(Probe):
                 if target.log_path:
                     fb.artifacts.append(Artifact(kind="log", path=str(target.log_path), description="server log"))
                 for name, sc in plan:
-                    runs = []
-                    for i in range(repeats):
-                        result = run_on_target(target, sc, scenario_name=name, knobs=values, progress=ctx.progress, percentiles=pcts)
-                        path = ctx.workdir / f"serving-{name}-{i}.json"
-                        path.write_text(json.dumps(result, indent=1))
-                        fb.artifacts.append(Artifact(kind="result", path=str(path), description=f"{name} run {i}"))
-                        runs.append(result)
-                        if not result.get("ok", True):
-                            break  # the server is gone; later windows would only repeat the failure
-                    self._summarise(fb, name, runs, values, config)
+                    runs: list[dict[str, Any]] = []
+                    try:
+                        for i in range(repeats):
+                            result = run_on_target(target, sc, scenario_name=name, knobs=values, progress=ctx.progress, percentiles=pcts)
+                            path = ctx.workdir / f"serving-{name}-{i}.json"
+                            path.write_text(json.dumps(result, indent=1))
+                            fb.artifacts.append(Artifact(kind="result", path=str(path), description=f"{name} run {i}"))
+                            runs.append(result)
+                            if not result.get("ok", True):
+                                break  # the server is gone; later windows would only repeat the failure
+                    finally:
+                        # Windows that finished before an error are measurements all the same.
+                        self._summarise(fb, name, runs, values, config)
                     if runs and not runs[-1].get("ok", True):
                         break
         except InfraAgentError as exc:

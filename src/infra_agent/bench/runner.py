@@ -191,21 +191,33 @@ async def _run_guarded(coro_factory: Callable[[], Any], alive_check: AliveCheck 
     try:
         result: dict[str, Any] = await main
     except (asyncio.CancelledError, InfraAgentError):
-        died = _death(alive_check)
+        died = _death(alive_check, grace_s=_DEATH_GRACE_S)
         if died is None:
             raise
         return died
     # Requests to a dead server fail fast, so the window can end before the watchdog's
-    # next poll: ask once more before trusting the numbers.
-    return _death(alive_check) or result
+    # next poll: ask once more before trusting the numbers (with the grace when some
+    # requests failed, the sign of a server going away).
+    return _death(alive_check, grace_s=_DEATH_GRACE_S if result.get("failed") else 0.0) or result
 
 
-def _death(alive_check: AliveCheck) -> dict[str, Any] | None:
-    try:
-        alive_check()
-    except ServerStartError as err:
-        return failed_result(f"server died during the run: {err.args[0] if err.args else err}", err.log_tail, err.log_path)
-    return None
+# A crashing process closes its sockets before the kernel lets its parent reap it, so a
+# client can see "connection refused" while poll() still says the process runs.  After an
+# error, wait this long for the exit to become visible before calling the error a
+# protocol or network problem.
+_DEATH_GRACE_S = 2.0
+
+
+def _death(alive_check: AliveCheck, grace_s: float = 0.0) -> dict[str, Any] | None:
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            alive_check()
+        except ServerStartError as err:
+            return failed_result(f"server died during the run: {err.args[0] if err.args else err}", err.log_tail, err.log_path)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
 
 
 def run_benchmark(
@@ -262,7 +274,7 @@ def run_on_target(
             progress=progress, percentiles=percentiles, tokenizer=tokenizer,
         )
     except TargetError:
-        died = _death(target.check_alive)
+        died = _death(target.check_alive, grace_s=_DEATH_GRACE_S)
         if died is None:
             raise
         result = died

@@ -67,3 +67,16 @@ def test_serving_probe_findings_on_url(fake_server, tmp_path: Path) -> None:  # 
     assert fb.ok, fb.error
     q = next(f for f in fb.findings if f.kind == "queue time dominates TTFT")
     assert q.evidence["queue_ms"] == pytest.approx(1.0)
+
+
+def test_serving_probe_on_url_keeps_windows_before_an_error(fake_server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # A bare URL has no process to watch, so the crash surfaces as an error, not a failed
+    # run; the window that finished before it must still be in the feedback.
+    srv = fake_server_factory("--mode", "die-after", "--die-after", "14")
+    cfg = {"url": srv.url, "metrics_url": srv.metrics_url, "repeats": 3,
+           "scenario": {"dataset": {"kind": "random", "input_len": 8, "output_len": 4}, "num_requests": 10}}
+    fb = ServingProbe().run(cfg, ProbeContext(workdir=tmp_path, progress=False))
+    assert fb.ok is False and fb.error
+    thr = fb.measurement("output_throughput", scenario="inline")
+    assert thr.summary is not None and thr.summary.n == 1
+    assert sum(a.kind == "result" for a in fb.artifacts) == 1
