@@ -14,6 +14,10 @@ and attention shape (no download):
   width (MLP-parameter-matched: the weight bytes a batch that touches every expert
   reads per step).
 
+refstack runs twice, on the same weights: with its native CPU kernels (the engine's
+default, ``cpu_kernels=auto``) and with torch's matmuls (``refstack-torch``), so the
+kernels' share of the result is measured in the same run.
+
 All stacks run greedy, fixed-length generation (EOS ignored) in the same process on
 the same torch threads; throughput counts the prefill too (batch * gen_len / wall).
 Runs are interleaved with the order rotated each repeat, so machine drift hits all
@@ -37,6 +41,7 @@ from typing import Any
 import torch
 
 from refstack.engine import Engine, EngineConfig, SamplingParams
+from refstack.kernels import cpu_kernels
 from refstack.model import ByteTokenizer, HybridConfig, HybridModel
 
 BATCHES = (1, 8, 32)
@@ -98,30 +103,33 @@ def ratio_ci(a: list[float], b: list[float], n_boot: int = 5000, seed: int = 0) 
 
 
 PEERS = ("active", "total")
-STACKS = ("refstack", *(f"hf-{p}" for p in PEERS))
+OURS = ("refstack", "refstack-torch")
+STACKS = (*OURS, *(f"hf-{p}" for p in PEERS))
 
 
-def make_engine(model: HybridModel, preset: str, batch: int, prompt_len: int) -> Engine:
+def make_engine(model: HybridModel, preset: str, batch: int, prompt_len: int, cpu_kernels: str = "auto") -> Engine:
     # Every prompt of the batch prefills whole in one step, as HF's generate does.
     return Engine(EngineConfig(preset=preset, max_running=batch, max_batch_tokens=batch * prompt_len,
-                               prefill_chunk=prompt_len), model=model, tokenizer=ByteTokenizer())
+                               prefill_chunk=prompt_len, cpu_kernels=cpu_kernels), model=model, tokenizer=ByteTokenizer())
 
 
-def measure(engine: Engine, peers: dict[str, Any], batches: list[int], prompt_len: int, gen_len: int,
+def measure(engines: dict[str, Engine], peers: dict[str, Any], batches: list[int], prompt_len: int, gen_len: int,
             repeats: int, vocab: int, label: str) -> dict[int, dict[str, list[float]]]:
     samples: dict[int, dict[str, list[float]]] = {b: {s: [] for s in STACKS} for b in batches}
     for b in batches:  # warm-up: first-call allocations, lazy inits
         p = prompts(b, prompt_len, vocab, seed=b)
-        run_refstack(engine, p, 4)
+        for engine in engines.values():
+            run_refstack(engine, p, 4)
         for m in peers.values():
             run_hf(m, p, 4)
     for r in range(repeats):
         for b in batches:
             p = prompts(b, prompt_len, vocab, seed=1000 * r + b)
             # Rotate the order each repeat so no stack always runs first (drift cancels).
-            order = STACKS[r % 3:] + STACKS[: r % 3]
+            shift = r % len(STACKS)
+            order = STACKS[shift:] + STACKS[:shift]
             for name in order:
-                tps = run_refstack(engine, p, gen_len) if name == "refstack" else run_hf(peers[name], p, gen_len)
+                tps = run_refstack(engines[name], p, gen_len) if name in engines else run_hf(peers[name], p, gen_len)
                 samples[b][name].append(tps)
                 print(f"  {label} repeat {r + 1}/{repeats} batch {b:>2} {name:>9}: {tps:8.1f} tok/s",
                       file=sys.stderr, flush=True)  # progress; the tables go to stdout
@@ -130,13 +138,13 @@ def measure(engine: Engine, peers: dict[str, Any], batches: list[int], prompt_le
 
 def print_table(samples: dict[int, dict[str, list[float]]]) -> None:
     print("| batch | refstack tok/s | HF-active tok/s | refstack / HF-active [95% CI] "
-          "| HF-total tok/s | refstack / HF-total [95% CI] |")
-    print("|---|---|---|---|---|---|")
+          "| HF-total tok/s | refstack / HF-total [95% CI] | refstack-torch tok/s | refstack / refstack-torch [95% CI] |")
+    print("|---|---|---|---|---|---|---|---|")
     for b, s in samples.items():
         cells = [f"{statistics.median(s['refstack']):.1f}"]
-        for peer in PEERS:
-            point, lo, hi = ratio_ci(s["refstack"], s[f"hf-{peer}"])
-            cells += [f"{statistics.median(s[f'hf-{peer}']):.1f}", f"**{point:.2f}x** [{lo:.2f}, {hi:.2f}]"]
+        for other in (*(f"hf-{p}" for p in PEERS), "refstack-torch"):
+            point, lo, hi = ratio_ci(s["refstack"], s[other])
+            cells += [f"{statistics.median(s[other]):.1f}", f"**{point:.2f}x** [{lo:.2f}, {hi:.2f}]"]
         print(f"| {b} | " + " | ".join(cells) + " |")
 
 
@@ -156,11 +164,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     cfg = HybridConfig.preset(args.preset)
-    ours = HybridModel(cfg)
+    ours = {name: HybridModel(cfg) for name in OURS}  # same seed, same weights; one per matmul path
     peers = {f"hf-{p}": hf_peer(cfg, p) for p in PEERS}
     n_params = {k: sum(p.numel() for p in m.parameters()) / 1e6 for k, m in peers.items()}
     print(f"# preset={args.preset} hidden={cfg.hidden_size} layers={cfg.num_layers} vocab={cfg.vocab_size} "
-          f"refstack params={ours.num_parameters / 1e6:.1f}M (MoE {cfg.num_experts}x{cfg.expert_hidden_size}, "
+          f"refstack params={ours['refstack'].num_parameters / 1e6:.1f}M (MoE {cfg.num_experts}x{cfg.expert_hidden_size}, "
           f"top-{cfg.num_experts_per_tok})")
     print(f"# HF-active: Llama MLP width {cfg.num_experts_per_tok * cfg.expert_hidden_size} (= top_k x expert_hidden, "
           f"FLOP-matched), {n_params['hf-active']:.1f}M params")
@@ -169,15 +177,20 @@ def main() -> None:
     print(f"# gen_len={args.gen_len} repeats={args.repeats} torch_threads={torch.get_num_threads()} "
           f"cpu={platform.processor() or platform.machine()}")
 
+    reason = cpu_kernels.unavailable_reason()
+    print(f"# refstack: native CPU kernels ({reason or 'built'}); refstack-torch: torch matmuls")
+
+    def engines(batch: int, prompt_len: int) -> dict[str, Engine]:
+        return {name: make_engine(ours[name], args.preset, batch, prompt_len, "auto" if name == "refstack" else "torch")
+                for name in OURS}
+
     results: dict[str, Any] = {}
-    engine = make_engine(ours, args.preset, max(args.batches), args.prompt_len)
-    results["main"] = measure(engine, peers, args.batches, args.prompt_len, args.gen_len, args.repeats,
+    results["main"] = measure(engines(max(args.batches), args.prompt_len), peers, args.batches, args.prompt_len, args.gen_len, args.repeats,
                               cfg.vocab_size, "main")
     print(f"\n## prompt_len={args.prompt_len}, gen_len={args.gen_len}\n")
     print_table(results["main"])
     if args.long_prompt_len:
-        engine = make_engine(ours, args.preset, max(args.long_batches), args.long_prompt_len)
-        results["long"] = measure(engine, peers, args.long_batches, args.long_prompt_len, args.gen_len,
+        results["long"] = measure(engines(max(args.long_batches), args.long_prompt_len), peers, args.long_batches, args.long_prompt_len, args.gen_len,
                                   args.repeats, cfg.vocab_size, "long")
         print(f"\n## long prompt: prompt_len={args.long_prompt_len}, gen_len={args.gen_len} (reported separately)\n")
         print_table(results["long"])

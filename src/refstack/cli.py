@@ -56,6 +56,12 @@ def _serve(**raw: Any) -> None:
 
     from refstack.server import create_app
 
+    if values["cpu_kernels"] == "native":
+        from refstack.kernels import cpu_kernels
+
+        reason = cpu_kernels.unavailable_reason()
+        if reason:
+            raise click.ClickException(f"--cpu-kernels native: {reason}")
     sock = _bind(values["host"], values["port"])
     app = create_app(engine_config(values))
     host, port = sock.getsockname()[:2]

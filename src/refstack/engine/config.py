@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 LM_HEAD_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "3xtf32", "bf16")
+CPU_KERNELS: tuple[str, ...] = ("auto", "native", "torch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,9 @@ class EngineConfig:
     seed: int = 0  # seeds the model weights and unseeded sampling
     lm_head_precision: str = "fp32"
     torch_threads: int = 0  # 0 leaves torch's default
+    # Matmuls of the Linears and MoE experts: the native packed kernels
+    # (refstack.kernels.cpu_kernels), torch's, or native when it builds ("auto").
+    cpu_kernels: str = "auto"
     # Calibration: an added sleep per engine step, so a benchmark can inject a slowdown
     # of known size and check that its measurements see it.
     step_delay_ms: float = 0.0
@@ -50,6 +54,7 @@ class EngineConfig:
         assert self.step_delay_ms >= 0.0, "step_delay_ms must be >= 0"
         assert 0.0 <= self.step_slowdown <= 0.9, "step_slowdown must be in [0, 0.9]"
         assert self.torch_threads >= 0
+        assert self.cpu_kernels in CPU_KERNELS, self.cpu_kernels
 
     @property
     def slots(self) -> int:

@@ -22,7 +22,13 @@ import torch
 from infra_agent import tracing
 from refstack.engine.config import EngineConfig
 from refstack.engine.consumers import RequestStream, run_to_completion
-from refstack.engine.request import Request, RequestOutput, RequestState, RequestStats, Sink
+from refstack.engine.request import (
+    Request,
+    RequestOutput,
+    RequestState,
+    RequestStats,
+    Sink,
+)
 from refstack.engine.sampling import SamplingParams, make_generator, sample_tokens
 from refstack.engine.scheduler import ScheduledChunk, Scheduler
 from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk
@@ -43,6 +49,27 @@ class EngineObserver(Protocol):
     def on_request_finished(self, stats: RequestStats) -> None: ...
 
 
+def _select_kernels(choice: str, model: Any) -> bool:
+    """Switch the model's matmuls to the native CPU kernels per the ``cpu_kernels`` knob.
+
+    "native" insists (``NativeKernelsUnavailable`` says why it cannot); "auto" falls
+    back to torch with a warning; "torch" keeps torch's matmuls."""
+    from refstack.kernels import cpu_kernels
+
+    switch = getattr(model, "use_native_kernels", None)
+    if switch is None:  # a model without the switch runs as it is
+        return False
+    if choice == "torch":
+        switch(False)
+        return False
+    if choice == "auto" and not cpu_kernels.available():
+        log.warning("native CPU kernels unavailable (%s); running torch's matmuls", cpu_kernels.unavailable_reason())
+        switch(False)
+        return False
+    switch(True)
+    return True
+
+
 class Engine:
     def __init__(self, config: EngineConfig, model: Any = None, tokenizer: Any = None,
                  observer: EngineObserver | None = None) -> None:
@@ -58,6 +85,7 @@ class Engine:
             if tokenizer is None:
                 tokenizer = ByteTokenizer()
         self.model = model
+        self.native_kernels = _select_kernels(config.cpu_kernels, model)
         self.tokenizer = tokenizer
         self.max_seq_len = config.max_seq_len or model.config.max_seq_len
         self.cache = model.new_cache(num_slots=config.slots, max_seq_len=self.max_seq_len)

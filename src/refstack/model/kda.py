@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infra_agent import tracing
+from refstack.kernels import cpu_kernels
 from refstack.model.batch import ForwardBatch, PaddedPrefill
 from refstack.model.cache import ModelCache
 from refstack.model.config import HybridConfig
@@ -55,10 +56,18 @@ class KDALayer(nn.Module):
         dt_bias = dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt)
         # dt_bias rides on the up-projection's addmm; the gate part has no bias.
         self.low_rank_bias = nn.Parameter(torch.cat([dt_bias, torch.zeros(H * V)]), requires_grad=False)
+        self.native = False  # see use_native
+        self.low_rank_packed: Tensor | None = None
         # rms_norm with a constant K^-1/2 weight is an L2 normalisation in one fused op.
         self.register_buffer("l2_weight", torch.full((K,), K**-0.5), persistent=False)
         self.o_norm = RMSNorm(V, config.rms_eps, gen)
         self.o_proj = Linear(H * V, config.hidden_size, gen, scale=1.0 / math.sqrt(2 * config.num_layers))
+
+    def use_native(self, on: bool) -> None:
+        """The low-rank up-projection, the q/k and output norms and the decode step through
+        the native kernels (the Linears and o_norm switch themselves)."""
+        self.native = on
+        self.low_rank_packed = cpu_kernels.pack(self.low_rank_up.t()) if on else None
 
     @property
     def dt_bias(self) -> Tensor:
@@ -70,8 +79,16 @@ class KDALayer(nn.Module):
         H, K, V = self.num_heads, self.k_dim, self.v_dim
         qk, v, b, low = self.in_proj(x).split(self.split_sizes, dim=-1)
         # q and k are adjacent in the fused projection: one normalisation for both.
-        q, k = F.rms_norm(qk.reshape(T, 2 * H, K), (K,), self.l2_weight, 1e-12).split(H, dim=1)
-        f, gate = F.linear(low, self.low_rank_up, self.low_rank_bias).split([H * K, H * V], dim=-1)
+        if self.native:
+            q, k = cpu_kernels.rms_norm(qk.reshape(T, 2 * H, K), self.l2_weight, 1e-12).split(H, dim=1)
+        else:
+            q, k = F.rms_norm(qk.reshape(T, 2 * H, K), (K,), self.l2_weight, 1e-12).split(H, dim=1)
+        if self.native:
+            assert self.low_rank_packed is not None
+            up = cpu_kernels.gemm(low, self.low_rank_packed, self.low_rank_up.shape[0]).add_(self.low_rank_bias)
+        else:
+            up = F.linear(low, self.low_rank_up, self.low_rank_bias)
+        f, gate = up.split([H * K, H * V], dim=-1)
         g = F.softplus(f.reshape(T, H, K)) * torch.exp(self.A_log).neg_().view(H, 1)
         beta = torch.sigmoid(b)
         return q, k, v.reshape(T, H, V), g, beta, gate.reshape(T, H, V)
@@ -95,7 +112,10 @@ class KDALayer(nn.Module):
                     states[span.slot] = final
                     parts.append(o)
             o = parts[0] if len(parts) == 1 else torch.cat(parts)
-            o = self.o_norm(o) * torch.sigmoid(gate)
+            if self.native:
+                o = cpu_kernels.rms_norm(o, self.o_norm.weight, self.o_norm.eps, gate=gate)
+            else:
+                o = self.o_norm(o) * torch.sigmoid(gate)
             return self.o_proj(o.flatten(1))
 
     def _decode(
@@ -107,11 +127,17 @@ class KDALayer(nn.Module):
         if batch.decode_slot_range is not None:
             # Consecutive slots: update the cache's states in place, no gather/scatter.
             lo, hi = batch.decode_slot_range
-            o, _ = kda_recurrent_step(q, k, v, g, beta, states[lo:hi], self.scale, inplace=True)
-            return o
+            return self._step(q, k, v, g, beta, states[lo:hi])
         state = states.index_select(0, batch.decode_slots)
-        o, new_state = kda_recurrent_step(q, k, v, g, beta, state, self.scale, inplace=True)
-        states.index_copy_(0, batch.decode_slots, new_state)
+        o = self._step(q, k, v, g, beta, state)
+        states.index_copy_(0, batch.decode_slots, state)
+        return o
+
+    def _step(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> Tensor:
+        """One recurrent step, ``state`` (contiguous) updated in place."""
+        if self.native:
+            return cpu_kernels.kda_decode(q, k, v, g, beta, state, self.scale)
+        o, _ = kda_recurrent_step(q, k, v, g, beta, state, self.scale, inplace=True)
         return o
 
     def _prefill_padded(

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infra_agent import tracing
+from refstack.kernels import cpu_kernels
 from refstack.kernels.precision import matmul as precision_matmul
 
 
@@ -47,13 +48,24 @@ def matmul_rows(x: Tensor, w: Tensor) -> Tensor:
 
 
 class Linear(nn.Module):
-    """``y = x @ W^T`` without a bias; fan-in scaled init keeps activations near unit scale."""
+    """``y = x @ W^T`` without a bias; fan-in scaled init keeps activations near unit scale.
+
+    With ``use_native(True)`` it runs the packed native kernel (``refstack.kernels.cpu_kernels``)
+    on a column-blocked copy of the weight; the parameter itself stays as it is.
+    """
 
     def __init__(self, in_features: int, out_features: int, gen: torch.Generator, scale: float = 1.0) -> None:
         super().__init__()
         self.weight = seeded_weight(gen, out_features, in_features, std=scale / math.sqrt(in_features))
+        self.packed: Tensor | None = None  # not a buffer: derived, never saved
+
+    def use_native(self, on: bool) -> None:
+        self.packed = cpu_kernels.pack(self.weight.t()) if on else None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.packed is not None and x.dtype == torch.float32:
+            y = cpu_kernels.gemm(x.reshape(-1, x.shape[-1]), self.packed, self.weight.shape[0])
+            return y.view(*x.shape[:-1], y.shape[-1])
         return matmul_rows(x, self.weight.t())
 
 
@@ -67,8 +79,14 @@ class RMSNorm(nn.Module):
         if gen is not None:
             w += 0.1 * torch.randn(dim, generator=gen)
         self.weight = nn.Parameter(w, requires_grad=False)
+        self.native = False  # see use_native
+
+    def use_native(self, on: bool) -> None:
+        self.native = on
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.native:
+            return cpu_kernels.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 

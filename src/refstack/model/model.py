@@ -8,12 +8,13 @@ import torch
 from torch import Tensor, nn
 
 from infra_agent import tracing
+from refstack.kernels import cpu_kernels
 from refstack.model.attention import AttentionLayer, rope_tables
 from refstack.model.batch import ForwardBatch, SeqChunk
 from refstack.model.cache import ModelCache
 from refstack.model.config import HybridConfig
 from refstack.model.kda import KDALayer
-from refstack.model.layers import Embedding, LMHead, RMSNorm
+from refstack.model.layers import Embedding, Linear, LMHead, RMSNorm
 from refstack.model.moe import MoE
 
 
@@ -30,6 +31,12 @@ class DecoderLayer(nn.Module):
         self.moe = MoE(config, layer, gen)
 
     def forward(self, x: Tensor, batch: ForwardBatch, cache: ModelCache) -> Tensor:
+        if self.mlp_norm.native:
+            # The residual add rides in the norm kernel, and x (this forward's own
+            # residual stream) is updated in place: two fewer passes per block.
+            delta = self.mixer(self.mixer_norm(x), batch, cache)
+            h = cpu_kernels.rms_norm(x, self.mlp_norm.weight, self.mlp_norm.eps, residual_delta=delta)
+            return x.add_(self.moe(h))
         x = x + self.mixer(self.mixer_norm(x), batch, cache)
         return x + self.moe(self.mlp_norm(x))
 
@@ -51,7 +58,19 @@ class HybridModel(nn.Module):
         cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.native_kernels = False  # see use_native_kernels
         self.eval()
+
+    def use_native_kernels(self, on: bool) -> None:
+        """Route the Linears, norms, MoE experts and KDA decode steps through
+        ``refstack.kernels.cpu_kernels`` (``on``), or back to torch.  Packs the weights
+        once; raises ``NativeKernelsUnavailable`` when the kernels cannot be built here."""
+        if on:
+            cpu_kernels.load()
+        for module in self.modules():
+            if isinstance(module, (Linear, RMSNorm, MoE, KDALayer)):
+                module.use_native(on)
+        self.native_kernels = on
 
     def new_cache(self, num_slots: int, max_seq_len: int | None = None) -> ModelCache:
         return ModelCache(self.config, num_slots, max_seq_len)

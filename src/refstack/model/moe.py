@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infra_agent import tracing
+from refstack.kernels import cpu_kernels
 from refstack.model.config import HybridConfig
 from refstack.model.layers import Linear, seeded_weight
 
@@ -53,6 +54,8 @@ class Dispatched:
     # whole [experts, capacity, hidden] buffer the rank buffers are views of.
     padded_index: Tensor | None = None
     padded: Tensor | None = None
+    # Grouped layout only: every rank's rows back to back (the buffers are views of it).
+    grouped: Tensor | None = None
 
     @property
     def layout(self) -> str:
@@ -90,7 +93,8 @@ def dispatch(
             rank_rows = [sum(counts[r * per_rank : (r + 1) * per_rank]) for r in range(ep_ranks)]
             # Copy i (expert order) sits at output row i; invert the sort for combine.
             slot = torch.empty_like(order).index_copy_(0, order, torch.arange(T * k))
-            return Dispatched(list(rows.split(rank_rows)), counts, token_ids, weights, T, slot.view(T, k), topk_weights)
+            return Dispatched(list(rows.split(rank_rows)), counts, token_ids, weights, T, slot.view(T, k), topk_weights,
+                              grouped=rows)
         assert layout == "padded", f"unknown MoE dispatch layout {layout!r}"
         capacity = max(counts)
         # The sorted ids are each copy's expert; its row is its rank within the expert.
@@ -157,6 +161,12 @@ class MoE(nn.Module):
         self.w_gate_up = seeded_weight(gen, E, D, 2 * inner, std=1.0 / math.sqrt(D))
         self.w_down = seeded_weight(gen, E, inner, D, std=1.0 / math.sqrt(inner * 2 * config.num_layers))
 
+        # Column-blocked copies for the native kernel (use_native); derived, never saved.
+        self.packed: tuple[Tensor, Tensor] | None = None
+
+    def use_native(self, on: bool) -> None:
+        self.packed = (cpu_kernels.pack_gate_up(self.w_gate_up), cpu_kernels.pack_down(self.w_down)) if on else None
+
     def rank_weights(self, rank: int) -> tuple[Tensor, Tensor]:
         per = self.num_experts // self.ep_ranks
         return self.w_gate_up[rank * per : (rank + 1) * per], self.w_down[rank * per : (rank + 1) * per]
@@ -164,6 +174,8 @@ class MoE(nn.Module):
     def layout_for(self, num_tokens: int) -> str:
         if self.dispatch_layout != "auto":
             return self.dispatch_layout
+        if self.packed is not None:
+            return "grouped"  # the native kernel reads exactly each expert's rows
         busy = num_tokens * self.top_k >= 2 * self.num_experts
         return "padded" if busy and torch.get_num_threads() > 1 else "grouped"
 
@@ -172,7 +184,11 @@ class MoE(nn.Module):
         d = dispatch(x, topk_ids, topk_weights, self.num_experts, self.ep_ranks, self.layout_for(x.shape[0]))
         per = self.num_experts // self.ep_ranks
         with tracing.span("moe.experts", cat="moe", layer=self.layer, tokens=d.num_tokens):
-            if d.padded is not None:
+            if self.packed is not None and d.grouped is not None:
+                # The ranks share this process: gate/up, silu and down of all their
+                # experts in one native call (one fork/join of the threads, not one per rank).
+                outputs = [cpu_kernels.moe_experts(d.grouped, d.counts, *self.packed)]
+            elif d.padded is not None:
                 # The ranks share this process: one batched GEMM pair over all their
                 # experts lets MKL spread the experts over the threads.
                 outputs = [swiglu_experts(d.padded, d.counts, self.w_gate_up, self.w_down)]

@@ -162,8 +162,8 @@ def test_only_printable_ids_are_generated(model: HybridModel) -> None:
 def test_step_slowdown_stretches_the_step_period_in_proportion(model: HybridModel) -> None:
     # The calibration knob spins for s x the previous step-to-step period, so steps per
     # second fall by s; a trace shows each spin as its own span.
-    from infra_agent.tracing.recorder import Tracer
     import infra_agent.tracing.recorder as rec
+    from infra_agent.tracing.recorder import Tracer
 
     tracer = Tracer(enabled=True)
     old, rec._TRACER = rec._TRACER, tracer
@@ -179,3 +179,20 @@ def test_step_slowdown_stretches_the_step_period_in_proportion(model: HybridMode
     # OS preempts the spinning thread, so only the floor is exact).
     ratios = [w / (b - a) for w, a, b in zip(waits[1:], starts, starts[1:])]
     assert min(ratios) >= 0.5 * 0.98, ratios
+
+
+def test_native_and_torch_kernels_generate_the_same_greedy_text(model: HybridModel) -> None:
+    from refstack.kernels import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip(f"native kernels unavailable: {cpu_kernels.unavailable_reason()}")
+    prompts = [ids(p) for p in PROMPTS]
+    native = make_engine(model, cpu_kernels="native")
+    assert native.native_kernels and model.native_kernels
+    out_native = native.generate(prompts, GREEDY)
+    plain = make_engine(model, cpu_kernels="torch")
+    assert not plain.native_kernels and not model.native_kernels
+    out_torch = plain.generate(prompts, GREEDY)
+    assert [o.token_ids for o in out_native] == [o.token_ids for o in out_torch]
+    make_engine(model)  # "auto": back to native for the module's other tests
+    assert model.native_kernels

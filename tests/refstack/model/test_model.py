@@ -5,14 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from refstack.kernels import cpu_kernels
 from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk
 
 ATOL, RTOL = 2e-5, 1e-5
 
 
-@pytest.fixture(scope="module")
-def model() -> HybridModel:
-    return HybridModel(HybridConfig.preset("tiny"))
+@pytest.fixture(scope="module", params=["torch", "native"])
+def model(request: pytest.FixtureRequest) -> HybridModel:
+    """Every property below holds on torch's matmuls and on the native CPU kernels."""
+    m = HybridModel(HybridConfig.preset("tiny"))
+    if request.param == "native":
+        if not cpu_kernels.available():
+            pytest.skip(f"native kernels unavailable: {cpu_kernels.unavailable_reason()}")
+        m.use_native_kernels(True)
+    return m
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -153,3 +160,24 @@ def test_many_prefills_in_one_call_equal_each_alone(model: HybridModel, lengths:
     # The states and KV written by the batched pass carry on like the per-sequence ones.
     step = [SeqChunk(c.slot, [9], c.start_pos + len(c.token_ids)) for c in chunks]
     torch.testing.assert_close(model.forward_chunks(step, together), model.forward_chunks(step, alone), atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_native_kernels_give_torch_logits(preset: str) -> None:
+    """Prefill (padded batch of two) then batched decode: native vs torch, fp32 rounding apart."""
+    if not cpu_kernels.available():
+        pytest.skip(f"native kernels unavailable: {cpu_kernels.unavailable_reason()}")
+    model = HybridModel(HybridConfig.preset(preset))
+    prompts = [_prompt(40, seed=40), _prompt(23, seed=41)]
+    results = {}
+    for mode in (False, True):
+        model.use_native_kernels(mode)
+        assert model.native_kernels is mode
+        cache = model.new_cache(num_slots=2)
+        steps = [model.forward_chunks([SeqChunk(i, p, 0) for i, p in enumerate(prompts)], cache)]
+        for t in range(3):
+            steps.append(model.forward_chunks([SeqChunk(i, [65 + t], len(p) + t) for i, p in enumerate(prompts)], cache))
+        results[mode] = torch.stack(steps)
+    torch.testing.assert_close(results[True], results[False], atol=ATOL, rtol=RTOL)
+    model.use_native_kernels(False)
+    assert all(m.packed is None for m in model.modules() if hasattr(m, "packed"))  # switched back off

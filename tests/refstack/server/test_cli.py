@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from refstack.engine.config import EngineConfig
@@ -71,3 +73,17 @@ def test_knob_parse_checks_type_and_domain() -> None:
             knob(name).parse(bad)
     with pytest.raises(KnobError, match="--max-running"):
         parse_knobs({"max_running": "0"})
+
+
+def test_native_kernels_without_a_compiler(tmp_path, refstack_server_factory) -> None:  # type: ignore[no-untyped-def]
+    """--cpu-kernels native refuses to start in one line; auto falls back to torch and serves."""
+    env = {"CC": str(tmp_path / "no-such-cc"), "REFSTACK_KERNEL_CACHE": str(tmp_path / "empty-cache")}
+    r = subprocess.run([sys.executable, "-m", "refstack.cli", "serve", "--cpu-kernels", "native"], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, **env}, check=False)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("refstack: error: --cpu-kernels native: no C compiler"), r.stderr
+    server = refstack_server_factory(env=env)
+    reply = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=30)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
+    assert "native CPU kernels unavailable (no C compiler" in server.log()

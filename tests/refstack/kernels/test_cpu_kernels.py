@@ -1,0 +1,132 @@
+"""The native CPU kernels against torch (fp32 rounding apart), their batch invariance,
+their input checks, and the build's failure modes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from refstack.kernels import cpu_build, cpu_kernels
+from refstack.model.kda_ops import kda_recurrent_step
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason=f"native kernels unavailable: {cpu_kernels.unavailable_reason()}")
+
+
+def _rand(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+@pytest.mark.parametrize("k,n", [(64, 8), (64, 228), (512, 900), (256, 512), (33, 47)])
+@pytest.mark.parametrize("m", [0, 1, 5, 8, 9, 31, 64])
+def test_gemm_matches_float64_reference(k: int, n: int, m: int) -> None:
+    w = _rand(k, n, seed=1, scale=k**-0.5)  # model-like scale: outputs of order 1
+    x = _rand(m, k, seed=2)
+    got = cpu_kernels.gemm(x, cpu_kernels.pack(w), n)
+    assert got.shape == (m, n)
+    torch.testing.assert_close(got, (x.double() @ w.double()).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_rows_do_not_depend_on_their_neighbours() -> None:
+    w = cpu_kernels.pack(_rand(512, 900, seed=3, scale=512**-0.5))
+    x = _rand(37, 512, seed=4)
+    full = cpu_kernels.gemm(x, w, 900)
+    for i in (0, 7, 8, 36):  # first/last rows of register tiles, and the ragged tail
+        assert torch.equal(cpu_kernels.gemm(x[i : i + 1], w, 900), full[i : i + 1])
+    assert torch.equal(cpu_kernels.gemm(x[5:22], w, 900), full[5:22])
+
+
+def test_gemm_reads_strided_rows() -> None:
+    w = _rand(64, 96, seed=5)
+    wide = _rand(6, 200, seed=6)
+    x = wide[:, 10:74]  # row stride 200, columns contiguous
+    assert x.stride() == (200, 1)
+    torch.testing.assert_close(cpu_kernels.gemm(x, cpu_kernels.pack(w), 96), x @ w, rtol=1e-5, atol=1e-5)
+
+
+def _experts_reference(rows: torch.Tensor, counts: list[int], w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    out, start = [], 0
+    for e, c in enumerate(counts):
+        gate, up = (rows[start : start + c].double() @ w_gate_up[e].double()).chunk(2, dim=-1)
+        out.append((F.silu(gate) * up) @ w_down[e].double())
+        start += c
+    return torch.cat(out).float()
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 9, 1, 0, 0, 17, 2], [0] * 8, [1, 0, 0, 0, 0, 0, 0, 0], [8] * 8])
+def test_moe_experts_match_per_expert_swiglu(counts: list[int]) -> None:
+    E, D, inner = 8, 96, 48  # D not a multiple of the 32-column block: the ragged tail
+    w_gate_up = _rand(E, D, 2 * inner, seed=7, scale=D**-0.5)
+    w_down = _rand(E, inner, D, seed=8, scale=inner**-0.5)
+    rows = _rand(sum(counts), D, seed=9)
+    got = cpu_kernels.moe_experts(rows, counts, cpu_kernels.pack_gate_up(w_gate_up), cpu_kernels.pack_down(w_down))
+    assert got.shape == rows.shape
+    if rows.shape[0]:
+        torch.testing.assert_close(got, _experts_reference(rows, counts, w_gate_up, w_down), rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_plain_fused_residual_and_gated() -> None:
+    x, w, delta, gate = _rand(7, 3, 64, seed=10), _rand(64, seed=11), _rand(7, 3, 64, seed=12), _rand(7, 3, 64, seed=13)
+    ref = F.rms_norm(x, (64,), w, 1e-6)
+    torch.testing.assert_close(cpu_kernels.rms_norm(x, w, 1e-6), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cpu_kernels.rms_norm(x, w, 1e-6, gate=gate), ref * torch.sigmoid(gate), rtol=1e-5, atol=1e-6)
+    stream = x.clone()
+    got = cpu_kernels.rms_norm(stream, w, 1e-6, residual_delta=delta)
+    torch.testing.assert_close(stream, x + delta, rtol=0, atol=0)  # the residual add is written back
+    torch.testing.assert_close(got, F.rms_norm(x + delta, (64,), w, 1e-6), rtol=1e-5, atol=1e-6)
+
+
+def test_kda_decode_matches_the_torch_step() -> None:
+    B, H, K, V = 5, 4, 64, 32
+    q, k = F.normalize(_rand(B, H, K, seed=14), dim=-1), F.normalize(_rand(B, H, K, seed=15), dim=-1)
+    v, beta = _rand(B, H, V, seed=16), torch.sigmoid(_rand(B, H, seed=17))
+    g = -torch.rand(B, H, K, generator=torch.Generator().manual_seed(18)) * 0.2
+    state = _rand(B, H, K, V, seed=19)
+    o_ref, s_ref = kda_recurrent_step(q, k, v, g, beta, state.clone(), 0.125)
+    s = state.clone()
+    o = cpu_kernels.kda_decode(q, k, v, g, beta, s, 0.125)
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, s_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_inputs_raise_value_errors_that_name_the_kernel() -> None:
+    w = cpu_kernels.pack(_rand(64, 64, seed=20))
+    with pytest.raises(ValueError, match="gemm: the native kernels take fp32"):
+        cpu_kernels.gemm(_rand(2, 64, seed=21).double(), w, 64)
+    with pytest.raises(ValueError, match=r"gemm: x \(2, 63\)"):
+        cpu_kernels.gemm(_rand(2, 63, seed=21), w, 64)
+    with pytest.raises(ValueError, match="moe_experts"):
+        cpu_kernels.moe_experts(_rand(3, 64, seed=22), [1, 1], cpu_kernels.pack_gate_up(_rand(2, 64, 64, seed=23)),
+                                cpu_kernels.pack_down(_rand(2, 32, 64, seed=24)))
+    with pytest.raises(ValueError, match="not a multiple of 16"):
+        cpu_kernels.pack_gate_up(_rand(2, 64, 2 * 24, seed=25))
+    with pytest.raises(ValueError, match="state is updated in place"):
+        s = _rand(2, 4, 16, 16, seed=26).transpose(2, 3)
+        cpu_kernels.kda_decode(*(_rand(2, 4, 16, seed=s_) for s_ in (1, 2, 3)), _rand(2, 4, 16, seed=4), _rand(2, 4, seed=5), s, 1.0)
+
+
+def test_build_is_cached_per_source_compiler_and_cpu(tmp_path: Path) -> None:
+    first = cpu_build.build(tmp_path)
+    stamp = first.stat().st_mtime_ns
+    again = cpu_build.build(tmp_path)
+    assert again == first and again.stat().st_mtime_ns == stamp  # not rebuilt
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".cpu_kernels-")]  # no temp file left
+
+
+def test_missing_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(cpu_build.NativeKernelsUnavailable, match="no C compiler"):
+        cpu_build.build(tmp_path / "cache")
+
+
+def test_failing_compiler_reports_its_output_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "fake-cc"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo fake-cc 1.0; exit 0; }\necho 'fatal: no openmp here' >&2\nexit 4\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.raises(cpu_build.NativeKernelsUnavailable, match=r"failed to build cpu_kernels.c \(exit 4\): fatal: no openmp here"):
+        cpu_build.build(tmp_path / "cache")
+    assert os.listdir(tmp_path / "cache") == []
