@@ -3,10 +3,13 @@
 ``cpu_kernels.c`` (built by ``cpu_build``) holds:
 
 - ``gemm``: ``x @ W`` over a weight packed once into column blocks;
-- ``moe_experts``: an MoE layer's SwiGLU expert pairs (gate/up, silu, down) over rows
-  grouped by expert, all experts in one call;
+- ``moe_dispatch`` / ``moe_experts`` / ``moe_combine``: an MoE layer's routed copies
+  grouped by expert (a counting sort), its SwiGLU expert pairs (gate/up, silu, down)
+  over those rows, all experts in one call, and the weighted sum back per token;
+- ``gqa_decode``: one query token per sequence against its slot of the KV cache;
 - ``rms_norm``: RMSNorm, optionally after a residual add or with a sigmoid gate;
-- ``kda_decode``: one KDA recurrent step, the state updated in place.
+- ``kda_scan`` / ``kda_decode``: the KDA recurrence over T tokens (prefill) or one
+  (decode), the state updated in place.
 
 Decode multiplies a handful of rows by every weight, the shape where MKL's sgemm is
 slowest: on the 2-core AVX-512 bench box it streams a 1 MiB weight at 4-10 GB/s for
@@ -33,8 +36,12 @@ __all__ = [
     "NativeKernelsUnavailable",
     "available",
     "gemm",
+    "gqa_decode",
     "kda_decode",
+    "kda_scan",
     "load",
+    "moe_combine",
+    "moe_dispatch",
     "moe_experts",
     "pack",
     "pack_down",
@@ -115,6 +122,49 @@ def moe_experts(rows: Tensor, counts: list[int], gate_up: Tensor, down: Tensor) 
     return y
 
 
+def moe_dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: int
+                 ) -> tuple[Tensor, list[int], Tensor, Tensor, Tensor]:
+    """Routed copies grouped by expert (stable in token order), rows gathered.
+
+    Returns (rows [T*k, D] in expert order, counts per expert, copy_slot [T, k]: the row
+    of each (token, choice) copy, token_ids [T*k] and weights [T*k] in expert order)."""
+    _check("moe_dispatch", x, topk_weights)
+    T, k = topk_ids.shape
+    if x.dim() != 2 or x.shape[0] != T or topk_weights.shape != (T, k) or topk_ids.dtype != torch.int64:
+        raise ValueError(f"moe_dispatch: x {tuple(x.shape)}, topk_ids {tuple(topk_ids.shape)} {topk_ids.dtype}, "
+                         f"topk_weights {tuple(topk_weights.shape)} do not match")
+    x, ids, w = x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
+    D = x.shape[1]
+    counts = torch.empty(num_experts, dtype=torch.int64)
+    rows = torch.empty(T * k, D, dtype=x.dtype)
+    slot = torch.empty(T, k, dtype=torch.int64)
+    token_ids = torch.empty(T * k, dtype=torch.int64)
+    weights = torch.empty(T * k, dtype=x.dtype)
+    rc = load().refstack_moe_dispatch(x.data_ptr(), T, D, ids.data_ptr(), w.data_ptr(), k, num_experts, counts.data_ptr(),
+                                      rows.data_ptr(), slot.data_ptr(), token_ids.data_ptr(), weights.data_ptr(),
+                                      torch.get_num_threads())
+    if rc:
+        raise ValueError(f"moe_dispatch: expert ids must be in [0, {num_experts})" if rc == 2 else
+                         f"refstack_moe_dispatch rejected T={T} D={D} k={k} E={num_experts}")
+    return rows, counts.tolist(), slot, token_ids, weights
+
+
+def moe_combine(out: Tensor, copy_slot: Tensor, copy_weights: Tensor) -> Tensor:
+    """``y[t] = sum_j copy_weights[t, j] * out[copy_slot[t, j]]``, in each token's own top-k order."""
+    _check("moe_combine", out, copy_weights)
+    T, k = copy_slot.shape
+    if out.dim() != 2 or copy_weights.shape != (T, k) or copy_slot.dtype != torch.int64 or \
+            (T and int(copy_slot.max()) >= out.shape[0]) or (T and int(copy_slot.min()) < 0):
+        raise ValueError(f"moe_combine: out {tuple(out.shape)}, copy_slot {tuple(copy_slot.shape)}, "
+                         f"copy_weights {tuple(copy_weights.shape)} do not match")
+    out, slot, w = out.contiguous(), copy_slot.contiguous(), copy_weights.contiguous()
+    y = torch.empty(T, out.shape[1], dtype=out.dtype)
+    if load().refstack_moe_combine(out.data_ptr(), slot.data_ptr(), w.data_ptr(), T, k, out.shape[1], y.data_ptr(),
+                                   torch.get_num_threads()):
+        raise ValueError(f"refstack_moe_combine rejected T={T} k={k} D={out.shape[1]}")
+    return y
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float, *, residual_delta: Tensor | None = None,
              gate: Tensor | None = None) -> Tensor:
     """RMSNorm over the last dim of ``x``, times ``sigmoid(gate)`` when given.
@@ -142,19 +192,58 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, *, residual_delta: Tensor | 
     return y
 
 
-def kda_decode(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, scale: float) -> Tensor:
-    """One KDA decode step (see ``kda_ops.kda_recurrent_step``); ``state`` [B, H, K, V]
-    is updated in place and must be contiguous.  Returns o [B, H, V]."""
-    _check("kda_decode", q, k, v, g, beta, state)
+def kda_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, scale: float) -> Tensor:
+    """KDA over T tokens of B sequences, token by token (the recurrent form).
+
+    q, k, g [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; ``state`` [B, H, K, V] is the
+    state before the first token, updated in place (it must be contiguous).  Returns
+    o [B, T, H, V].  Positions with k = 0 and g = 0 leave the state as it is (padding).
+    """
+    _check("kda_scan", q, k, v, g, beta, state)
     B, H, K, V = state.shape
-    if q.shape != (B, H, K) or k.shape != q.shape or g.shape != q.shape or v.shape != (B, H, V) or beta.shape != (B, H):
-        raise ValueError(f"kda_decode: q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} g {tuple(g.shape)} "
+    T = q.shape[1] if q.dim() == 4 else -1
+    if q.shape != (B, T, H, K) or k.shape != q.shape or g.shape != q.shape or v.shape != (B, T, H, V) \
+            or beta.shape != (B, T, H):
+        raise ValueError(f"kda_scan: q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} g {tuple(g.shape)} "
                          f"beta {tuple(beta.shape)} do not fit a state {tuple(state.shape)}")
     if not state.is_contiguous():
-        raise ValueError("kda_decode: the state is updated in place and must be contiguous")
+        raise ValueError("kda_scan: the state is updated in place and must be contiguous")
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-    o = torch.empty(B, H, V, dtype=q.dtype)
-    if load().refstack_kda_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),
-                                  state.data_ptr(), B, H, K, V, scale, o.data_ptr(), torch.get_num_threads()):
-        raise ValueError(f"refstack_kda_decode rejected B={B} H={H} K={K} V={V}")
+    o = torch.empty(B, T, H, V, dtype=q.dtype)
+    if load().refstack_kda_scan(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),
+                                state.data_ptr(), B, T, H, K, V, scale, o.data_ptr(), torch.get_num_threads()):
+        raise ValueError(f"refstack_kda_scan rejected B={B} T={T} H={H} K={K} V={V}")
     return o
+
+
+def kda_decode(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, scale: float) -> Tensor:
+    """One decode step (``kda_scan`` with T = 1): q, k, g [B, H, K]; v [B, H, V]; beta [B, H]."""
+    return kda_scan(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], state, scale)[:, 0]
+
+
+def gqa_decode(q: Tensor, k_new: Tensor, v_new: Tensor, keys: Tensor, values: Tensor, slots: Tensor, positions: Tensor,
+               scale: float) -> Tensor:
+    """One query token per sequence: write k_new / v_new into the cache at ``positions``,
+    then attend over positions 0..pos of the sequence's slot.
+
+    q [B, Hq, D]; k_new, v_new [B, Hkv, D]; keys, values [slots, Hkv, max_len, D]
+    (contiguous, written in place); slots, positions [B] int64.  Returns [B, Hq, D]."""
+    _check("gqa_decode", q, k_new, v_new, keys, values)
+    B, Hq, D = q.shape
+    n_slots, Hkv, max_len, _ = keys.shape
+    if k_new.shape != (B, Hkv, D) or v_new.shape != k_new.shape or values.shape != keys.shape or keys.shape[-1] != D \
+            or Hq % Hkv or slots.shape != (B,) or positions.shape != (B,) or slots.dtype != torch.int64 \
+            or positions.dtype != torch.int64 or not keys.is_contiguous() or not values.is_contiguous():
+        raise ValueError(f"gqa_decode: q {tuple(q.shape)}, k/v {tuple(k_new.shape)}, cache {tuple(keys.shape)}, "
+                         f"slots {tuple(slots.shape)}, positions {tuple(positions.shape)} do not match")
+    if B and int(slots.max()) >= n_slots:
+        raise ValueError(f"gqa_decode: slot {int(slots.max())} outside a cache of {n_slots} slots")
+    q, k_new, v_new, slots, positions = (t.contiguous() for t in (q, k_new, v_new, slots, positions))
+    out = torch.empty_like(q)
+    rc = load().refstack_gqa_decode(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                                    slots.data_ptr(), positions.data_ptr(), B, Hkv, Hq // Hkv, max_len, D, scale,
+                                    out.data_ptr(), torch.get_num_threads())
+    if rc:
+        raise ValueError(f"gqa_decode: positions must be in [0, {max_len}) and slots >= 0" if rc == 2 else
+                         f"refstack_gqa_decode rejected B={B} Hkv={Hkv} D={D}")
+    return out

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infra_agent import tracing
+from refstack.kernels import cpu_kernels
 from refstack.model.batch import ForwardBatch, PaddedPrefill
 from refstack.model.cache import ModelCache
 from refstack.model.config import HybridConfig
@@ -43,6 +44,7 @@ class AttentionLayer(nn.Module):
         self.o_proj = Linear(
             self.num_heads * self.head_dim, config.hidden_size, gen, scale=1.0 / math.sqrt(2 * config.num_layers)
         )
+        self.native = False  # see use_native
 
     def forward(self, x: Tensor, batch: ForwardBatch, cache: ModelCache) -> Tensor:
         with tracing.span("attention", cat="attn", layer=self.layer, tokens=batch.num_tokens):
@@ -69,8 +71,15 @@ class AttentionLayer(nn.Module):
             o = parts[0] if len(parts) == 1 else torch.cat(parts)
             return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
 
+    def use_native(self, on: bool) -> None:
+        """Decode attention through ``cpu_kernels.gqa_decode`` (the projections switch themselves)."""
+        self.native = on
+
     def _decode(self, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch, keys: Tensor, values: Tensor) -> Tensor:
         """All decode tokens at once; shorter sequences mask the padded tail."""
+        if self.native:
+            return cpu_kernels.gqa_decode(q, k, v, keys, values, batch.decode_slots, batch.decode_positions,
+                                          self.head_dim**-0.5)
         B = q.shape[0]
         pos = batch.decode_positions
         # Advanced indices on dims 0 and 2 around a slice: the indexed view is [B, kv_heads, D].

@@ -64,8 +64,9 @@ class KDALayer(nn.Module):
         self.o_proj = Linear(H * V, config.hidden_size, gen, scale=1.0 / math.sqrt(2 * config.num_layers))
 
     def use_native(self, on: bool) -> None:
-        """The low-rank up-projection, the q/k and output norms and the decode step through
-        the native kernels (the Linears and o_norm switch themselves)."""
+        """The low-rank up-projection, the q/k and output norms and the recurrence (decode
+        and prefill, see ``cpu_kernels.kda_scan``) through the native kernels (the Linears
+        and o_norm switch themselves)."""
         self.native = on
         self.low_rank_packed = cpu_kernels.pack(self.low_rank_up.t()) if on else None
 
@@ -106,6 +107,13 @@ class KDALayer(nn.Module):
             else:
                 for span in batch.prefills:
                     s = slice(span.begin, span.end)
+                    if self.native:
+                        state = states[span.slot : span.slot + 1]  # a contiguous view, updated in place
+                        if span.start_pos == 0:
+                            state.zero_()
+                        parts.append(cpu_kernels.kda_scan(q[None, s], k[None, s], v[None, s], g[None, s],
+                                                          beta[None, s], state, self.scale)[0])
+                        continue
                     # start_pos 0 starts from zero whatever the slot held before.
                     init = states[span.slot] if span.start_pos > 0 else torch.zeros_like(states[span.slot])
                     o, final = kda_chunked(q[s], k[s], v[s], g[s], beta[s], init, self.scale, self.chunk_size)
@@ -150,6 +158,11 @@ class KDALayer(nn.Module):
         k_p, g_p = k[pp.index] * keep, g[pp.index] * keep
         q_p, v_p, beta_p = q[pp.index], v[pp.index], beta[pp.index]
         init = states.index_select(0, pp.slots) * (pp.starts > 0).to(q.dtype).view(-1, 1, 1, 1)
-        o, final = kda_chunked(q_p, k_p, v_p, g_p, beta_p, init, self.scale, self.chunk_size)
+        if self.native:
+            # The recurrence token by token (see cpu_kernels.kda_scan); init becomes the final state.
+            o = cpu_kernels.kda_scan(q_p, k_p, v_p, g_p, beta_p, init, self.scale)
+            final = init
+        else:
+            o, final = kda_chunked(q_p, k_p, v_p, g_p, beta_p, init, self.scale, self.chunk_size)
         states.index_copy_(0, pp.slots, final)
         return o[pp.valid]

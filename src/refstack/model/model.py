@@ -62,13 +62,13 @@ class HybridModel(nn.Module):
         self.eval()
 
     def use_native_kernels(self, on: bool) -> None:
-        """Route the Linears, norms, MoE experts and KDA decode steps through
+        """Route the Linears, norms, MoE, KDA recurrence and decode attention through
         ``refstack.kernels.cpu_kernels`` (``on``), or back to torch.  Packs the weights
         once; raises ``NativeKernelsUnavailable`` when the kernels cannot be built here."""
         if on:
             cpu_kernels.load()
         for module in self.modules():
-            if isinstance(module, (Linear, RMSNorm, MoE, KDALayer)):
+            if isinstance(module, (Linear, RMSNorm, MoE, KDALayer, AttentionLayer)):
                 module.use_native(on)
         self.native_kernels = on
 

@@ -56,6 +56,7 @@ class Dispatched:
     padded: Tensor | None = None
     # Grouped layout only: every rank's rows back to back (the buffers are views of it).
     grouped: Tensor | None = None
+    native: bool = False  # built by the native kernels; combine uses them too
 
     @property
     def layout(self) -> str:
@@ -77,17 +78,24 @@ def dispatch(
 ) -> Dispatched:
     """Group token copies by expert (a stable sort) and split them by rank.
 
-    ``layout``: "grouped" or "padded" (see the module docstring).
+    ``layout``: "grouped", "padded" (see the module docstring) or "native" (grouped,
+    built by ``cpu_kernels.moe_dispatch``).
     """
     with tracing.span("moe.dispatch", cat="moe", tokens=int(x.shape[0])):
         T, k = topk_ids.shape
+        per_rank = num_experts // ep_ranks
+        if layout == "native":
+            # The grouped layout through one native call (a counting sort and a gather).
+            rows, counts, slot, token_ids, weights = cpu_kernels.moe_dispatch(x, topk_ids, topk_weights, num_experts)
+            rank_rows = [sum(counts[r * per_rank : (r + 1) * per_rank]) for r in range(ep_ranks)]
+            return Dispatched(list(rows.split(rank_rows)), counts, token_ids, weights, T, slot, topk_weights,
+                              grouped=rows, native=True)
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts_t = torch.bincount(flat, minlength=num_experts)
         counts = counts_t.tolist()
         token_ids = order // k
         weights = topk_weights.reshape(-1)[order]
-        per_rank = num_experts // ep_ranks
         if layout == "grouped":
             rows = x.index_select(0, token_ids)
             rank_rows = [sum(counts[r * per_rank : (r + 1) * per_rank]) for r in range(ep_ranks)]
@@ -117,6 +125,8 @@ def combine(outputs: list[Tensor], d: Dispatched) -> Tensor:
     with tracing.span("moe.combine", cat="moe", tokens=d.num_tokens):
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
         out = out.reshape(-1, out.shape[-1])  # grouped rows, or padded [experts * capacity]
+        if d.native:
+            return cpu_kernels.moe_combine(out, d.copy_slot, d.copy_weights)
         # One gather puts each token's k expert outputs side by side; the sum runs over
         # the token's own top-k order, so a sequence gets the same sum alone or batched
         # (no zero-filled buffer, no scatter-add).
@@ -175,7 +185,7 @@ class MoE(nn.Module):
         if self.dispatch_layout != "auto":
             return self.dispatch_layout
         if self.packed is not None:
-            return "grouped"  # the native kernel reads exactly each expert's rows
+            return "native"  # grouped, by the native kernels: each expert reads exactly its rows
         busy = num_tokens * self.top_k >= 2 * self.num_experts
         return "padded" if busy and torch.get_num_threads() > 1 else "grouped"
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from refstack.kernels import cpu_build, cpu_kernels
-from refstack.model.kda_ops import kda_recurrent_step
+from refstack.model.kda_ops import kda_chunked, kda_naive, kda_recurrent_step
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason=f"native kernels unavailable: {cpu_kernels.unavailable_reason()}")
 
@@ -92,6 +92,54 @@ def test_kda_decode_matches_the_torch_step() -> None:
     torch.testing.assert_close(s, s_ref, rtol=1e-5, atol=1e-5)
 
 
+def test_kda_scan_matches_the_reference_recurrence_and_the_chunked_form() -> None:
+    B, T, H, K, V = 3, 37, 2, 32, 16
+    q, k = F.normalize(_rand(B, T, H, K, seed=30), dim=-1), F.normalize(_rand(B, T, H, K, seed=31), dim=-1)
+    v, beta = _rand(B, T, H, V, seed=32), torch.sigmoid(_rand(B, T, H, seed=33))
+    g = -torch.rand(B, T, H, K, generator=torch.Generator().manual_seed(34)) * 0.3
+    init = _rand(B, H, K, V, seed=35, scale=0.1)
+    state = init.clone()
+    o = cpu_kernels.kda_scan(q, k, v, g, beta, state, 0.2)
+    o_chunk, s_chunk = kda_chunked(q, k, v, g, beta, init, 0.2, 16)
+    for b in range(B):
+        o_ref, s_ref = kda_naive(q[b], k[b], v[b], g[b], beta[b], init[b], 0.2)
+        torch.testing.assert_close(o[b], o_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(state[b], s_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(o, o_chunk, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state, s_chunk, rtol=1e-5, atol=1e-5)
+
+
+def test_kda_scan_padding_leaves_the_state_alone_and_rows_are_independent() -> None:
+    B, T, H, K, V = 2, 9, 2, 16, 16
+    q, k = F.normalize(_rand(B, T, H, K, seed=40), dim=-1), F.normalize(_rand(B, T, H, K, seed=41), dim=-1)
+    v, beta = _rand(B, T, H, V, seed=42), torch.sigmoid(_rand(B, T, H, seed=43))
+    g = -torch.rand(B, T, H, K, generator=torch.Generator().manual_seed(44)) * 0.3
+    k[1, 5:], g[1, 5:] = 0.0, 0.0  # sequence 1 is 5 tokens long, padded to 9
+    state = _rand(B, H, K, V, seed=45, scale=0.1)
+    alone = state[1:].clone()
+    o = cpu_kernels.kda_scan(q, k, v, g, beta, state, 0.25)
+    o_alone = cpu_kernels.kda_scan(q[1:, :5], k[1:, :5], v[1:, :5], g[1:, :5], beta[1:, :5], alone, 0.25)
+    assert torch.equal(state[1:], alone) and torch.equal(o[1:, :5], o_alone)
+
+
+def test_gqa_decode_writes_the_cache_and_attends_over_each_sequence_length() -> None:
+    slots_n, Hkv, group, max_len, D = 5, 2, 3, 200, 32
+    keys, values = _rand(slots_n, Hkv, max_len, D, seed=50), _rand(slots_n, Hkv, max_len, D, seed=51)
+    slots, positions = torch.tensor([3, 0, 4]), torch.tensor([0, 70, 199])  # a fresh sequence, one block, four
+    B = 3
+    q, k_new, v_new = _rand(B, Hkv * group, D, seed=52), _rand(B, Hkv, D, seed=53), _rand(B, Hkv, D, seed=54)
+    ref_keys, ref_values = keys.clone(), values.clone()
+    out = cpu_kernels.gqa_decode(q, k_new, v_new, keys, values, slots, positions, D**-0.5)
+    for b in range(B):
+        s, p = int(slots[b]), int(positions[b])
+        ref_keys[s, :, p], ref_values[s, :, p] = k_new[b], v_new[b]
+        k_ctx = ref_keys[s, :, : p + 1].repeat_interleave(group, dim=0)  # [Hq, L, D]
+        v_ctx = ref_values[s, :, : p + 1].repeat_interleave(group, dim=0)
+        ref = F.scaled_dot_product_attention(q[b].unsqueeze(1), k_ctx, v_ctx).squeeze(1)
+        torch.testing.assert_close(out[b], ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(keys, ref_keys) and torch.equal(values, ref_values)  # written in place, nothing else touched
+
+
 def test_bad_inputs_raise_value_errors_that_name_the_kernel() -> None:
     w = cpu_kernels.pack(_rand(64, 64, seed=20))
     with pytest.raises(ValueError, match="gemm: the native kernels take fp32"):
@@ -101,6 +149,14 @@ def test_bad_inputs_raise_value_errors_that_name_the_kernel() -> None:
     with pytest.raises(ValueError, match="moe_experts"):
         cpu_kernels.moe_experts(_rand(3, 64, seed=22), [1, 1], cpu_kernels.pack_gate_up(_rand(2, 64, 64, seed=23)),
                                 cpu_kernels.pack_down(_rand(2, 32, 64, seed=24)))
+    with pytest.raises(ValueError, match=r"moe_dispatch: expert ids must be in \[0, 4\)"):
+        cpu_kernels.moe_dispatch(_rand(2, 8, seed=27), torch.tensor([[0, 4], [1, 2]]), torch.ones(2, 2), 4)
+    with pytest.raises(ValueError, match="moe_combine"):
+        cpu_kernels.moe_combine(_rand(4, 8, seed=28), torch.tensor([[0, 4]]), torch.ones(1, 2))
+    with pytest.raises(ValueError, match=r"gqa_decode: positions must be in \[0, 8\)"):
+        cache = torch.zeros(2, 1, 8, 4)
+        cpu_kernels.gqa_decode(torch.zeros(1, 2, 4), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4), cache, cache.clone(),
+                               torch.tensor([1]), torch.tensor([8]), 1.0)
     with pytest.raises(ValueError, match="not a multiple of 16"):
         cpu_kernels.pack_gate_up(_rand(2, 64, 2 * 24, seed=25))
     with pytest.raises(ValueError, match="state is updated in place"):

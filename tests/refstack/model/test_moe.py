@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from refstack.kernels import cpu_kernels
 from refstack.model import HybridConfig
 from refstack.model.moe import MoE, combine, dispatch, route, swiglu_experts
 
@@ -21,23 +22,33 @@ def _dense_reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
+NATIVE = pytest.mark.skipif(not cpu_kernels.available(), reason=f"native kernels unavailable: {cpu_kernels.unavailable_reason()}")
+LAYOUTS = ["grouped", "padded", "auto", pytest.param("native", marks=NATIVE)]
+
+
 def _moe(**overrides) -> MoE:
     cfg = HybridConfig.preset("tiny", **overrides)
     return MoE(cfg, layer=0, gen=torch.Generator().manual_seed(11))
 
 
-@pytest.mark.parametrize("layout", ["grouped", "padded", "auto"])
+def _with_layout(moe: MoE, layout: str) -> MoE:
+    if layout == "native":  # native dispatch, experts and combine
+        moe.use_native(True)
+    else:
+        moe.dispatch_layout = layout
+    return moe
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_moe_matches_dense_reference(layout: str) -> None:
-    moe = _moe()
-    moe.dispatch_layout = layout
+    moe = _with_layout(_moe(), layout)
     x = torch.randn(37, moe.w_gate_up.shape[1], generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(moe(x), _dense_reference(moe, x), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("layout", ["grouped", "padded", "auto"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_moe_matches_dense_reference_with_one_token_and_one_rank(layout: str) -> None:
-    moe = _moe(ep_ranks=1, num_experts_per_tok=3)
-    moe.dispatch_layout = layout
+    moe = _with_layout(_moe(ep_ranks=1, num_experts_per_tok=3), layout)
     x = torch.randn(1, moe.w_gate_up.shape[1], generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(moe(x), _dense_reference(moe, x), rtol=1e-5, atol=1e-6)
 
@@ -67,6 +78,12 @@ def test_dispatch_gives_each_rank_only_its_experts_tokens() -> None:
     padded = dispatch(x, ids, weights, num_experts=E, ep_ranks=ranks, layout="padded")
     assert all(b.shape[:2] == (per, max(d.counts)) for b in padded.buffers)
     torch.testing.assert_close(combine([b.clone() for b in padded.buffers], padded), x, rtol=1e-6, atol=1e-6)
+    if cpu_kernels.available():  # the native counting sort groups exactly as the stable argsort does
+        native = dispatch(x, ids, weights, num_experts=E, ep_ranks=ranks, layout="native")
+        assert native.counts == d.counts and torch.equal(native.token_ids, d.token_ids)
+        assert torch.equal(native.weights, d.weights) and torch.equal(native.copy_slot, d.copy_slot)
+        assert all(torch.equal(a, b) for a, b in zip(native.buffers, d.buffers, strict=True))
+        torch.testing.assert_close(combine([b.clone() for b in native.buffers], native), x, rtol=1e-6, atol=1e-6)
 
 
 def test_route_is_renormalised_top_k_of_the_softmax() -> None:
