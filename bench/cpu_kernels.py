@@ -1,6 +1,7 @@
 """refstack's native CPU kernels against MKL (through torch) and against the memory's read bandwidth.
 
-    python bench/cpu_kernels.py [--repeats 7] [--rows 1 2 4 8 16 32 64] [--tokens 1 8 32 128] [--json out.json]
+    python bench/cpu_kernels.py [--repeats 7] [--rows 1 2 4 8 16 32 64] [--tokens 1 8 32 128] [--pool-mib 256]
+                                [--json out.json]
 
 Part 1, GEMM: ``x [M, K] @ W`` for the ``small`` preset's weight shapes, three ways:
 ``F.linear`` (MKL sgemm, what a plain torch model such as HF's Llama runs),
@@ -35,7 +36,7 @@ from refstack.model import HybridConfig
 from refstack.model.layers import matmul_rows
 from refstack.model.moe import swiglu_experts
 
-POOL_BYTES = 256 << 20  # 8x a 32 MiB L3: every weight is cold when its turn comes
+POOL_MIB = 256  # default pool: 8x a 32 MiB L3, so every weight is cold when its turn comes
 
 
 def ratio_ci(a: list[float], b: list[float], n_boot: int = 4000, seed: int = 0) -> tuple[float, float, float]:
@@ -75,13 +76,13 @@ def read_bandwidth(pool: list[torch.Tensor], repeats: int) -> float:
     return nbytes / best
 
 
-def gemm_table(shapes: dict[str, tuple[int, int]], rows: list[int], repeats: int) -> list[dict[str, object]]:
+def gemm_table(shapes: dict[str, tuple[int, int]], rows: list[int], repeats: int, pool_bytes: int) -> list[dict[str, object]]:
     print("| weight (K x N) | M | MKL F.linear us | matmul_rows us | native us | native / MKL speed [95% CI] "
           "| native GB/s | % of read bandwidth | native GFLOP/s |")
     print("|---|---|---|---|---|---|---|---|---|")
     records = []
     for label, (k, n) in shapes.items():
-        copies = max(4, POOL_BYTES // (k * n * 4))
+        copies = max(4, pool_bytes // (k * n * 4))
         gen = torch.Generator().manual_seed(k * 7919 + n)
         w_out_in = [torch.randn(n, k, generator=gen) * k**-0.5 for _ in range(copies)]
         packed = [cpu_kernels.pack(w.t()) for w in w_out_in]
@@ -106,10 +107,10 @@ def gemm_table(shapes: dict[str, tuple[int, int]], rows: list[int], repeats: int
     return records
 
 
-def moe_table(cfg: HybridConfig, tokens: list[int], repeats: int) -> list[dict[str, object]]:
+def moe_table(cfg: HybridConfig, tokens: list[int], repeats: int, pool_bytes: int) -> list[dict[str, object]]:
     E, D, inner, k = cfg.num_experts, cfg.hidden_size, cfg.expert_hidden_size, cfg.num_experts_per_tok
     layer_bytes = E * 3 * D * inner * 4
-    layers = max(4, POOL_BYTES // layer_bytes)
+    layers = max(4, pool_bytes // layer_bytes)
     gen = torch.Generator().manual_seed(5)
     w_gate_up = [torch.randn(E, D, 2 * inner, generator=gen) * D**-0.5 for _ in range(layers)]
     w_down = [torch.randn(E, inner, D, generator=gen) * inner**-0.5 for _ in range(layers)]
@@ -154,6 +155,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128])
+    ap.add_argument("--pool-mib", type=int, default=POOL_MIB,
+                    help="weights rotate through this many MiB (default 8x the L3: cold; a few MiB: hot)")
     ap.add_argument("--json", dest="json_path", help="also write the records here")
     args = ap.parse_args()
     reason = cpu_kernels.unavailable_reason()
@@ -165,8 +168,10 @@ def main() -> None:
     # KDA's fused input projection: q|k, v, beta, and the two rank-V bottlenecks (KDALayer.split_sizes).
     shapes = {"expert gate|up": (D, 2 * inner), "expert down": (inner, D), "KDA in_proj": (D, 2 * H * K + H * V + H + 2 * V)}
     print(f"# preset={args.preset} torch {torch.__version__} threads={torch.get_num_threads()} "
-          f"cpu={platform.processor() or platform.machine()} repeats={args.repeats} weight pool {POOL_BYTES >> 20} MiB\n")
-    records = {"gemm": gemm_table(shapes, args.rows, args.repeats), "moe": moe_table(cfg, args.tokens, args.repeats)}
+          f"cpu={platform.processor() or platform.machine()} repeats={args.repeats} weight pool {args.pool_mib} MiB\n")
+    pool = args.pool_mib << 20
+    records = {"gemm": gemm_table(shapes, args.rows, args.repeats, pool),
+               "moe": moe_table(cfg, args.tokens, args.repeats, pool)}
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump({"args": vars(args), "records": records}, fh, indent=1)

@@ -109,9 +109,10 @@ KNOBS: tuple[Knob, ...] = (
          "Arithmetic precision of the LM head GEMM (passed into HybridConfig).", choices=LM_HEAD_PRECISIONS),
     Knob("torch_threads", "int", 0, ("runtime",),
          "torch intra-op threads for the engine; 0 keeps torch's default.", min=0, max=1024),
-    Knob("cpu_kernels", "choice", "auto", ("model.linear", "model.moe"),
-         "Matmuls of the Linears and MoE experts: 'native' packed fp32 kernels built with the C "
-         "compiler on first use, 'torch' (MKL), or 'auto' (native when it builds).", choices=CPU_KERNELS),
+    Knob("cpu_kernels", "choice", "auto", ("model.linear", "model.norm", "model.moe", "model.kda", "model.attention"),
+         "Kernels of the model's hot path (Linears, norms, MoE, KDA recurrence, decode attention): 'native' fp32 "
+         "kernels built with the C compiler on first use, 'torch' (MKL and tensor ops), or 'auto' (native when it "
+         "builds).", choices=CPU_KERNELS),
     Knob("step_delay_ms", "float", 0.0, ("engine.loop",),
          "CALIBRATION knob: sleep this long in every engine step.  Benchmarks use it to inject a "
          "slowdown of known size and check that their measurements detect it; leave 0 otherwise.",

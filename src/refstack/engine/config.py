@@ -32,8 +32,8 @@ class EngineConfig:
     seed: int = 0  # seeds the model weights and unseeded sampling
     lm_head_precision: str = "fp32"
     torch_threads: int = 0  # 0 leaves torch's default
-    # Matmuls of the Linears and MoE experts: the native packed kernels
-    # (refstack.kernels.cpu_kernels), torch's, or native when it builds ("auto").
+    # The model's hot path (Linears, norms, MoE, KDA, decode attention): the native
+    # kernels (refstack.kernels.cpu_kernels), torch's ops, or native when it builds ("auto").
     cpu_kernels: str = "auto"
     # Calibration: an added sleep per engine step, so a benchmark can inject a slowdown
     # of known size and check that its measurements see it.
