@@ -52,6 +52,25 @@ static inline float exp_approx(float x) {
     return p;
 }
 
+/* log(1 + y) for y in [0, 1], vectorisable: log(z) = 2 atanh(s) with s = y / (2 + y)
+ * in [0, 1/3], summed to s^13 (the next term is below 1e-8 of the result). */
+static inline float log1p_unit(float y) {
+    const float s = y / (2.0f + y), s2 = s * s;
+    float p = 1.0f / 13.0f;
+    p = p * s2 + 1.0f / 11.0f;
+    p = p * s2 + 1.0f / 9.0f;
+    p = p * s2 + 1.0f / 7.0f;
+    p = p * s2 + 1.0f / 5.0f;
+    p = p * s2 + 1.0f / 3.0f;
+    return 2.0f * s * (p * s2 + 1.0f);
+}
+
+/* softplus(x) = max(x, 0) + log(1 + e^-|x|), accurate on the whole line. */
+static inline float softplus(float x) {
+    const float ax = x < 0.0f ? -x : x;
+    return (x > 0.0f ? x : 0.0f) + log1p_unit(exp_approx(-ax));
+}
+
 static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 
@@ -228,6 +247,38 @@ int refstack_rms_norm(float *x, const float *delta, int64_t rows, int64_t D, con
             for (int64_t d = 0; d < D; d++) yr[d] = xr[d] * inv * w[d] / (1.0f + exp_approx(-gr[d]));
         } else {
             for (int64_t d = 0; d < D; d++) yr[d] = xr[d] * inv * w[d];
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- KDA activations
+ * From the fused input projection proj [T, ldp] = q|k (2HK), v (HV), b (H), ... and the
+ * low-rank up-projection up [T, ldu] = f (HK), gate (HV), in one pass per token:
+ *   q, k = x / sqrt(mean(x^2) + eps) * l2w per head (l2w = K^-1/2: an L2 normalisation)
+ *   g = -exp(A_log[h]) * softplus(f + dt_bias),  beta = sigmoid(b),  v copied
+ * into contiguous q, k, g [T, H, K], v [T, H, V], beta [T, H] -- the ten or so tensor
+ * ops the torch path spends on them, at decode a few microseconds each. */
+int refstack_kda_prepare(const float *proj, int64_t ldp, const float *up, int64_t ldu, const float *dt_bias,
+                         const float *A_log, float l2w, float eps, int64_t T, int64_t H, int64_t K, int64_t V,
+                         float *q, float *k, float *v, float *g, float *beta, int nthreads) {
+    if (T < 0 || H <= 0 || K <= 0 || V <= 0 || ldp < 2 * H * K + H * V + H || ldu < H * K || nthreads < 1) return 1;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (T * H * (3 * K + V) >= PAR_MIN_FLOATS)
+    for (int64_t t = 0; t < T; t++) {
+        const float *pr = proj + t * ldp, *ur = up + t * ldu;
+        for (int64_t hh = 0; hh < 2 * H; hh++) { /* q heads, then k heads */
+            const float *x = pr + hh * K;
+            float *y = (hh < H ? q + (t * H + hh) * K : k + (t * H + hh - H) * K);
+            const float inv = l2w / sqrtf(sum_squares(x, K) / (float)K + eps);
+            for (int64_t i = 0; i < K; i++) y[i] = x[i] * inv;
+        }
+        memcpy(v + t * H * V, pr + 2 * H * K, (size_t)(H * V) * sizeof(float));
+        for (int64_t h = 0; h < H; h++) {
+            const float decay = -expf(A_log[h]);
+            const float *f = ur + h * K, *bias = dt_bias + h * K;
+            float *gh = g + (t * H + h) * K;
+            for (int64_t i = 0; i < K; i++) gh[i] = decay * softplus(f[i] + bias[i]);
+            beta[t * H + h] = 1.0f / (1.0f + exp_approx(-pr[2 * H * K + H * V + h]));
         }
     }
     return 0;

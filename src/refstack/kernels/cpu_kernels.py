@@ -8,6 +8,7 @@
   over those rows, all experts in one call, and the weighted sum back per token;
 - ``gqa_decode``: one query token per sequence against its slot of the KV cache;
 - ``rms_norm``: RMSNorm, optionally after a residual add or with a sigmoid gate;
+- ``kda_prepare``: KDA's q/k normalisation, decay, beta from its projections;
 - ``kda_scan`` / ``kda_decode``: the KDA recurrence over T tokens (prefill) or one
   (decode), the state updated in place.
 
@@ -38,6 +39,7 @@ __all__ = [
     "gemm",
     "gqa_decode",
     "kda_decode",
+    "kda_prepare",
     "kda_scan",
     "load",
     "moe_combine",
@@ -190,6 +192,32 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, *, residual_delta: Tensor | 
                                 y.data_ptr(), torch.get_num_threads()):
         raise ValueError(f"refstack_rms_norm rejected rows={rows} D={D}")
     return y
+
+
+def kda_prepare(proj: Tensor, up: Tensor, dt_bias: Tensor, a_log: Tensor, heads: int, k_dim: int, v_dim: int,
+                l2_weight: float, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """KDA's activations from its projections, in one pass (see ``KDALayer.project``).
+
+    proj [T, >= 2HK + HV + H] (q|k, v, b, ...); up [T, >= HK] (f before dt_bias, ...); rows
+    may be strided, columns contiguous.  Returns contiguous q, k [T, H, K] (L2-normalised
+    as ``rms_norm(x, eps) * l2_weight``), v [T, H, V], g [T, H, K]
+    (``-exp(A_log) * softplus(f + dt_bias)``) and beta [T, H] (``sigmoid(b)``)."""
+    _check("kda_prepare", proj, up, dt_bias, a_log)
+    H, K, V = heads, k_dim, v_dim
+    T = proj.shape[0]
+    if proj.dim() != 2 or up.dim() != 2 or up.shape[0] != T or proj.stride(1) != 1 or up.stride(1) != 1 \
+            or dt_bias.shape != (H * K,) or a_log.shape != (H,) or proj.shape[1] < 2 * H * K + H * V + H or up.shape[1] < H * K:
+        raise ValueError(f"kda_prepare: proj {tuple(proj.shape)}, up {tuple(up.shape)}, dt_bias {tuple(dt_bias.shape)}, "
+                         f"A_log {tuple(a_log.shape)} do not fit H={H} K={K} V={V}")
+    q, k, g = (torch.empty(T, H, K, dtype=proj.dtype) for _ in range(3))
+    v = torch.empty(T, H, V, dtype=proj.dtype)
+    beta = torch.empty(T, H, dtype=proj.dtype)
+    dt_bias, a_log = dt_bias.contiguous(), a_log.contiguous()
+    if load().refstack_kda_prepare(proj.data_ptr(), proj.stride(0), up.data_ptr(), up.stride(0), dt_bias.data_ptr(),
+                                   a_log.data_ptr(), l2_weight, eps, T, H, K, V, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                   g.data_ptr(), beta.data_ptr(), torch.get_num_threads()):
+        raise ValueError(f"refstack_kda_prepare rejected T={T} H={H} K={K} V={V}")
+    return q, k, v, g, beta
 
 
 def kda_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, scale: float) -> Tensor:

@@ -78,17 +78,18 @@ class KDALayer(nn.Module):
         """x [T, hidden] -> q, k, g [T, H, K]; v [T, H, V]; beta [T, H]; gate [T, H, V]."""
         T = x.shape[0]
         H, K, V = self.num_heads, self.k_dim, self.v_dim
+        if self.native:
+            proj = self.in_proj(x)
+            assert self.low_rank_packed is not None
+            # No bias add here: dt_bias goes into the decay inside kda_prepare, and the
+            # gate's part of the bias is zero.
+            up = cpu_kernels.gemm(proj[:, -self.split_sizes[-1] :], self.low_rank_packed, self.low_rank_up.shape[0])
+            q, k, v, g, beta = cpu_kernels.kda_prepare(proj, up, self.dt_bias, self.A_log, H, K, V, K**-0.5, 1e-12)
+            return q, k, v, g, beta, up[:, H * K :].view(T, H, V)
         qk, v, b, low = self.in_proj(x).split(self.split_sizes, dim=-1)
         # q and k are adjacent in the fused projection: one normalisation for both.
-        if self.native:
-            q, k = cpu_kernels.rms_norm(qk.reshape(T, 2 * H, K), self.l2_weight, 1e-12).split(H, dim=1)
-        else:
-            q, k = F.rms_norm(qk.reshape(T, 2 * H, K), (K,), self.l2_weight, 1e-12).split(H, dim=1)
-        if self.native:
-            assert self.low_rank_packed is not None
-            up = cpu_kernels.gemm(low, self.low_rank_packed, self.low_rank_up.shape[0]).add_(self.low_rank_bias)
-        else:
-            up = F.linear(low, self.low_rank_up, self.low_rank_bias)
+        q, k = F.rms_norm(qk.reshape(T, 2 * H, K), (K,), self.l2_weight, 1e-12).split(H, dim=1)
+        up = F.linear(low, self.low_rank_up, self.low_rank_bias)
         f, gate = up.split([H * K, H * V], dim=-1)
         g = F.softplus(f.reshape(T, H, K)) * torch.exp(self.A_log).neg_().view(H, 1)
         beta = torch.sigmoid(b)

@@ -92,6 +92,21 @@ def test_kda_decode_matches_the_torch_step() -> None:
     torch.testing.assert_close(s, s_ref, rtol=1e-5, atol=1e-5)
 
 
+def test_kda_prepare_matches_the_torch_activations() -> None:
+    T, H, K, V = 7, 4, 16, 8
+    width = 2 * H * K + H * V + H + 2 * V
+    proj = _rand(T, width + 5, seed=60, scale=3.0)[:, :width]  # strided rows, as a slice of a wider buffer
+    up = _rand(T, H * K + H * V, seed=61, scale=12.0)  # f spans softplus's whole range, both tails
+    dt_bias, a_log = _rand(H * K, seed=62), _rand(H, seed=63, scale=0.5)
+    q, k, v, g, beta = cpu_kernels.kda_prepare(proj, up, dt_bias, a_log, H, K, V, K**-0.5, 1e-12)
+    qk = F.rms_norm(proj[:, : 2 * H * K].reshape(T, 2 * H, K), (K,), torch.full((K,), K**-0.5), 1e-12)
+    torch.testing.assert_close(torch.cat([q, k], dim=1), qk, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(v, proj[:, 2 * H * K : 2 * H * K + H * V].reshape(T, H, V), rtol=0, atol=0)
+    g_ref = F.softplus(up[:, : H * K] + dt_bias).reshape(T, H, K) * -torch.exp(a_log).view(H, 1)
+    torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(beta, torch.sigmoid(proj[:, 2 * H * K + H * V : 2 * H * K + H * V + H]), rtol=1e-5, atol=1e-7)
+
+
 def test_kda_scan_matches_the_reference_recurrence_and_the_chunked_form() -> None:
     B, T, H, K, V = 3, 37, 2, 32, 16
     q, k = F.normalize(_rand(B, T, H, K, seed=30), dim=-1), F.normalize(_rand(B, T, H, K, seed=31), dim=-1)
