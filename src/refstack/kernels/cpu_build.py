@@ -52,6 +52,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "refstack" / "kernels"
 
 
+def _umask() -> int:
+    # Read, not set-and-restore: os.umask() would change it for every thread meanwhile.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 def _compiler() -> str:
     cc = os.environ.get("CC") or "cc"
     if shutil.which(cc) is None:
@@ -85,6 +96,9 @@ def build(out_dir: Path | None = None) -> Path:
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             raise NativeKernelsUnavailable(f"{cc} failed to build {SOURCE.name} (exit {proc.returncode}): " + " | ".join(tail))
+        # mkstemp made the file 0600: give it the usual permissions (umask applied), so
+        # a cache shared between users holds a library every one of them can load.
+        os.chmod(tmp, 0o755 & ~_umask())
         os.replace(tmp, target)
     except subprocess.TimeoutExpired:
         raise NativeKernelsUnavailable(f"{cc} took over {BUILD_TIMEOUT_S} s to build {SOURCE.name}") from None

@@ -33,7 +33,10 @@ typedef float v16 __attribute__((vector_size(64)));
  * 2^n put into the exponent bits: about 2 ulp over the clamped range.  Inputs below
  * -87.3 give ~1e-38 instead of 0 (and -inf does too): every caller multiplies or adds
  * the result, where that is 0 to fp32 precision. */
-static inline float exp_approx(float x) {
+static inline float exp_approx(float x_in) {
+    /* NaN compares false everywhere: map it to 0 for the arithmetic (the integer
+     * conversion below is only defined for finite values) and return it at the end. */
+    float x = x_in != x_in ? 0.0f : x_in;
     x = x < -87.3f ? -87.3f : (x > 88.5f ? 88.5f : x);
     const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
     const float n = (x * 1.44269504088896341f + shifter) - shifter;
@@ -45,11 +48,13 @@ static inline float exp_approx(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = (p * r) * r + r + 1.0f;
-    int32_t bits;
+    /* 2^n into the exponent field, in unsigned arithmetic (a left shift of a negative
+     * int is undefined in ISO C); n is in [-126, 128] after the clamp. */
+    uint32_t bits;
     memcpy(&bits, &p, sizeof bits);
-    bits += (int32_t)n << 23;
+    bits += (uint32_t)(int32_t)n << 23;
     memcpy(&p, &bits, sizeof p);
-    return p;
+    return x_in != x_in ? x_in : p;
 }
 
 /* log(1 + y) for y in [0, 1], vectorisable: log(z) = 2 atanh(s) with s = y / (2 + y)
@@ -392,6 +397,7 @@ int refstack_gqa_decode(const float *q, const float *k_new, const float *v_new, 
                         const int64_t *slots, const int64_t *pos, int64_t B, int64_t Hkv, int64_t group,
                         int64_t max_len, int64_t D, float scale, float *out, int nthreads) {
     if (B < 0 || Hkv <= 0 || group <= 0 || max_len <= 0 || D <= 0 || D > 1024 || nthreads < 1) return 1;
+    if (B == 0) return 0; /* (pos may then be a null pointer) */
     for (int64_t b = 0; b < B; b++)
         if (pos[b] < 0 || pos[b] >= max_len || slots[b] < 0) return 2;
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (B * Hkv * group * (pos[0] + 1) * D >= PAR_MIN_FLOATS)

@@ -56,9 +56,24 @@ HALF = NB // 2
 
 
 def _check(name: str, *tensors: Tensor) -> None:
+    """fp32 CPU tensors (every float operand)."""
     for t in tensors:
         if t.dtype != torch.float32 or t.device.type != "cpu":
             raise ValueError(f"{name}: the native kernels take fp32 CPU tensors, got {t.dtype} on {t.device}")
+
+
+def _check_index(name: str, *tensors: Tensor) -> None:
+    """int64 CPU tensors (every index operand: another device's pointer must never reach C)."""
+    for t in tensors:
+        if t.dtype != torch.int64 or t.device.type != "cpu":
+            raise ValueError(f"{name}: index tensors must be int64 on the CPU, got {t.dtype} on {t.device}")
+
+
+def _check_packed(name: str, *tensors: Tensor) -> None:
+    for t in tensors:
+        if t.shape[-1] != NB or not t.is_contiguous():
+            raise ValueError(f"{name}: packed weights must be contiguous with {NB}-column blocks, "
+                             f"got {tuple(t.shape)} (contiguous={t.is_contiguous()}); pack them with this module")
 
 
 def pack(w: Tensor) -> Tensor:
@@ -90,13 +105,15 @@ def pack_down(w_down: Tensor) -> Tensor:
 def gemm(x: Tensor, packed: Tensor, n: int) -> Tensor:
     """``x [M, K] @ W`` for a weight W [K, n] packed by ``pack``; returns a new [M, n]."""
     _check("gemm", x, packed)
-    if x.dim() != 2 or x.shape[1] != packed.shape[1] or packed.shape[0] != -(-n // NB) or not packed.is_contiguous():
+    _check_packed("gemm", packed)
+    if x.dim() != 2 or packed.dim() != 3 or x.shape[1] != packed.shape[1] or packed.shape[0] != -(-n // NB):
         raise ValueError(f"gemm: x {tuple(x.shape)} does not fit a packed weight {tuple(packed.shape)} with n={n}")
-    if x.stride(1) != 1:
-        x = x.contiguous()
+    if x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) < x.shape[1]):
+        x = x.contiguous()  # (expanded or overlapping rows; strided rows are read in place)
     M, K = x.shape
     y = torch.empty(M, n, dtype=x.dtype)
-    if M and load().refstack_gemm(x.data_ptr(), M, K, x.stride(0), packed.data_ptr(), n, y.data_ptr(), n,
+    ldx = x.stride(0) if M > 1 else K  # a one-row tensor may report any row stride
+    if M and load().refstack_gemm(x.data_ptr(), M, K, ldx, packed.data_ptr(), n, y.data_ptr(), n,
                                   torch.get_num_threads()):
         raise ValueError(f"refstack_gemm rejected M={M} K={K} N={n} ldx={x.stride(0)}")
     return y
@@ -107,6 +124,9 @@ def moe_experts(rows: Tensor, counts: list[int], gate_up: Tensor, down: Tensor) 
 
     ``gate_up`` from ``pack_gate_up``, ``down`` from ``pack_down``; returns [n, D]."""
     _check("moe_experts", rows, gate_up, down)
+    _check_packed("moe_experts", gate_up, down)
+    if gate_up.dim() != 4 or down.dim() != 4:
+        raise ValueError(f"moe_experts: packed weights {tuple(gate_up.shape)} / {tuple(down.shape)} must be 4-d")
     E, n_blocks, D, _ = gate_up.shape
     inner = n_blocks * HALF
     if len(counts) != E or sum(counts) != rows.shape[0] or rows.shape[1] != D or down.shape[:3] != (E, -(-D // NB), inner):
@@ -131,8 +151,9 @@ def moe_dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts:
     Returns (rows [T*k, D] in expert order, counts per expert, copy_slot [T, k]: the row
     of each (token, choice) copy, token_ids [T*k] and weights [T*k] in expert order)."""
     _check("moe_dispatch", x, topk_weights)
+    _check_index("moe_dispatch", topk_ids)
     T, k = topk_ids.shape
-    if x.dim() != 2 or x.shape[0] != T or topk_weights.shape != (T, k) or topk_ids.dtype != torch.int64:
+    if x.dim() != 2 or x.shape[0] != T or topk_weights.shape != (T, k):
         raise ValueError(f"moe_dispatch: x {tuple(x.shape)}, topk_ids {tuple(topk_ids.shape)} {topk_ids.dtype}, "
                          f"topk_weights {tuple(topk_weights.shape)} do not match")
     x, ids, w = x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
@@ -154,8 +175,9 @@ def moe_dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts:
 def moe_combine(out: Tensor, copy_slot: Tensor, copy_weights: Tensor) -> Tensor:
     """``y[t] = sum_j copy_weights[t, j] * out[copy_slot[t, j]]``, in each token's own top-k order."""
     _check("moe_combine", out, copy_weights)
+    _check_index("moe_combine", copy_slot)
     T, k = copy_slot.shape
-    if out.dim() != 2 or copy_weights.shape != (T, k) or copy_slot.dtype != torch.int64 or \
+    if out.dim() != 2 or copy_weights.shape != (T, k) or \
             (T and int(copy_slot.max()) >= out.shape[0]) or (T and int(copy_slot.min()) < 0):
         raise ValueError(f"moe_combine: out {tuple(out.shape)}, copy_slot {tuple(copy_slot.shape)}, "
                          f"copy_weights {tuple(copy_weights.shape)} do not match")
@@ -257,14 +279,17 @@ def gqa_decode(q: Tensor, k_new: Tensor, v_new: Tensor, keys: Tensor, values: Te
     q [B, Hq, D]; k_new, v_new [B, Hkv, D]; keys, values [slots, Hkv, max_len, D]
     (contiguous, written in place); slots, positions [B] int64.  Returns [B, Hq, D]."""
     _check("gqa_decode", q, k_new, v_new, keys, values)
+    _check_index("gqa_decode", slots, positions)
     B, Hq, D = q.shape
     n_slots, Hkv, max_len, _ = keys.shape
     if k_new.shape != (B, Hkv, D) or v_new.shape != k_new.shape or values.shape != keys.shape or keys.shape[-1] != D \
-            or Hq % Hkv or slots.shape != (B,) or positions.shape != (B,) or slots.dtype != torch.int64 \
-            or positions.dtype != torch.int64 or not keys.is_contiguous() or not values.is_contiguous():
+            or Hq % Hkv or slots.shape != (B,) or positions.shape != (B,) \
+            or not keys.is_contiguous() or not values.is_contiguous():
         raise ValueError(f"gqa_decode: q {tuple(q.shape)}, k/v {tuple(k_new.shape)}, cache {tuple(keys.shape)}, "
                          f"slots {tuple(slots.shape)}, positions {tuple(positions.shape)} do not match")
-    if B and int(slots.max()) >= n_slots:
+    if B == 0:
+        return torch.empty_like(q)
+    if int(slots.max()) >= n_slots:
         raise ValueError(f"gqa_decode: slot {int(slots.max())} outside a cache of {n_slots} slots")
     q, k_new, v_new, slots, positions = (t.contiguous() for t in (q, k_new, v_new, slots, positions))
     out = torch.empty_like(q)

@@ -31,6 +31,8 @@ class DecoderLayer(nn.Module):
         self.moe = MoE(config, layer, gen)
 
     def forward(self, x: Tensor, batch: ForwardBatch, cache: ModelCache) -> Tensor:
+        """The block's output.  On the native path ``x`` itself is updated in place and
+        returned: the caller (``forward_chunks``) owns the residual stream."""
         if self.mlp_norm.native:
             # The residual add rides in the norm kernel, and x (this forward's own
             # residual stream) is updated in place: two fewer passes per block.

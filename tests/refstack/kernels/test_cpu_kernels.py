@@ -79,6 +79,15 @@ def test_rms_norm_plain_fused_residual_and_gated() -> None:
     torch.testing.assert_close(got, F.rms_norm(x + delta, (64,), w, 1e-6), rtol=1e-5, atol=1e-6)
 
 
+def test_nan_and_extreme_gates_behave_as_in_torch() -> None:
+    x, w = _rand(2, 32, seed=80), _rand(32, seed=81)
+    gate = torch.tensor([float("nan"), 200.0, -200.0, 88.0, -88.0, 0.0, 1e-30, -1e-30] * 8).view(2, 32)
+    got = cpu_kernels.rms_norm(x, w, 1e-6, gate=gate)
+    ref = F.rms_norm(x, (32,), w, 1e-6) * torch.sigmoid(gate)
+    assert torch.equal(got.isnan(), ref.isnan())
+    torch.testing.assert_close(got.nan_to_num(), ref.nan_to_num(), rtol=1e-5, atol=1e-30)
+
+
 def test_kda_decode_matches_the_torch_step() -> None:
     B, H, K, V = 5, 4, 64, 32
     q, k = F.normalize(_rand(B, H, K, seed=14), dim=-1), F.normalize(_rand(B, H, K, seed=15), dim=-1)
@@ -179,8 +188,37 @@ def test_bad_inputs_raise_value_errors_that_name_the_kernel() -> None:
         cpu_kernels.kda_decode(*(_rand(2, 4, 16, seed=s_) for s_ in (1, 2, 3)), _rand(2, 4, 16, seed=4), _rand(2, 4, seed=5), s, 1.0)
 
 
+def test_wrappers_stop_what_the_c_code_cannot_take() -> None:
+    w = cpu_kernels.pack(_rand(64, 64, seed=70))
+    with pytest.raises(ValueError, match="32-column blocks"):
+        cpu_kernels.gemm(_rand(2, 64, seed=71), w[..., :16].contiguous(), 64)
+    gate_up, down = cpu_kernels.pack_gate_up(_rand(2, 64, 64, seed=72)), cpu_kernels.pack_down(_rand(2, 32, 64, seed=73))
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu_kernels.moe_experts(_rand(3, 64, seed=74), [1, 2], gate_up.transpose(0, 1).contiguous().transpose(0, 1), down)
+    with pytest.raises(ValueError, match="index tensors must be int64 on the CPU"):
+        cpu_kernels.moe_dispatch(_rand(2, 8, seed=75), torch.zeros(2, 2, dtype=torch.int64, device="meta"), torch.ones(2, 2), 4)
+    with pytest.raises(ValueError, match="index tensors must be int64 on the CPU"):
+        cpu_kernels.moe_combine(_rand(4, 8, seed=76), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, 2))
+    cache = torch.zeros(2, 1, 8, 4)
+    with pytest.raises(ValueError, match="index tensors must be int64 on the CPU"):
+        cpu_kernels.gqa_decode(torch.zeros(1, 2, 4), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4), cache, cache.clone(),
+                               torch.tensor([1], device="meta"), torch.tensor([0]), 1.0)
+    empty = cpu_kernels.gqa_decode(torch.zeros(0, 2, 4), torch.zeros(0, 1, 4), torch.zeros(0, 1, 4), cache, cache.clone(),
+                                   torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), 1.0)
+    assert empty.shape == (0, 2, 4)
+
+
+def test_gemm_takes_rows_with_unusual_strides() -> None:
+    w = _rand(64, 32, seed=77)
+    one = torch.randn(64, 1, generator=torch.Generator().manual_seed(78)).t()  # contiguous, strides (1, 1)
+    torch.testing.assert_close(cpu_kernels.gemm(one, cpu_kernels.pack(w), 32), one @ w, rtol=1e-5, atol=1e-5)
+    expanded = _rand(1, 64, seed=79).expand(3, 64)  # row stride 0
+    torch.testing.assert_close(cpu_kernels.gemm(expanded, cpu_kernels.pack(w), 32), expanded @ w, rtol=1e-5, atol=1e-5)
+
+
 def test_build_is_cached_per_source_compiler_and_cpu(tmp_path: Path) -> None:
     first = cpu_build.build(tmp_path)
+    assert first.stat().st_mode & 0o777 == 0o755 & ~cpu_build._umask()  # loadable by other users of a shared cache
     stamp = first.stat().st_mtime_ns
     again = cpu_build.build(tmp_path)
     assert again == first and again.stat().st_mtime_ns == stamp  # not rebuilt
