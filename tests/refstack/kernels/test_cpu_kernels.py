@@ -239,3 +239,34 @@ def test_failing_compiler_reports_its_output_and_leaves_nothing(tmp_path: Path, 
     with pytest.raises(cpu_build.NativeKernelsUnavailable, match=r"failed to build cpu_kernels.c \(exit 4\): fatal: no openmp here"):
         cpu_build.build(tmp_path / "cache")
     assert os.listdir(tmp_path / "cache") == []
+
+
+def test_the_kernel_lab_example_spec_passes_and_catches_a_batch_dependent_gemm() -> None:
+    """examples/cpu-kernels/spec.py through the kernel lab: every kernel and variant passes,
+    and a GEMM whose rows depend on the batch fails the bit-exact rows_split check."""
+    from infra_agent.kernels.correctness import check_spec
+    from infra_agent.kernels.loader import load_specs
+
+    specs = {s.name: s for s in load_specs(Path(__file__).parents[3] / "examples" / "cpu-kernels" / "spec.py")}
+    assert set(specs) == {"decode_gemm", "moe_experts", "kda_scan"}
+    for spec in specs.values():
+        report = check_spec(spec, seeds=[5], device="cpu")
+        assert report.passed, [r.to_dict() for r in report.failures]
+        assert {r.variant for r in report.results} == {"kernel", *(v.name for v in spec.variants)}
+    # A GEMM that picks its algorithm by row count, as BLAS libraries do (here: split-K
+    # from 8 rows up), changes a row's rounding with the batch: rows_split catches it.
+    import dataclasses
+
+    def by_row_count(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor, **_: object) -> torch.Tensor:
+        if x.shape[0] < 8:
+            return cpu_kernels.gemm(x, packed, w.shape[1])
+        return sum(x[:, i::4] @ w[i::4] for i in range(4))  # type: ignore[return-value]
+
+    buggy = dataclasses.replace(specs["decode_gemm"], kernel=by_row_count, variants=[
+        dataclasses.replace(specs["decode_gemm"].variant("rows_split"),
+                            fn=lambda x, w, packed, **kw: torch.cat([by_row_count(x[: len(x) // 2], w, packed),
+                                                                   by_row_count(x[len(x) // 2 :], w, packed)]))])
+    report = check_spec(buggy, seeds=[5], device="cpu", variants=["rows_split"])
+    assert not report.passed and {r.variant for r in report.failures} == {"rows_split"}
+    # 8 rows -> 4 + 4 crosses the switch (whether MKL itself is row-invariant at 32 -> 16 is its business)
+    assert {"M=8,K=512,N=512", "M=8,K=512,N=900"} <= {r.shape for r in report.failures}
