@@ -119,6 +119,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "refstack_moe_combine": [ptr, ptr, ptr, i64, i64, i64, ptr, cint],
         "refstack_gqa_decode": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, cint],
         "refstack_kda_prepare": [ptr, i64, ptr, i64, ptr, ptr, f32, f32, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, cint],
+        "refstack_kda_decode_block": [ptr, i64, i64, ptr, i64, ptr, ptr, ptr, f32, f32, ptr, i64, i64, i64, f32, ptr, f32,
+                                      ptr, ptr, ptr, cint],
         "refstack_kda_scan": [ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, cint],
     }
     for name, argtypes in signatures.items():

@@ -436,3 +436,30 @@ int refstack_gqa_decode(const float *q, const float *k_new, const float *v_new, 
     }
     return 0;
 }
+
+/* ---------------------------------------------------------------- KDA decode block
+ * A whole KDA layer for B decode tokens in one call, so the step pays one call instead
+ * of seven (each a few microseconds of Python, checks and allocations, which at decode
+ * cost as much as the small kernels themselves):
+ *   proj = h @ in_proj;  up = proj[:, -2V:] @ low_rank;  q, k, v, g, beta = prepare
+ *   o = scan(T = 1) on S (updated in place);  o = rms_norm(o) * sigmoid(gate);  out = o @ o_proj
+ * `scratch` holds B * (n_in + HK + HV + 3HK + 2HV + H + HV) floats. */
+int refstack_kda_decode_block(const float *h, int64_t B, int64_t D, const float *in_proj, int64_t n_in,
+                              const float *low_rank, const float *dt_bias, const float *A_log, float l2w, float l2_eps,
+                              float *S, int64_t H, int64_t K, int64_t V, float scale, const float *o_norm_w, float o_eps,
+                              const float *o_proj, float *out, float *scratch, int nthreads) {
+    const int64_t n_up = H * K + H * V, rank2 = n_in - (2 * H * K + H * V + H);
+    if (B <= 0 || D <= 0 || rank2 <= 0 || nthreads < 1) return 1;
+    float *proj = scratch, *up = proj + B * n_in, *q = up + B * n_up, *k = q + B * H * K, *g = k + B * H * K;
+    float *v = g + B * H * K, *beta = v + B * H * V, *o = beta + B * H, *gate = o + B * H * V, *y = gate + B * H * V;
+    int rc = refstack_gemm(h, B, D, D, in_proj, n_in, proj, n_in, nthreads);
+    rc = rc ? rc : refstack_gemm(proj + (n_in - rank2), B, rank2, n_in, low_rank, n_up, up, n_up, nthreads);
+    rc = rc ? rc : refstack_kda_prepare(proj, n_in, up, n_up, dt_bias, A_log, l2w, l2_eps, B, H, K, V, q, k, v, g, beta,
+                                        nthreads);
+    rc = rc ? rc : refstack_kda_scan(q, k, v, g, beta, S, B, 1, H, K, V, scale, o, nthreads);
+    if (rc) return rc;
+    for (int64_t b = 0; b < B; b++) /* the gate's rows are strided inside up */
+        memcpy(gate + b * H * V, up + b * n_up + H * K, (size_t)(H * V) * sizeof(float));
+    rc = refstack_rms_norm(o, NULL, B * H, V, o_norm_w, o_eps, gate, y, nthreads);
+    return rc ? rc : refstack_gemm(y, B, H * V, H * V, o_proj, D, out, D, nthreads);
+}

@@ -9,6 +9,7 @@
 - ``gqa_decode``: one query token per sequence against its slot of the KV cache;
 - ``rms_norm``: RMSNorm, optionally after a residual add or with a sigmoid gate;
 - ``kda_prepare``: KDA's q/k normalisation, decay, beta from its projections;
+- ``kda_decode_block``: a whole KDA layer's decode step in one call;
 - ``kda_scan`` / ``kda_decode``: the KDA recurrence over T tokens (prefill) or one
   (decode), the state updated in place.
 
@@ -39,6 +40,7 @@ __all__ = [
     "gemm",
     "gqa_decode",
     "kda_decode",
+    "kda_decode_block",
     "kda_prepare",
     "kda_scan",
     "load",
@@ -240,6 +242,36 @@ def kda_prepare(proj: Tensor, up: Tensor, dt_bias: Tensor, a_log: Tensor, heads:
                                    g.data_ptr(), beta.data_ptr(), torch.get_num_threads()):
         raise ValueError(f"refstack_kda_prepare rejected T={T} H={H} K={K} V={V}")
     return q, k, v, g, beta
+
+
+def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tensor, a_log: Tensor, state: Tensor,
+                     o_norm_weight: Tensor, o_norm_eps: float, o_proj: Tensor, scale: float, l2_eps: float) -> Tensor:
+    """A KDA layer's decode step for B tokens in one call (``KDALayer`` with T = 1 each):
+    ``in_proj`` / ``low_rank`` / ``o_proj`` packed by ``pack``; ``state`` [B, H, K, V]
+    (contiguous) updated in place.  Returns the layer's output [B, D]."""
+    _check("kda_decode_block", h, in_proj, low_rank, dt_bias, a_log, state, o_norm_weight, o_proj)
+    _check_packed("kda_decode_block", in_proj, low_rank, o_proj)
+    B, D = h.shape
+    _, H, K, V = state.shape
+    n_in, n_up = in_proj.shape[0] * NB, H * K + H * V
+    n_in_exact = 2 * H * K + H * V + H + low_rank.shape[1]
+    if state.shape[0] != B or not state.is_contiguous() or in_proj.shape[1] != D or -(-n_in_exact // NB) != in_proj.shape[0] \
+            or low_rank.shape[0] != -(-n_up // NB) or o_proj.shape[1] != H * V or o_proj.shape[0] != -(-D // NB) \
+            or dt_bias.shape != (H * K,) or a_log.shape != (H,) or o_norm_weight.shape != (V,):
+        raise ValueError(f"kda_decode_block: h {tuple(h.shape)}, state {tuple(state.shape)}, packed in_proj "
+                         f"{tuple(in_proj.shape)} / low_rank {tuple(low_rank.shape)} / o_proj {tuple(o_proj.shape)} "
+                         "do not fit one KDA layer")
+    del n_in
+    h = h.contiguous()
+    out = torch.empty(B, D, dtype=h.dtype)
+    scratch = torch.empty(B * (n_in_exact + n_up + 3 * H * K + 3 * H * V + H + H * V), dtype=h.dtype)
+    if load().refstack_kda_decode_block(h.data_ptr(), B, D, in_proj.data_ptr(), n_in_exact, low_rank.data_ptr(),
+                                        dt_bias.contiguous().data_ptr(), a_log.contiguous().data_ptr(), K**-0.5, l2_eps,
+                                        state.data_ptr(), H, K, V, scale, o_norm_weight.contiguous().data_ptr(),
+                                        o_norm_eps, o_proj.data_ptr(), out.data_ptr(), scratch.data_ptr(),
+                                        torch.get_num_threads()):
+        raise ValueError(f"refstack_kda_decode_block rejected B={B} D={D} H={H} K={K} V={V}")
+    return out
 
 
 def kda_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, scale: float) -> Tensor:

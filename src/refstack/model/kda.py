@@ -97,6 +97,8 @@ class KDALayer(nn.Module):
 
     def forward(self, x: Tensor, batch: ForwardBatch, cache: ModelCache) -> Tensor:
         with tracing.span("kda", cat="kda", layer=self.layer, tokens=batch.num_tokens):
+            if self.native and batch.num_decode == batch.num_tokens and batch.decode_slot_range is not None:
+                return self._decode_block(x, batch, cache.states[self.layer])
             q, k, v, g, beta, gate = self.project(x)
             states = cache.states[self.layer]
             nd = batch.num_decode
@@ -141,6 +143,18 @@ class KDALayer(nn.Module):
         o = self._step(q, k, v, g, beta, state)
         states.index_copy_(0, batch.decode_slots, state)
         return o
+
+    def _decode_block(self, x: Tensor, batch: ForwardBatch, states: Tensor) -> Tensor:
+        """A decode-only step on consecutive slots: the whole layer in one native call
+        (the same kernels as the step-by-step native path, in the same order)."""
+        if batch.fresh_decode_slots is not None:
+            states.index_fill_(0, batch.fresh_decode_slots, 0.0)
+        assert batch.decode_slot_range is not None and self.low_rank_packed is not None
+        assert self.in_proj.packed is not None and self.o_proj.packed is not None
+        lo, hi = batch.decode_slot_range
+        return cpu_kernels.kda_decode_block(x, self.in_proj.packed, self.low_rank_packed, self.dt_bias, self.A_log,
+                                            states[lo:hi], self.o_norm.weight, self.o_norm.eps, self.o_proj.packed,
+                                            self.scale, 1e-12)
 
     def _step(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> Tensor:
         """One recurrent step, ``state`` (contiguous) updated in place."""

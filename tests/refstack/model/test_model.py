@@ -181,3 +181,26 @@ def test_native_kernels_give_torch_logits(preset: str) -> None:
     torch.testing.assert_close(results[True], results[False], atol=ATOL, rtol=RTOL)
     model.use_native_kernels(False)
     assert all(m.packed is None for m in model.modules() if hasattr(m, "packed"))  # switched back off
+
+
+def test_native_decode_block_is_bit_identical_to_the_step_by_step_native_path() -> None:
+    """Consecutive decode slots take the fused one-call KDA layer; scattered slots the
+    per-kernel path.  Same kernels, same order: the logits must be equal bit for bit."""
+    if not cpu_kernels.available():
+        pytest.skip(f"native kernels unavailable: {cpu_kernels.unavailable_reason()}")
+    model = HybridModel(HybridConfig.preset("tiny"))
+    model.use_native_kernels(True)
+    prompts = [_prompt(n, seed=50 + n) for n in (9, 21, 14)]
+    out = {}
+    for name, slots in (("block", [0, 1, 2]), ("per_kernel", [0, 2, 4])):
+        cache = model.new_cache(num_slots=5)
+        for slot, p in zip(slots, prompts, strict=True):
+            model.forward_chunks([SeqChunk(slot, p, 0)], cache)
+        steps, tokens = [], [3, 70, 200]
+        for t in range(3):
+            logits = model.forward_chunks([SeqChunk(s, [tok], len(p) + t) for s, tok, p in zip(slots, tokens, prompts, strict=True)],
+                                          cache)
+            steps.append(logits)
+            tokens = logits.argmax(-1).tolist()
+        out[name] = torch.stack(steps)
+    assert torch.equal(out["block"], out["per_kernel"])
