@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import random
 import statistics
 import time
 from collections.abc import Callable
@@ -31,23 +30,15 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+# bench/ is the script's directory: the same paired bootstrap as bench/engine_throughput.py
+from engine_throughput import ratio_ci
+
 from refstack.kernels import cpu_kernels
 from refstack.model import HybridConfig
 from refstack.model.layers import matmul_rows
 from refstack.model.moe import swiglu_experts
 
 POOL_MIB = 256  # default pool: 8x a 32 MiB L3, so every weight is cold when its turn comes
-
-
-def ratio_ci(a: list[float], b: list[float], n_boot: int = 4000, seed: int = 0) -> tuple[float, float, float]:
-    """mean(a) / mean(b) and its 95% paired-bootstrap interval."""
-    rng = random.Random(seed)
-    idx = range(len(a))
-    boots = sorted(
-        statistics.fmean(a[i] for i in pick) / statistics.fmean(b[i] for i in pick)
-        for pick in ([rng.choice(idx) for _ in idx] for _ in range(n_boot))
-    )
-    return statistics.fmean(a) / statistics.fmean(b), boots[int(0.025 * n_boot)], boots[int(0.975 * n_boot) - 1]
 
 
 def interleaved(variants: dict[str, Callable[[], None]], calls: int, repeats: int) -> dict[str, list[float]]:

@@ -19,9 +19,12 @@ import json
 import sys
 from typing import Any
 
+# bench/ is the script's directory: the same engine set-up as bench/engine_throughput.py
+from engine_throughput import make_engine
+
 from infra_agent import tracing
-from refstack.engine import Engine, EngineConfig, SamplingParams
-from refstack.model import ByteTokenizer, HybridConfig, HybridModel
+from refstack.engine import SamplingParams
+from refstack.model import HybridConfig, HybridModel
 
 PHASES = ("decode", "prefill")
 OUTER = {"model.forward", *PHASES}
@@ -57,9 +60,7 @@ def main() -> None:
     args = ap.parse_args()
 
     model = HybridModel(HybridConfig.preset(args.preset))
-    engine = Engine(EngineConfig(preset=args.preset, max_running=args.batch, max_batch_tokens=args.batch * args.prompt_len,
-                                 prefill_chunk=args.prompt_len, cpu_kernels=args.cpu_kernels),
-                    model=model, tokenizer=ByteTokenizer())
+    engine = make_engine(model, args.preset, args.batch, args.prompt_len, args.cpu_kernels)
     prompts = [[(31 * b + 7 * i) % 256 for i in range(args.prompt_len)] for b in range(args.batch)]
     params = SamplingParams(max_tokens=args.gen_len, temperature=0.0, ignore_eos=True)
     engine.generate(prompts, params)  # warm-up, untraced

@@ -22,13 +22,7 @@ import torch
 from infra_agent import tracing
 from refstack.engine.config import EngineConfig
 from refstack.engine.consumers import RequestStream, run_to_completion
-from refstack.engine.request import (
-    Request,
-    RequestOutput,
-    RequestState,
-    RequestStats,
-    Sink,
-)
+from refstack.engine.request import Request, RequestOutput, RequestState, RequestStats, Sink
 from refstack.engine.sampling import SamplingParams, make_generator, sample_tokens
 from refstack.engine.scheduler import ScheduledChunk, Scheduler
 from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk

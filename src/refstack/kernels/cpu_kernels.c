@@ -443,7 +443,7 @@ int refstack_gqa_decode(const float *q, const float *k_new, const float *v_new, 
  * cost as much as the small kernels themselves):
  *   proj = h @ in_proj;  up = proj[:, -2V:] @ low_rank;  q, k, v, g, beta = prepare
  *   o = scan(T = 1) on S (updated in place);  o = rms_norm(o) * sigmoid(gate);  out = o @ o_proj
- * `scratch` holds B * (n_in + HK + HV + 3HK + 2HV + H + HV) floats. */
+ * `scratch` holds B * (n_in + 4HK + 5HV + H) floats: proj, up, q, k, g, v, beta, o, gate, y. */
 int refstack_kda_decode_block(const float *h, int64_t B, int64_t D, const float *in_proj, int64_t n_in,
                               const float *low_rank, const float *dt_bias, const float *A_log, float l2w, float l2_eps,
                               float *S, int64_t H, int64_t K, int64_t V, float scale, const float *o_norm_w, float o_eps,

@@ -253,7 +253,7 @@ def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tens
     _check_packed("kda_decode_block", in_proj, low_rank, o_proj)
     B, D = h.shape
     _, H, K, V = state.shape
-    n_in, n_up = in_proj.shape[0] * NB, H * K + H * V
+    n_up = H * K + H * V
     n_in_exact = 2 * H * K + H * V + H + low_rank.shape[1]
     if state.shape[0] != B or not state.is_contiguous() or in_proj.shape[1] != D or -(-n_in_exact // NB) != in_proj.shape[0] \
             or low_rank.shape[0] != -(-n_up // NB) or o_proj.shape[1] != H * V or o_proj.shape[0] != -(-D // NB) \
@@ -261,7 +261,6 @@ def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tens
         raise ValueError(f"kda_decode_block: h {tuple(h.shape)}, state {tuple(state.shape)}, packed in_proj "
                          f"{tuple(in_proj.shape)} / low_rank {tuple(low_rank.shape)} / o_proj {tuple(o_proj.shape)} "
                          "do not fit one KDA layer")
-    del n_in
     h = h.contiguous()
     out = torch.empty(B, D, dtype=h.dtype)
     scratch = torch.empty(B * (n_in_exact + n_up + 3 * H * K + 3 * H * V + H + H * V), dtype=h.dtype)

@@ -67,6 +67,8 @@ class HybridModel(nn.Module):
         """Route the Linears, norms, MoE, KDA recurrence and decode attention through
         ``refstack.kernels.cpu_kernels`` (``on``), or back to torch.  Packs the weights
         once; raises ``NativeKernelsUnavailable`` when the kernels cannot be built here."""
+        if on == self.native_kernels:
+            return  # every Engine over a shared model asks again; nothing to repack
         if on:
             cpu_kernels.load()
         for module in self.modules():

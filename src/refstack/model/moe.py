@@ -73,6 +73,11 @@ def route(router_logits: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
     return ids, torch.softmax(logits, dim=-1)
 
 
+def _rows_per_rank(counts: list[int], per_rank: int) -> list[int]:
+    """Routed copies per rank, from the copies per expert (ranks own contiguous experts)."""
+    return [sum(counts[r : r + per_rank]) for r in range(0, len(counts), per_rank)]
+
+
 def dispatch(
     x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: int, ep_ranks: int, layout: str = "grouped"
 ) -> Dispatched:
@@ -87,8 +92,7 @@ def dispatch(
         if layout == "native":
             # The grouped layout through one native call (a counting sort and a gather).
             rows, counts, slot, token_ids, weights = cpu_kernels.moe_dispatch(x, topk_ids, topk_weights, num_experts)
-            rank_rows = [sum(counts[r * per_rank : (r + 1) * per_rank]) for r in range(ep_ranks)]
-            return Dispatched(list(rows.split(rank_rows)), counts, token_ids, weights, T, slot, topk_weights,
+            return Dispatched(list(rows.split(_rows_per_rank(counts, per_rank))), counts, token_ids, weights, T, slot, topk_weights,
                               grouped=rows, native=True)
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
@@ -98,10 +102,9 @@ def dispatch(
         weights = topk_weights.reshape(-1)[order]
         if layout == "grouped":
             rows = x.index_select(0, token_ids)
-            rank_rows = [sum(counts[r * per_rank : (r + 1) * per_rank]) for r in range(ep_ranks)]
             # Copy i (expert order) sits at output row i; invert the sort for combine.
             slot = torch.empty_like(order).index_copy_(0, order, torch.arange(T * k))
-            return Dispatched(list(rows.split(rank_rows)), counts, token_ids, weights, T, slot.view(T, k), topk_weights,
+            return Dispatched(list(rows.split(_rows_per_rank(counts, per_rank))), counts, token_ids, weights, T, slot.view(T, k), topk_weights,
                               grouped=rows)
         assert layout == "padded", f"unknown MoE dispatch layout {layout!r}"
         capacity = max(counts)
