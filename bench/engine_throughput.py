@@ -48,6 +48,7 @@ BATCHES = (1, 8, 32)
 
 
 def hf_peer(cfg: HybridConfig, mlp: str) -> Any:
+    """A randomly initialised Llama; in bf16 when refstack runs bf16 GEMMs (``cfg.dtype``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     # "active": the MLP width one token runs through (FLOP-matched);
@@ -61,7 +62,8 @@ def hf_peer(cfg: HybridConfig, mlp: str) -> Any:
         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=0,
     )
     torch.manual_seed(cfg.seed)
-    return LlamaForCausalLM(hf_cfg).eval()
+    model = LlamaForCausalLM(hf_cfg).eval()
+    return model.to(torch.bfloat16) if cfg.dtype == "bfloat16" else model
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -158,12 +160,14 @@ def main() -> None:
     ap.add_argument("--long-prompt-len", type=int, default=0, help="also run a long-prompt table (0: skip)")
     ap.add_argument("--long-batches", type=int, nargs="+", default=[8])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="refstack's GEMM operand type (HybridConfig.dtype); the HF peers run in the same dtype")
     ap.add_argument("--json", dest="json_path", help="also write the raw samples here")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    cfg = HybridConfig.preset(args.preset)
+    cfg = HybridConfig.preset(args.preset, dtype=args.dtype)
     ours = {name: HybridModel(cfg) for name in OURS}  # same seed, same weights; one per matmul path
     peers = {f"hf-{p}": hf_peer(cfg, p) for p in PEERS}
     n_params = {k: sum(p.numel() for p in m.parameters()) / 1e6 for k, m in peers.items()}
@@ -174,6 +178,7 @@ def main() -> None:
           f"FLOP-matched), {n_params['hf-active']:.1f}M params")
     print(f"# HF-total: Llama MLP width {cfg.num_experts * cfg.expert_hidden_size} (= num_experts x expert_hidden, "
           f"MLP-weight-matched), {n_params['hf-total']:.1f}M params")
+    print(f"# dtype={args.dtype}: refstack's GEMM operands; the HF peers' weights and activations")
     print(f"# gen_len={args.gen_len} repeats={args.repeats} torch_threads={torch.get_num_threads()} "
           f"cpu={platform.processor() or platform.machine()}")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 LM_HEAD_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "3xtf32", "bf16")
 CPU_KERNELS: tuple[str, ...] = ("auto", "native", "torch")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,9 @@ class EngineConfig:
     max_seq_len: int = 0
     seed: int = 0  # seeds the model weights and unseeded sampling
     lm_head_precision: str = "fp32"
+    # The GEMMs' operand type (HybridConfig.dtype): float32, or bf16 weights and inputs
+    # with fp32 accumulation; everything between the GEMMs stays fp32.
+    dtype: str = "float32"
     torch_threads: int = 0  # 0 leaves torch's default
     # The model's hot path (Linears, norms, MoE, KDA, decode attention): the native
     # kernels (refstack.kernels.cpu_kernels), torch's ops, or native when it builds ("auto").
@@ -55,6 +59,7 @@ class EngineConfig:
         assert 0.0 <= self.step_slowdown <= 0.9, "step_slowdown must be in [0, 0.9]"
         assert self.torch_threads >= 0
         assert self.cpu_kernels in CPU_KERNELS, self.cpu_kernels
+        assert self.dtype in DTYPES, self.dtype
 
     @property
     def slots(self) -> int:

@@ -71,7 +71,8 @@ class Engine:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         if model is None or tokenizer is None:
-            overrides: dict[str, Any] = {"lm_head_precision": config.lm_head_precision, "seed": config.seed}
+            overrides: dict[str, Any] = {"lm_head_precision": config.lm_head_precision, "seed": config.seed,
+                                          "dtype": config.dtype}
             if config.max_seq_len:
                 overrides["max_seq_len"] = config.max_seq_len
             if model is None:

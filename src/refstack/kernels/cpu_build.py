@@ -1,4 +1,5 @@
-"""Build and load ``cpu_kernels.c``: compiled on first use, cached per source, compiler and CPU.
+"""Build and load the native kernels (``cpu_kernels.c``, ``cpu_bf16.c``, ``cpu_attention.c``, ``cpu_common.h``):
+compiled on first use, cached per source, compiler and CPU.
 
 The source is compiled with the system C compiler (``$CC``, else ``cc``) with
 ``-O3 -march=native -fopenmp`` into ``$REFSTACK_KERNEL_CACHE`` (default
@@ -24,7 +25,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+_HERE = Path(__file__).parent
+SOURCES = (_HERE / "cpu_kernels.c", _HERE / "cpu_bf16.c", _HERE / "cpu_attention.c")
+HEADERS = (_HERE / "cpu_common.h",)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 300
 BLOCK_COLS = 32  # columns per packed weight block; checked against the library at load
@@ -77,7 +80,8 @@ def build(out_dir: Path | None = None) -> Path:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise NativeKernelsUnavailable(f"C compiler {cc!r} does not run: {exc}") from None
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, *FLAGS, _cpu_id()]).encode()).hexdigest()[:16]
+    texts = [p.read_text() for p in (*SOURCES, *HEADERS)]
+    key = hashlib.sha256("\0".join([*texts, cc, version, *FLAGS, _cpu_id()]).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     target = out_dir / f"cpu_kernels-{key}.so"
     if target.is_file():
@@ -91,17 +95,17 @@ def build(out_dir: Path | None = None) -> Path:
         raise NativeKernelsUnavailable(f"cannot write the kernel cache {out_dir}: {exc.strerror}") from None
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+        proc = subprocess.run([cc, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True,
                               timeout=BUILD_TIMEOUT_S, check=False)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise NativeKernelsUnavailable(f"{cc} failed to build {SOURCE.name} (exit {proc.returncode}): " + " | ".join(tail))
+            raise NativeKernelsUnavailable(f"{cc} failed to build the kernels (exit {proc.returncode}): " + " | ".join(tail))
         # mkstemp made the file 0600: give it the usual permissions (umask applied), so
         # a cache shared between users holds a library every one of them can load.
         os.chmod(tmp, 0o755 & ~_umask())
         os.replace(tmp, target)
     except subprocess.TimeoutExpired:
-        raise NativeKernelsUnavailable(f"{cc} took over {BUILD_TIMEOUT_S} s to build {SOURCE.name}") from None
+        raise NativeKernelsUnavailable(f"{cc} took over {BUILD_TIMEOUT_S} s to build the kernels") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -115,12 +119,17 @@ def _declare(lib: ctypes.CDLL) -> None:
         "refstack_gemm": [ptr, i64, i64, i64, ptr, i64, ptr, i64, cint],
         "refstack_moe_experts": [ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, cint],
         "refstack_rms_norm": [ptr, ptr, i64, i64, ptr, f32, ptr, ptr, cint],
-        "refstack_moe_dispatch": [ptr, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, cint],
-        "refstack_moe_combine": [ptr, ptr, ptr, i64, i64, i64, ptr, cint],
-        "refstack_gqa_decode": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, cint],
+        "refstack_moe_dispatch": [ptr, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, cint],
+        "refstack_moe_combine": [ptr, i64, ptr, ptr, i64, i64, i64, ptr, cint, cint],
+        "refstack_moe_route": [ptr, i64, i64, i64, ptr, ptr],
+        "refstack_attn_decode_block": [ptr, i64, i64, ptr, ptr, cint, i64, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64,
+                                       i64, f32, ptr, ptr, cint],
+        "refstack_gqa_decode": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, ptr, cint],
         "refstack_kda_prepare": [ptr, i64, ptr, i64, ptr, ptr, f32, f32, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, cint],
         "refstack_kda_decode_block": [ptr, i64, i64, ptr, i64, ptr, ptr, ptr, f32, f32, ptr, i64, i64, i64, f32, ptr, f32,
-                                      ptr, ptr, ptr, cint],
+                                      ptr, cint, ptr, ptr, cint],
+        "refstack_gemm_bf16": [ptr, i64, i64, i64, ptr, i64, ptr, i64, cint],
+        "refstack_moe_experts_bf16": [ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, cint],
         "refstack_kda_scan": [ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, cint],
     }
     for name, argtypes in signatures.items():

@@ -16,46 +16,7 @@
  * Threads come from the OpenMP runtime torch already loaded (same soname), so the
  * kernels share torch's thread pool instead of starting a second one.
  */
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-#define NB 32      /* output columns per packed block */
-#define HALF 16    /* floats per vector */
-#define MR_MAX 8   /* rows per register tile */
-
-typedef float v16 __attribute__((vector_size(64)));
-
-/* exp(x) in plain arithmetic, so loops that call it vectorise: glibc's expf has vector
- * variants only under -ffast-math, and a scalar expf per element was a third of the
- * decode step's silu, gate and softmax time.  Round-to-nearest range reduction
- * x = n ln2 + r (ln2 in two parts), a degree-6 polynomial for e^r on |r| <= ln2/2, and
- * 2^n put into the exponent bits: about 2 ulp over the clamped range.  Inputs below
- * -87.3 give ~1e-38 instead of 0 (and -inf does too): every caller multiplies or adds
- * the result, where that is 0 to fp32 precision. */
-static inline float exp_approx(float x_in) {
-    /* NaN compares false everywhere: map it to 0 for the arithmetic (the integer
-     * conversion below is only defined for finite values) and return it at the end. */
-    float x = x_in != x_in ? 0.0f : x_in;
-    x = x < -87.3f ? -87.3f : (x > 88.5f ? 88.5f : x);
-    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    const float n = (x * 1.44269504088896341f + shifter) - shifter;
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = (p * r) * r + r + 1.0f;
-    /* 2^n into the exponent field, in unsigned arithmetic (a left shift of a negative
-     * int is undefined in ISO C); n is in [-126, 128] after the clamp. */
-    uint32_t bits;
-    memcpy(&bits, &p, sizeof bits);
-    bits += (uint32_t)(int32_t)n << 23;
-    memcpy(&p, &bits, sizeof p);
-    return x_in != x_in ? x_in : p;
-}
+#include "cpu_common.h"
 
 /* log(1 + y) for y in [0, 1], vectorisable: log(z) = 2 atanh(s) with s = y / (2 + y)
  * in [0, 1/3], summed to s^13 (the next term is below 1e-8 of the result). */
@@ -76,14 +37,6 @@ static inline float softplus(float x) {
     return (x > 0.0f ? x : 0.0f) + log1p_unit(exp_approx(-ax));
 }
 
-static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
-static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
-
-enum epilogue { STORE = 0, SILU_MUL = 1 };
-
-/* One MR x NB tile: y[r, :] = x[r, :K] @ block, block [K][NB].
- * STORE writes n_valid (<= NB) columns.  SILU_MUL treats the block's first 16 columns as
- * gate and the last 16 as up and writes silu(gate) * up, 16 columns. */
 static inline __attribute__((always_inline)) void tile(const int mr, const float *x, int64_t ldx, const float *w,
                                                        int64_t K, float *y, int64_t ldy, int n_valid, int epi) {
     v16 a0[MR_MAX], a1[MR_MAX];
@@ -99,23 +52,7 @@ static inline __attribute__((always_inline)) void tile(const int mr, const float
             a1[r] += xv * w1;
         }
     }
-    for (int r = 0; r < mr; r++) {
-        float *out = y + r * ldy;
-        if (epi == SILU_MUL) {
-            float g[HALF], u[HALF];
-            store16(g, a0[r]);
-            store16(u, a1[r]);
-            for (int j = 0; j < HALF; j++) out[j] = g[j] / (1.0f + exp_approx(-g[j])) * u[j];
-        } else if (n_valid == NB) {
-            store16(out, a0[r]);
-            store16(out + HALF, a1[r]);
-        } else { /* the last block of an N that is not a multiple of NB */
-            float tmp[NB];
-            store16(tmp, a0[r]);
-            store16(tmp + HALF, a1[r]);
-            memcpy(out, tmp, (size_t)n_valid * sizeof(float));
-        }
-    }
+    tile_out(mr, a0, a1, y, ldy, n_valid, epi);
 }
 
 /* Constant row counts, so each case gets a fully unrolled register tile. */
@@ -152,19 +89,6 @@ int refstack_gemm(const float *x, int64_t M, int64_t K, int64_t ldx, const float
     return 0;
 }
 
-/* Which (expert, row tile, column block) task t is, for experts whose rows start at
- * offsets[e] (offsets[E] = all rows); tasks are block-major within an expert. */
-static void locate(int64_t t, const int64_t *task_start, int64_t E, const int64_t *offsets, int64_t *e_out,
-                   int64_t *m0_out, int64_t *b_out) {
-    int64_t e = 0;
-    while (e + 1 < E && task_start[e + 1] <= t) e++;
-    const int64_t local = t - task_start[e];
-    const int64_t mt = (offsets[e + 1] - offsets[e] + MR_MAX - 1) / MR_MAX;
-    *e_out = e;
-    *b_out = local / mt;
-    *m0_out = offsets[e] + (local % mt) * MR_MAX;
-}
-
 /* SwiGLU experts over rows grouped by expert (expert e owns rows offsets[e]..offsets[e+1]):
  *   h[rows] = silu(x @ gate_e) * (x @ up_e)      gate|up packed [E][I/16][D][32]:
  *                                                 block j = gate cols 16j.. | up cols 16j..
@@ -190,7 +114,7 @@ int refstack_moe_experts(const float *x, const int64_t *offsets, int64_t E, int6
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < task_start[E]; t++) {
             int64_t e, m0, b;
-            locate(t, task_start, E, offsets, &e, &m0, &b);
+            locate(t, task_start, E, offsets, MR_MAX, &e, &m0, &b);
             const int mr = (int)(offsets[e + 1] - m0 < MR_MAX ? offsets[e + 1] - m0 : MR_MAX);
             const float *w = gate_up + ((e * nb1 + b) * D) * NB;
             tile_rows(mr, x + m0 * D, D, w, D, h + m0 * I + b * HALF, I, HALF, SILU_MUL);
@@ -199,7 +123,7 @@ int refstack_moe_experts(const float *x, const int64_t *offsets, int64_t E, int6
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < task_start2[E]; t++) {
             int64_t e, m0, b;
-            locate(t, task_start2, E, offsets, &e, &m0, &b);
+            locate(t, task_start2, E, offsets, MR_MAX, &e, &m0, &b);
             const int mr = (int)(offsets[e + 1] - m0 < MR_MAX ? offsets[e + 1] - m0 : MR_MAX);
             const int n_valid = (int)(D - b * NB < NB ? D - b * NB : NB);
             const float *w = down + ((e * nb2 + b) * I) * NB;
@@ -213,8 +137,6 @@ int refstack_moe_experts(const float *x, const int64_t *offsets, int64_t E, int6
  * A decode step's norms are [tokens, 512] or smaller: torch runs each as five or six
  * elementwise ops of a few microseconds each.  One pass per row here, one thread
  * unless the tensor is large (a fork/join costs more than the work). */
-
-#define PAR_MIN_FLOATS (1 << 16)
 
 /* A dot product with HALF partial sums: without -ffast-math the compiler may not
  * reorder a float reduction, and a single accumulator is one dependent FMA per element
@@ -343,7 +265,7 @@ int refstack_kda_scan(const float *q, const float *k, const float *v, const floa
  * top-k order, so a token's sum never depends on the rest of the batch. */
 int refstack_moe_dispatch(const float *x, int64_t T, int64_t D, const int64_t *topk_ids, const float *topk_w, int64_t k,
                           int64_t E, int64_t *counts, float *rows, int64_t *copy_slot, int64_t *token_ids,
-                          float *weights, int nthreads) {
+                          float *weights, int64_t *offsets, int nthreads) {
     if (T < 0 || D <= 0 || k <= 0 || E <= 0 || E > 4096 || nthreads < 1) return 1;
     int64_t next[E];
     for (int64_t e = 0; e < E; e++) counts[e] = 0;
@@ -354,8 +276,10 @@ int refstack_moe_dispatch(const float *x, int64_t T, int64_t D, const int64_t *t
     int64_t start = 0;
     for (int64_t e = 0; e < E; e++) {
         next[e] = start;
+        if (offsets) offsets[e] = start;
         start += counts[e];
     }
+    if (offsets) offsets[E] = start;
     for (int64_t c = 0; c < T * k; c++) {
         const int64_t pos = next[topk_ids[c]]++;
         copy_slot[c] = pos;
@@ -367,72 +291,50 @@ int refstack_moe_dispatch(const float *x, int64_t T, int64_t D, const int64_t *t
     return 0;
 }
 
-int refstack_moe_combine(const float *out, const int64_t *copy_slot, const float *w, int64_t T, int64_t k, int64_t D,
-                         float *y, int nthreads) {
+int refstack_moe_combine(const float *out, int64_t n_out, const int64_t *copy_slot, const float *w, int64_t T, int64_t k,
+                         int64_t D, float *y, int accumulate, int nthreads) {
     if (T < 0 || k <= 0 || D <= 0 || nthreads < 1) return 1;
+    for (int64_t c = 0; c < T * k; c++)
+        if (copy_slot[c] < 0 || copy_slot[c] >= n_out) return 2;
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (T * k * D >= PAR_MIN_FLOATS)
     for (int64_t t = 0; t < T; t++) {
-        float *yt = y + t * D;
+        float sum[D];
         const float *first = out + copy_slot[t * k] * D;
         const float w0 = w[t * k];
-        for (int64_t d = 0; d < D; d++) yt[d] = w0 * first[d];
+        for (int64_t d = 0; d < D; d++) sum[d] = w0 * first[d];
         for (int64_t j = 1; j < k; j++) {
             const float *src = out + copy_slot[t * k + j] * D;
             const float wj = w[t * k + j];
-            for (int64_t d = 0; d < D; d++) yt[d] += wj * src[d];
+            for (int64_t d = 0; d < D; d++) sum[d] += wj * src[d];
         }
+        float *yt = y + t * D;
+        if (accumulate) /* the residual add of the block: y is the residual stream */
+            for (int64_t d = 0; d < D; d++) yt[d] += sum[d];
+        else
+            memcpy(yt, sum, (size_t)D * sizeof(float));
     }
     return 0;
 }
 
-/* ---------------------------------------------------------------- GQA decode
- * One query token per sequence against its slot of the KV cache [slots, Hkv, max_len, D]:
- * first k_new / v_new are written at position pos[b], then each query head of the
- * group attends over positions 0..pos[b] with an online softmax (blocks of ATT_BLOCK
- * keys: one rescale of the accumulator per block).  Sequences attend only to their
- * own length: no padding, no mask. */
-#define ATT_BLOCK 64
-
-int refstack_gqa_decode(const float *q, const float *k_new, const float *v_new, float *keys, float *values,
-                        const int64_t *slots, const int64_t *pos, int64_t B, int64_t Hkv, int64_t group,
-                        int64_t max_len, int64_t D, float scale, float *out, int nthreads) {
-    if (B < 0 || Hkv <= 0 || group <= 0 || max_len <= 0 || D <= 0 || D > 1024 || nthreads < 1) return 1;
-    if (B == 0) return 0; /* (pos may then be a null pointer) */
-    for (int64_t b = 0; b < B; b++)
-        if (pos[b] < 0 || pos[b] >= max_len || slots[b] < 0) return 2;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (B * Hkv * group * (pos[0] + 1) * D >= PAR_MIN_FLOATS)
-    for (int64_t bh = 0; bh < B * Hkv; bh++) {
-        const int64_t b = bh / Hkv, h = bh % Hkv, L = pos[b] + 1;
-        float *kc = keys + (slots[b] * Hkv + h) * max_len * D, *vc = values + (slots[b] * Hkv + h) * max_len * D;
-        memcpy(kc + pos[b] * D, k_new + bh * D, (size_t)D * sizeof(float));
-        memcpy(vc + pos[b] * D, v_new + bh * D, (size_t)D * sizeof(float));
-        for (int64_t g = 0; g < group; g++) {
-            const float *qh = q + (bh * group + g) * D;
-            float *oh = out + (bh * group + g) * D;
-            float acc[D], s[ATT_BLOCK];
-            float m = -INFINITY, denom = 0.0f;
-            for (int64_t j = 0; j < D; j++) acc[j] = 0.0f;
-            for (int64_t l0 = 0; l0 < L; l0 += ATT_BLOCK) {
-                const int64_t n = L - l0 < ATT_BLOCK ? L - l0 : ATT_BLOCK;
-                float bm = -INFINITY;
-                for (int64_t i = 0; i < n; i++) {
-                    s[i] = dot(qh, kc + (l0 + i) * D, D) * scale;
-                    bm = s[i] > bm ? s[i] : bm;
-                }
-                const float m_new = bm > m ? bm : m;
-                const float rescale = exp_approx(m - m_new);  /* ~0 on the first block: m = -inf */
-                denom *= rescale;
-                for (int64_t j = 0; j < D; j++) acc[j] *= rescale;
-                for (int64_t i = 0; i < n; i++) s[i] = exp_approx(s[i] - m_new);
-                for (int64_t i = 0; i < n; i++) {
-                    const float *vr = vc + (l0 + i) * D;
-                    denom += s[i];
-                    for (int64_t j = 0; j < D; j++) acc[j] += s[i] * vr[j];
-                }
-                m = m_new;
+/* Router: per token the k largest logits (ties to the lower expert id), their softmax
+ * as weights (the renormalised top-k of a full softmax: its denominator cancels). */
+int refstack_moe_route(const float *logits, int64_t T, int64_t E, int64_t k, int64_t *ids, float *w) {
+    if (T < 0 || E <= 0 || k <= 0 || k > E || k > 64) return 1;
+    for (int64_t t = 0; t < T; t++) {
+        const float *l = logits + t * E;
+        int64_t *id = ids + t * k;
+        for (int64_t j = 0; j < k; j++) { /* k is 1-8: selection beats sorting */
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int64_t i = 0; i < j; i++) taken |= id[i] == e;
+                if (!taken && (best < 0 || l[e] > l[best])) best = e;
             }
-            for (int64_t j = 0; j < D; j++) oh[j] = acc[j] / denom;
+            id[j] = best;
         }
+        float ex[64], sum = 0.0f;
+        for (int64_t j = 0; j < k; j++) sum += ex[j] = expf(l[id[j]] - l[id[0]]);
+        for (int64_t j = 0; j < k; j++) w[t * k + j] = ex[j] / sum;
     }
     return 0;
 }
@@ -443,17 +345,18 @@ int refstack_gqa_decode(const float *q, const float *k_new, const float *v_new, 
  * cost as much as the small kernels themselves):
  *   proj = h @ in_proj;  up = proj[:, -2V:] @ low_rank;  q, k, v, g, beta = prepare
  *   o = scan(T = 1) on S (updated in place);  o = rms_norm(o) * sigmoid(gate);  out = o @ o_proj
+ * The three weights are fp32 packed, or bf16 packed when `bf16` is set (cpu_bf16.c).
  * `scratch` holds B * (n_in + 4HK + 5HV + H) floats: proj, up, q, k, g, v, beta, o, gate, y. */
-int refstack_kda_decode_block(const float *h, int64_t B, int64_t D, const float *in_proj, int64_t n_in,
-                              const float *low_rank, const float *dt_bias, const float *A_log, float l2w, float l2_eps,
+int refstack_kda_decode_block(const float *h, int64_t B, int64_t D, const void *in_proj, int64_t n_in,
+                              const void *low_rank, const float *dt_bias, const float *A_log, float l2w, float l2_eps,
                               float *S, int64_t H, int64_t K, int64_t V, float scale, const float *o_norm_w, float o_eps,
-                              const float *o_proj, float *out, float *scratch, int nthreads) {
+                              const void *o_proj, int bf16, float *out, float *scratch, int nthreads) {
     const int64_t n_up = H * K + H * V, rank2 = n_in - (2 * H * K + H * V + H);
     if (B <= 0 || D <= 0 || rank2 <= 0 || nthreads < 1) return 1;
     float *proj = scratch, *up = proj + B * n_in, *q = up + B * n_up, *k = q + B * H * K, *g = k + B * H * K;
     float *v = g + B * H * K, *beta = v + B * H * V, *o = beta + B * H, *gate = o + B * H * V, *y = gate + B * H * V;
-    int rc = refstack_gemm(h, B, D, D, in_proj, n_in, proj, n_in, nthreads);
-    rc = rc ? rc : refstack_gemm(proj + (n_in - rank2), B, rank2, n_in, low_rank, n_up, up, n_up, nthreads);
+    int rc = gemm_any(bf16, h, B, D, D, in_proj, n_in, proj, n_in, nthreads);
+    rc = rc ? rc : gemm_any(bf16, proj + (n_in - rank2), B, rank2, n_in, low_rank, n_up, up, n_up, nthreads);
     rc = rc ? rc : refstack_kda_prepare(proj, n_in, up, n_up, dt_bias, A_log, l2w, l2_eps, B, H, K, V, q, k, v, g, beta,
                                         nthreads);
     rc = rc ? rc : refstack_kda_scan(q, k, v, g, beta, S, B, 1, H, K, V, scale, o, nthreads);
@@ -461,5 +364,5 @@ int refstack_kda_decode_block(const float *h, int64_t B, int64_t D, const float 
     for (int64_t b = 0; b < B; b++) /* the gate's rows are strided inside up */
         memcpy(gate + b * H * V, up + b * n_up + H * K, (size_t)(H * V) * sizeof(float));
     rc = refstack_rms_norm(o, NULL, B * H, V, o_norm_w, o_eps, gate, y, nthreads);
-    return rc ? rc : refstack_gemm(y, B, H * V, H * V, o_proj, D, out, D, nthreads);
+    return rc ? rc : gemm_any(bf16, y, B, H * V, H * V, o_proj, D, out, D, nthreads);
 }

@@ -19,6 +19,11 @@ slowest: on the 2-core AVX-512 bench box it streams a 1 MiB weight at 4-10 GB/s 
 kernels replace chains of small tensor ops whose per-op cost dominates at decode.
 Results match torch to fp32 rounding, not bit for bit (different summation order);
 a row's result never depends on the other rows in the call.
+
+Every packing function takes ``dtype``: ``torch.float32``, or ``torch.bfloat16`` for
+the bf16 GEMMs of ``cpu_bf16.c`` (weights rounded to bf16 when packed, activations
+rounded to bf16 inside the call, fp32 accumulation): ``gemm``, ``moe_experts`` and
+``kda_decode_block`` pick the kernel from the packed weights' dtype.
 """
 
 from __future__ import annotations
@@ -72,66 +77,100 @@ def _check_index(name: str, *tensors: Tensor) -> None:
 
 
 def _check_packed(name: str, *tensors: Tensor) -> None:
+    """fp32 packs end in [..., K, NB]; bf16 packs in [..., K2, NB, 2] (see ``pack``)."""
     for t in tensors:
-        if t.shape[-1] != NB or not t.is_contiguous():
-            raise ValueError(f"{name}: packed weights must be contiguous with {NB}-column blocks, "
-                             f"got {tuple(t.shape)} (contiguous={t.is_contiguous()}); pack them with this module")
+        fp32 = t.dtype == torch.float32 and t.shape[-1] == NB
+        bf16 = t.dtype == torch.bfloat16 and t.dim() >= 2 and t.shape[-2:] == (NB, 2)
+        if not (fp32 or bf16) or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"{name}: packed weights must be contiguous CPU fp32 [..., K, {NB}] or bf16 [..., K/2, {NB}, 2] "
+                             f"blocks, got {t.dtype} {tuple(t.shape)} (contiguous={t.is_contiguous()}); pack them with this module")
 
 
-def pack(w: Tensor) -> Tensor:
-    """A weight [K, N] (any strides) as contiguous column blocks [ceil(N/NB), K, NB], zero-padded."""
+def _packed_k(t: Tensor) -> int:
+    """The reduction length a packed weight covers (bf16 packs hold K in pairs, rounded up)."""
+    return t.shape[-2] if t.dtype == torch.float32 else 2 * t.shape[-3]
+
+
+def _to_pairs(blocks: Tensor) -> Tensor:
+    """fp32 blocks [..., K, NB] as bf16 k-pairs [..., ceil(K/2), NB, 2], a zero row past an odd K."""
+    K = blocks.shape[-2]
+    if K % 2:
+        blocks = torch.cat([blocks, blocks.new_zeros(*blocks.shape[:-2], 1, NB)], dim=-2)
+    pairs = blocks.to(torch.bfloat16).unflatten(-2, (-1, 2))  # [..., K2, 2, NB]
+    return pairs.transpose(-1, -2).contiguous()
+
+
+def _fits(packed: Tensor, k: int) -> bool:
+    return packed.shape[-2] == k if packed.dtype == torch.float32 else packed.shape[-3] == -(-k // 2)
+
+
+def pack(w: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """A weight [K, N] (any strides) as contiguous column blocks [ceil(N/NB), K, NB], zero-padded;
+    with ``dtype=torch.bfloat16``, rounded to bf16 as [ceil(N/NB), ceil(K/2), NB, 2]."""
     K, N = w.shape
     nb = -(-N // NB)
     padded = w.new_zeros(K, nb * NB)
     padded[:, :N] = w
-    return padded.view(K, nb, NB).transpose(0, 1).contiguous()
+    blocks = padded.view(K, nb, NB).transpose(0, 1).contiguous()
+    return _to_pairs(blocks) if dtype == torch.bfloat16 else blocks
 
 
-def pack_gate_up(w_gate_up: Tensor) -> Tensor:
+def pack_gate_up(w_gate_up: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """Experts' [E, D, 2I] (gate columns, then up) as [E, I/16, D, 32]: block j holds gate
-    columns 16j..16j+15 then the matching up columns, so a tile ends in silu(gate) * up."""
+    columns 16j..16j+15 then the matching up columns, so a tile ends in silu(gate) * up.
+    bf16: [E, I/16, ceil(D/2), 32, 2] (see ``pack``)."""
     E, D, two_i = w_gate_up.shape
     inner = two_i // 2
     if inner % HALF:
         raise ValueError(f"pack_gate_up: expert hidden size {inner} is not a multiple of {HALF}")
     gate = w_gate_up[..., :inner].reshape(E, D, inner // HALF, HALF)
     up = w_gate_up[..., inner:].reshape(E, D, inner // HALF, HALF)
-    return torch.cat([gate, up], dim=-1).permute(0, 2, 1, 3).contiguous()
+    blocks = torch.cat([gate, up], dim=-1).permute(0, 2, 1, 3).contiguous()
+    return _to_pairs(blocks) if dtype == torch.bfloat16 else blocks
 
 
-def pack_down(w_down: Tensor) -> Tensor:
-    """Experts' [E, I, D] as [E, ceil(D/NB), I, NB]."""
-    return torch.stack([pack(w) for w in w_down.unbind(0)])
+def pack_down(w_down: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Experts' [E, I, D] as [E, ceil(D/NB), I, NB] (bf16: [E, ceil(D/NB), I/2, NB, 2])."""
+    return torch.stack([pack(w, dtype) for w in w_down.unbind(0)])
 
 
 def gemm(x: Tensor, packed: Tensor, n: int) -> Tensor:
-    """``x [M, K] @ W`` for a weight W [K, n] packed by ``pack``; returns a new [M, n]."""
-    _check("gemm", x, packed)
+    """``x [M, K] @ W`` for a weight W [K, n] packed by ``pack``; returns a new [M, n].
+
+    A bf16 pack runs the bf16 kernel: x rounded to bf16, fp32 accumulation and result."""
+    _check("gemm", x)
     _check_packed("gemm", packed)
-    if x.dim() != 2 or packed.dim() != 3 or x.shape[1] != packed.shape[1] or packed.shape[0] != -(-n // NB):
+    bf16 = packed.dtype == torch.bfloat16
+    if x.dim() != 2 or packed.dim() != (4 if bf16 else 3) or not _fits(packed, x.shape[1]) or packed.shape[0] != -(-n // NB):
         raise ValueError(f"gemm: x {tuple(x.shape)} does not fit a packed weight {tuple(packed.shape)} with n={n}")
     if x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) < x.shape[1]):
         x = x.contiguous()  # (expanded or overlapping rows; strided rows are read in place)
     M, K = x.shape
     y = torch.empty(M, n, dtype=x.dtype)
     ldx = x.stride(0) if M > 1 else K  # a one-row tensor may report any row stride
-    if M and load().refstack_gemm(x.data_ptr(), M, K, ldx, packed.data_ptr(), n, y.data_ptr(), n,
-                                  torch.get_num_threads()):
-        raise ValueError(f"refstack_gemm rejected M={M} K={K} N={n} ldx={x.stride(0)}")
+    kernel = load().refstack_gemm_bf16 if bf16 else load().refstack_gemm
+    if M and kernel(x.data_ptr(), M, K, ldx, packed.data_ptr(), n, y.data_ptr(), n, torch.get_num_threads()):
+        raise ValueError(f"refstack_gemm rejected M={M} K={K} N={n} ldx={x.stride(0)} dtype={packed.dtype}")
     return y
 
 
 def moe_experts(rows: Tensor, counts: list[int], gate_up: Tensor, down: Tensor) -> Tensor:
     """SwiGLU experts over ``rows`` [n, D] grouped by expert, ``counts`` rows per expert.
 
-    ``gate_up`` from ``pack_gate_up``, ``down`` from ``pack_down``; returns [n, D]."""
-    _check("moe_experts", rows, gate_up, down)
+    ``gate_up`` from ``pack_gate_up``, ``down`` from ``pack_down`` (both fp32 or both
+    bf16); returns [n, D]."""
+    _check("moe_experts", rows)
     _check_packed("moe_experts", gate_up, down)
-    if gate_up.dim() != 4 or down.dim() != 4:
-        raise ValueError(f"moe_experts: packed weights {tuple(gate_up.shape)} / {tuple(down.shape)} must be 4-d")
-    E, n_blocks, D, _ = gate_up.shape
+    bf16 = gate_up.dtype == torch.bfloat16
+    dims = 5 if bf16 else 4
+    if gate_up.dim() != dims or down.dim() != dims or down.dtype != gate_up.dtype:
+        raise ValueError(f"moe_experts: packed weights {gate_up.dtype} {tuple(gate_up.shape)} / {down.dtype} "
+                         f"{tuple(down.shape)} must both be {dims}-d of one dtype")
+    E, n_blocks = gate_up.shape[:2]
     inner = n_blocks * HALF
-    if len(counts) != E or sum(counts) != rows.shape[0] or rows.shape[1] != D or down.shape[:3] != (E, -(-D // NB), inner):
+    D = rows.shape[1] if rows.dim() == 2 else -1
+    if len(counts) != E or sum(counts) != rows.shape[0] or not _fits(gate_up, D) or not _fits(down, inner) \
+            or down.shape[:2] != (E, -(-D // NB)):
         raise ValueError(f"moe_experts: rows {tuple(rows.shape)}, {len(counts)} counts, packed {tuple(gate_up.shape)} "
                          f"/ {tuple(down.shape)} do not match")
     rows = rows.contiguous()
@@ -140,8 +179,9 @@ def moe_experts(rows: Tensor, counts: list[int], gate_up: Tensor, down: Tensor) 
         return y
     offsets = torch.tensor([0, *counts], dtype=torch.int64).cumsum_(0)
     h = torch.empty(rows.shape[0], inner, dtype=rows.dtype)
-    if load().refstack_moe_experts(rows.data_ptr(), offsets.data_ptr(), E, D, inner, gate_up.data_ptr(),
-                                   down.data_ptr(), h.data_ptr(), y.data_ptr(), torch.get_num_threads()):
+    kernel = load().refstack_moe_experts_bf16 if bf16 else load().refstack_moe_experts
+    if kernel(rows.data_ptr(), offsets.data_ptr(), E, D, inner, gate_up.data_ptr(), down.data_ptr(), h.data_ptr(),
+              y.data_ptr(), torch.get_num_threads()):
         raise ValueError(f"refstack_moe_experts rejected E={E} D={D} I={inner} counts={counts}")
     return y
 
@@ -166,7 +206,7 @@ def moe_dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts:
     token_ids = torch.empty(T * k, dtype=torch.int64)
     weights = torch.empty(T * k, dtype=x.dtype)
     rc = load().refstack_moe_dispatch(x.data_ptr(), T, D, ids.data_ptr(), w.data_ptr(), k, num_experts, counts.data_ptr(),
-                                      rows.data_ptr(), slot.data_ptr(), token_ids.data_ptr(), weights.data_ptr(),
+                                      rows.data_ptr(), slot.data_ptr(), token_ids.data_ptr(), weights.data_ptr(), None,
                                       torch.get_num_threads())
     if rc:
         raise ValueError(f"moe_dispatch: expert ids must be in [0, {num_experts})" if rc == 2 else
@@ -179,15 +219,16 @@ def moe_combine(out: Tensor, copy_slot: Tensor, copy_weights: Tensor) -> Tensor:
     _check("moe_combine", out, copy_weights)
     _check_index("moe_combine", copy_slot)
     T, k = copy_slot.shape
-    if out.dim() != 2 or copy_weights.shape != (T, k) or \
-            (T and int(copy_slot.max()) >= out.shape[0]) or (T and int(copy_slot.min()) < 0):
+    if out.dim() != 2 or copy_weights.shape != (T, k):
         raise ValueError(f"moe_combine: out {tuple(out.shape)}, copy_slot {tuple(copy_slot.shape)}, "
                          f"copy_weights {tuple(copy_weights.shape)} do not match")
     out, slot, w = out.contiguous(), copy_slot.contiguous(), copy_weights.contiguous()
     y = torch.empty(T, out.shape[1], dtype=out.dtype)
-    if load().refstack_moe_combine(out.data_ptr(), slot.data_ptr(), w.data_ptr(), T, k, out.shape[1], y.data_ptr(),
-                                   torch.get_num_threads()):
-        raise ValueError(f"refstack_moe_combine rejected T={T} k={k} D={out.shape[1]}")
+    rc = load().refstack_moe_combine(out.data_ptr(), out.shape[0], slot.data_ptr(), w.data_ptr(), T, k, out.shape[1],
+                                     y.data_ptr(), 0, torch.get_num_threads())
+    if rc:
+        raise ValueError(f"moe_combine: copy_slot must index the {out.shape[0]} rows of out" if rc == 2 else
+                         f"refstack_moe_combine rejected T={T} k={k} D={out.shape[1]}")
     return y
 
 
@@ -247,16 +288,18 @@ def kda_prepare(proj: Tensor, up: Tensor, dt_bias: Tensor, a_log: Tensor, heads:
 def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tensor, a_log: Tensor, state: Tensor,
                      o_norm_weight: Tensor, o_norm_eps: float, o_proj: Tensor, scale: float, l2_eps: float) -> Tensor:
     """A KDA layer's decode step for B tokens in one call (``KDALayer`` with T = 1 each):
-    ``in_proj`` / ``low_rank`` / ``o_proj`` packed by ``pack``; ``state`` [B, H, K, V]
-    (contiguous) updated in place.  Returns the layer's output [B, D]."""
-    _check("kda_decode_block", h, in_proj, low_rank, dt_bias, a_log, state, o_norm_weight, o_proj)
+    ``in_proj`` / ``low_rank`` / ``o_proj`` packed by ``pack`` (all fp32 or all bf16);
+    ``state`` [B, H, K, V] (contiguous) updated in place.  Returns the layer's output [B, D]."""
+    _check("kda_decode_block", h, dt_bias, a_log, state, o_norm_weight)
     _check_packed("kda_decode_block", in_proj, low_rank, o_proj)
+    bf16 = in_proj.dtype == torch.bfloat16
     B, D = h.shape
     _, H, K, V = state.shape
     n_up = H * K + H * V
-    n_in_exact = 2 * H * K + H * V + H + low_rank.shape[1]
-    if state.shape[0] != B or not state.is_contiguous() or in_proj.shape[1] != D or -(-n_in_exact // NB) != in_proj.shape[0] \
-            or low_rank.shape[0] != -(-n_up // NB) or o_proj.shape[1] != H * V or o_proj.shape[0] != -(-D // NB) \
+    n_in_exact = 2 * H * K + H * V + H + _packed_k(low_rank)
+    if state.shape[0] != B or not state.is_contiguous() or not _fits(in_proj, D) or -(-n_in_exact // NB) != in_proj.shape[0] \
+            or low_rank.dtype != in_proj.dtype or o_proj.dtype != in_proj.dtype \
+            or low_rank.shape[0] != -(-n_up // NB) or not _fits(o_proj, H * V) or o_proj.shape[0] != -(-D // NB) \
             or dt_bias.shape != (H * K,) or a_log.shape != (H,) or o_norm_weight.shape != (V,):
         raise ValueError(f"kda_decode_block: h {tuple(h.shape)}, state {tuple(state.shape)}, packed in_proj "
                          f"{tuple(in_proj.shape)} / low_rank {tuple(low_rank.shape)} / o_proj {tuple(o_proj.shape)} "
@@ -267,7 +310,7 @@ def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tens
     if load().refstack_kda_decode_block(h.data_ptr(), B, D, in_proj.data_ptr(), n_in_exact, low_rank.data_ptr(),
                                         dt_bias.contiguous().data_ptr(), a_log.contiguous().data_ptr(), K**-0.5, l2_eps,
                                         state.data_ptr(), H, K, V, scale, o_norm_weight.contiguous().data_ptr(),
-                                        o_norm_eps, o_proj.data_ptr(), out.data_ptr(), scratch.data_ptr(),
+                                        o_norm_eps, o_proj.data_ptr(), int(bf16), out.data_ptr(), scratch.data_ptr(),
                                         torch.get_num_threads()):
         raise ValueError(f"refstack_kda_decode_block rejected B={B} D={D} H={H} K={K} V={V}")
     return out
@@ -320,14 +363,12 @@ def gqa_decode(q: Tensor, k_new: Tensor, v_new: Tensor, keys: Tensor, values: Te
                          f"slots {tuple(slots.shape)}, positions {tuple(positions.shape)} do not match")
     if B == 0:
         return torch.empty_like(q)
-    if int(slots.max()) >= n_slots:
-        raise ValueError(f"gqa_decode: slot {int(slots.max())} outside a cache of {n_slots} slots")
     q, k_new, v_new, slots, positions = (t.contiguous() for t in (q, k_new, v_new, slots, positions))
     out = torch.empty_like(q)
     rc = load().refstack_gqa_decode(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                                    slots.data_ptr(), positions.data_ptr(), B, Hkv, Hq // Hkv, max_len, D, scale,
+                                    slots.data_ptr(), positions.data_ptr(), B, n_slots, Hkv, Hq // Hkv, max_len, D, scale,
                                     out.data_ptr(), torch.get_num_threads())
     if rc:
-        raise ValueError(f"gqa_decode: positions must be in [0, {max_len}) and slots >= 0" if rc == 2 else
+        raise ValueError(f"gqa_decode: positions must be in [0, {max_len}) and slots in [0, {n_slots})" if rc == 2 else
                          f"refstack_gqa_decode rejected B={B} Hkv={Hkv} D={D}")
     return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 LM_HEAD_PRECISIONS = ("fp32", "tf32", "3xtf32", "bf16")
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,11 @@ class HybridConfig:
     max_seq_len: int = 512
     seed: int = 0
     lm_head_precision: str = "fp32"
+    # The GEMMs' operand type.  "bfloat16": the projection and expert weights are rounded
+    # to bf16 (drawn in fp32 from the seed first, so both dtypes share one model) and each
+    # GEMM rounds its input rows to bf16 and accumulates in fp32.  Everything else (the
+    # residual stream, norms, router, KDA state, attention, KV cache, LM head) stays fp32.
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         positive = (
@@ -70,6 +76,8 @@ class HybridConfig:
             raise ValueError(
                 f"HybridConfig.lm_head_precision: expected one of {LM_HEAD_PRECISIONS}, got {self.lm_head_precision!r}"
             )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"HybridConfig.dtype: expected one of {DTYPES}, got {self.dtype!r}")
         if not self.rms_eps > 0:
             raise ValueError(f"HybridConfig.rms_eps: expected > 0, got {self.rms_eps!r}")
         if not self.rope_theta > 0:

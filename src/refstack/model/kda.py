@@ -14,7 +14,7 @@ from refstack.model.batch import ForwardBatch, PaddedPrefill
 from refstack.model.cache import ModelCache
 from refstack.model.config import HybridConfig
 from refstack.model.kda_ops import kda_chunked, kda_recurrent_step
-from refstack.model.layers import Linear, RMSNorm, seeded_weight
+from refstack.model.layers import Linear, RMSNorm, round_bf16, seeded_weight
 
 
 class KDALayer(nn.Module):
@@ -57,18 +57,25 @@ class KDALayer(nn.Module):
         # dt_bias rides on the up-projection's addmm; the gate part has no bias.
         self.low_rank_bias = nn.Parameter(torch.cat([dt_bias, torch.zeros(H * V)]), requires_grad=False)
         self.native = False  # see use_native
+        self.bf16 = False  # see round_to_bf16
         self.low_rank_packed: Tensor | None = None
         # rms_norm with a constant K^-1/2 weight is an L2 normalisation in one fused op.
         self.register_buffer("l2_weight", torch.full((K,), K**-0.5), persistent=False)
         self.o_norm = RMSNorm(V, config.rms_eps, gen)
         self.o_proj = Linear(H * V, config.hidden_size, gen, scale=1.0 / math.sqrt(2 * config.num_layers))
 
+    def round_to_bf16(self) -> None:
+        """The low-rank up-projection as a bf16 GEMM (the Linears round themselves)."""
+        self.low_rank_up.copy_(round_bf16(self.low_rank_up))
+        self.bf16 = True
+
     def use_native(self, on: bool) -> None:
         """The low-rank up-projection, the q/k and output norms and the recurrence (decode
         and prefill, see ``cpu_kernels.kda_scan``) through the native kernels (the Linears
         and o_norm switch themselves)."""
         self.native = on
-        self.low_rank_packed = cpu_kernels.pack(self.low_rank_up.t()) if on else None
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        self.low_rank_packed = cpu_kernels.pack(self.low_rank_up.t(), dtype) if on else None
 
     @property
     def dt_bias(self) -> Tensor:
@@ -89,7 +96,7 @@ class KDALayer(nn.Module):
         qk, v, b, low = self.in_proj(x).split(self.split_sizes, dim=-1)
         # q and k are adjacent in the fused projection: one normalisation for both.
         q, k = F.rms_norm(qk.reshape(T, 2 * H, K), (K,), self.l2_weight, 1e-12).split(H, dim=1)
-        up = F.linear(low, self.low_rank_up, self.low_rank_bias)
+        up = F.linear(round_bf16(low) if self.bf16 else low, self.low_rank_up, self.low_rank_bias)
         f, gate = up.split([H * K, H * V], dim=-1)
         g = F.softplus(f.reshape(T, H, K)) * torch.exp(self.A_log).neg_().view(H, 1)
         beta = torch.sigmoid(b)
@@ -97,8 +104,6 @@ class KDALayer(nn.Module):
 
     def forward(self, x: Tensor, batch: ForwardBatch, cache: ModelCache) -> Tensor:
         with tracing.span("kda", cat="kda", layer=self.layer, tokens=batch.num_tokens):
-            if self.native and batch.num_decode == batch.num_tokens and batch.decode_slot_range is not None:
-                return self._decode_block(x, batch, cache.states[self.layer])
             q, k, v, g, beta, gate = self.project(x)
             states = cache.states[self.layer]
             nd = batch.num_decode
@@ -143,18 +148,6 @@ class KDALayer(nn.Module):
         o = self._step(q, k, v, g, beta, state)
         states.index_copy_(0, batch.decode_slots, state)
         return o
-
-    def _decode_block(self, x: Tensor, batch: ForwardBatch, states: Tensor) -> Tensor:
-        """A decode-only step on consecutive slots: the whole layer in one native call
-        (the same kernels as the step-by-step native path, in the same order)."""
-        if batch.fresh_decode_slots is not None:
-            states.index_fill_(0, batch.fresh_decode_slots, 0.0)
-        assert batch.decode_slot_range is not None and self.low_rank_packed is not None
-        assert self.in_proj.packed is not None and self.o_proj.packed is not None
-        lo, hi = batch.decode_slot_range
-        return cpu_kernels.kda_decode_block(x, self.in_proj.packed, self.low_rank_packed, self.dt_bias, self.A_log,
-                                            states[lo:hi], self.o_norm.weight, self.o_norm.eps, self.o_proj.packed,
-                                            self.scale, 1e-12)
 
     def _step(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> Tensor:
         """One recurrent step, ``state`` (contiguous) updated in place."""

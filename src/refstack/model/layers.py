@@ -25,6 +25,11 @@ def seeded_weight(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter
     return nn.Parameter(w, requires_grad=False)
 
 
+def round_bf16(x: Tensor) -> Tensor:
+    """x rounded to the nearest bf16 (ties to even), kept in fp32: a bf16 GEMM operand."""
+    return x.to(torch.bfloat16).to(torch.float32)
+
+
 # Up to this many rows, ``x @ w`` runs as ``(w^T @ x^T)^T`` (see matmul_rows).
 FEW_ROWS = 8
 
@@ -52,21 +57,30 @@ class Linear(nn.Module):
 
     With ``use_native(True)`` it runs the packed native kernel (``refstack.kernels.cpu_kernels``)
     on a column-blocked copy of the weight; the parameter itself stays as it is.
+    After ``round_to_bf16()`` it is a bf16 GEMM: bf16 weight, input rounded to bf16, fp32
+    accumulation (the torch path computes the same in fp32 on the rounded values).
     """
 
     def __init__(self, in_features: int, out_features: int, gen: torch.Generator, scale: float = 1.0) -> None:
         super().__init__()
         self.weight = seeded_weight(gen, out_features, in_features, std=scale / math.sqrt(in_features))
         self.packed: Tensor | None = None  # not a buffer: derived, never saved
+        self.bf16 = False
+
+    def round_to_bf16(self) -> None:
+        """Make this a bf16 GEMM (irreversible: the weight itself is rounded); before ``use_native``."""
+        self.weight.copy_(round_bf16(self.weight))
+        self.bf16 = True
 
     def use_native(self, on: bool) -> None:
-        self.packed = cpu_kernels.pack(self.weight.t()) if on else None
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        self.packed = cpu_kernels.pack(self.weight.t(), dtype) if on else None
 
     def forward(self, x: Tensor) -> Tensor:
         if self.packed is not None and x.dtype == torch.float32:
             y = cpu_kernels.gemm(x.reshape(-1, x.shape[-1]), self.packed, self.weight.shape[0])
             return y.view(*x.shape[:-1], y.shape[-1])
-        return matmul_rows(x, self.weight.t())
+        return matmul_rows(round_bf16(x) if self.bf16 else x, self.weight.t())
 
 
 class RMSNorm(nn.Module):
@@ -107,7 +121,17 @@ class LMHead(nn.Module):
         self.precision = precision
         # Stored as [dim, vocab] (already transposed) so each call is one plain a @ b.
         self.weight_t = seeded_weight(gen, dim, vocab_size, std=1.0 / math.sqrt(dim))
+        self.packed: Tensor | None = None  # see use_native
+
+    def use_native(self, on: bool) -> None:
+        """fp32 and bf16 through the native GEMM, whose semantics are those modes' exactly
+        (fp32 operands; or both rounded to bf16, fp32 accumulation); tf32 and 3xtf32 keep
+        their emulation."""
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(self.precision)
+        self.packed = cpu_kernels.pack(self.weight_t, dtype) if on and dtype is not None else None
 
     def forward(self, h: Tensor) -> Tensor:
         with tracing.span("lm_head", cat="lm_head", tokens=int(h.shape[0]), precision=self.precision):
+            if self.packed is not None and h.dim() == 2 and h.dtype == torch.float32 and not h.is_cuda:
+                return cpu_kernels.gemm(h, self.packed, self.weight_t.shape[1])
             return precision_matmul(h, self.weight_t, precision=self.precision)

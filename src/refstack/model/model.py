@@ -16,6 +16,7 @@ from refstack.model.config import HybridConfig
 from refstack.model.kda import KDALayer
 from refstack.model.layers import Embedding, Linear, LMHead, RMSNorm
 from refstack.model.moe import MoE
+from refstack.model.native_decode import NativeDecoder
 
 
 class DecoderLayer(nn.Module):
@@ -60,11 +61,17 @@ class HybridModel(nn.Module):
         cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        if config.dtype == "bfloat16":
+            routers = {id(layer.moe.router) for layer in self.layers}
+            for module in self.modules():
+                if isinstance(module, (Linear, MoE, KDALayer)) and id(module) not in routers:
+                    module.round_to_bf16()
         self.native_kernels = False  # see use_native_kernels
+        self.native_decoder: NativeDecoder | None = None
         self.eval()
 
     def use_native_kernels(self, on: bool) -> None:
-        """Route the Linears, norms, MoE, KDA recurrence and decode attention through
+        """Route the Linears, norms, MoE, KDA recurrence, decode attention and LM head through
         ``refstack.kernels.cpu_kernels`` (``on``), or back to torch.  Packs the weights
         once; raises ``NativeKernelsUnavailable`` when the kernels cannot be built here."""
         if on == self.native_kernels:
@@ -72,9 +79,12 @@ class HybridModel(nn.Module):
         if on:
             cpu_kernels.load()
         for module in self.modules():
-            if isinstance(module, (Linear, RMSNorm, MoE, KDALayer, AttentionLayer)):
+            if isinstance(module, (Linear, RMSNorm, MoE, KDALayer, AttentionLayer, LMHead)):
                 module.use_native(on)
         self.native_kernels = on
+        # Decode-only steps take one C call per block (see native_decode); it points
+        # into the packed weights, so it goes when they do.
+        self.native_decoder = NativeDecoder(self) if on else None
 
     def new_cache(self, num_slots: int, max_seq_len: int | None = None) -> ModelCache:
         return ModelCache(self.config, num_slots, max_seq_len)
@@ -89,6 +99,8 @@ class HybridModel(nn.Module):
         """
         batch = ForwardBatch.from_chunks(chunks, cache.num_slots, cache.max_seq_len)
         with tracing.span("model.forward", cat="model", num_chunks=len(chunks), tokens=batch.num_tokens):
+            if self.native_decoder is not None and self.native_decoder.takes(batch):
+                return self.native_decoder.forward(batch, cache)
             batch.rope = (self.rope_cos[batch.positions], self.rope_sin[batch.positions])
             x = self.embed(batch.token_ids)
             for layer in self.layers:

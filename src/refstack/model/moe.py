@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from infra_agent import tracing
 from refstack.kernels import cpu_kernels
 from refstack.model.config import HybridConfig
-from refstack.model.layers import Linear, seeded_weight
+from refstack.model.layers import Linear, round_bf16, seeded_weight
 
 
 @dataclass(slots=True)
@@ -138,23 +138,29 @@ def combine(outputs: list[Tensor], d: Dispatched) -> Tensor:
         return (picked * d.copy_weights.unsqueeze(-1)).sum(1)
 
 
-def swiglu_experts(buf: Tensor, counts: list[int], w_gate_up: Tensor, w_down: Tensor) -> Tensor:
+def swiglu_experts(buf: Tensor, counts: list[int], w_gate_up: Tensor, w_down: Tensor, bf16: bool = False) -> Tensor:
     """One rank's experts over its buffer: ``down(silu(gate) * up)`` per expert.
+
+    ``bf16``: the GEMM inputs (the rows, and silu(gate) * up) are rounded to bf16 first,
+    as the bf16 kernels do (the weights are already bf16 values).
 
     w_gate_up [E_r, hidden, 2I]; w_down [E_r, I, hidden].  A padded buffer
     [E_r, capacity, hidden] runs as one batched GEMM pair.  A grouped buffer
     [n, hidden] (rows grouped by expert, ``counts`` per local expert) runs one GEMM
     pair per active expert on exactly its rows, so idle experts' weights are not read.
     """
+    def rounded(t: Tensor) -> Tensor:
+        return round_bf16(t) if bf16 else t
+
     if buf.dim() == 3:
-        gate, up = torch.bmm(buf, w_gate_up).chunk(2, dim=-1)
-        return torch.bmm(F.silu(gate).mul_(up), w_down)
+        gate, up = torch.bmm(rounded(buf), w_gate_up).chunk(2, dim=-1)
+        return torch.bmm(rounded(F.silu(gate).mul_(up)), w_down)
     out = torch.empty_like(buf)
     start = 0
     for e, n in enumerate(counts):
         if n:
-            gate, up = (buf[start : start + n] @ w_gate_up[e]).chunk(2, dim=-1)
-            torch.mm(F.silu(gate).mul_(up), w_down[e], out=out[start : start + n])
+            gate, up = (rounded(buf[start : start + n]) @ w_gate_up[e]).chunk(2, dim=-1)
+            torch.mm(rounded(F.silu(gate).mul_(up)), w_down[e], out=out[start : start + n])
             start += n
     return out
 
@@ -176,9 +182,19 @@ class MoE(nn.Module):
 
         # Column-blocked copies for the native kernel (use_native); derived, never saved.
         self.packed: tuple[Tensor, Tensor] | None = None
+        self.bf16 = False  # see round_to_bf16
+
+    def round_to_bf16(self) -> None:
+        """bf16 experts (weights rounded in place, irreversibly; before ``use_native``).
+        The router stays fp32: it is 0.1% of the FLOPs and decides where tokens go."""
+        for w in (self.w_gate_up, self.w_down):
+            w.copy_(round_bf16(w))
+        self.bf16 = True
 
     def use_native(self, on: bool) -> None:
-        self.packed = (cpu_kernels.pack_gate_up(self.w_gate_up), cpu_kernels.pack_down(self.w_down)) if on else None
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        self.packed = (cpu_kernels.pack_gate_up(self.w_gate_up, dtype), cpu_kernels.pack_down(self.w_down, dtype)) \
+            if on else None
 
     def rank_weights(self, rank: int) -> tuple[Tensor, Tensor]:
         per = self.num_experts // self.ep_ranks
@@ -204,10 +220,10 @@ class MoE(nn.Module):
             elif d.padded is not None:
                 # The ranks share this process: one batched GEMM pair over all their
                 # experts lets MKL spread the experts over the threads.
-                outputs = [swiglu_experts(d.padded, d.counts, self.w_gate_up, self.w_down)]
+                outputs = [swiglu_experts(d.padded, d.counts, self.w_gate_up, self.w_down, self.bf16)]
             else:
                 outputs = [
-                    swiglu_experts(buf, d.counts[r * per : (r + 1) * per], *self.rank_weights(r))
+                    swiglu_experts(buf, d.counts[r * per : (r + 1) * per], *self.rank_weights(r), self.bf16)
                     for r, buf in enumerate(d.buffers)
                 ]
         return combine(outputs, d)

@@ -1,0 +1,173 @@
+/* GQA decode attention: one query token per sequence against its slot of the KV cache
+ * [slots, Hkv, max_len, D].  First k_new / v_new are written at position pos[b]; then
+ * each query head of the group attends over positions 0..pos[b] with an online softmax,
+ * a block of KEY_BLOCK keys at a time (one rescale of the accumulator per block).
+ * Sequences attend only to their own length: no padding, no mask.
+ *
+ * Scores: a key's dot product with a query is 16-lane partial sums (D/16 FMAs), and the
+ * block's 16 partial vectors are folded into one vector of 16 scores by 15 two-vector
+ * shuffle-adds, instead of a horizontal reduction per key.  The per-key reduction was
+ * most of this kernel's time.  Head dims of 16, 32, 64 and 128 are compiled as constants
+ * (query and accumulator in registers); other head dims take a scalar path. */
+#include "cpu_common.h"
+
+#define KEY_BLOCK 16
+
+typedef int32_t i16v __attribute__((vector_size(64)));
+
+/* Two vectors of 2h-lane segments (one key each) into one of h-lane segments: segment s
+ * of x goes to lanes h*s.., of y to 8 + h*s..; each new lane sums two old ones. */
+static inline v16 fold(v16 x, v16 y, i16v lo, i16v hi) { return __builtin_shuffle(x, y, lo) + __builtin_shuffle(x, y, hi); }
+
+/* out[i] = sum of part[i]'s 16 lanes, i < 16. */
+static inline v16 lane_sums(const v16 *part) {
+    const i16v lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const i16v hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    const i16v lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    const i16v hi4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+    const i16v lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+    const i16v hi2 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+    const i16v lo1 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const i16v hi1 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    v16 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++) a[i] = fold(part[2 * i], part[2 * i + 1], lo8, hi8);
+    for (int i = 0; i < 4; i++) b[i] = fold(a[2 * i], a[2 * i + 1], lo4, hi4);
+    for (int i = 0; i < 2; i++) c[i] = fold(b[2 * i], b[2 * i + 1], lo2, hi2);
+    return fold(c[0], c[1], lo1, hi1);
+}
+
+/* One query head over keys / values [L, D]: an online softmax, KEY_BLOCK keys at a time.
+ * D is a compile-time constant here (see attend_any), so the query, the accumulator and a
+ * block's partial scores live in registers. */
+static inline __attribute__((always_inline)) void attend(const int D, const float *qh, const float *kc, const float *vc,
+                                                         int64_t L, float scale, float *oh) {
+    v16 acc[D / HALF], qv[D / HALF];
+    for (int c = 0; c < D / HALF; c++) {
+        acc[c] = (v16){0};
+        qv[c] = load16(qh + c * HALF);
+    }
+    float m = -INFINITY, denom = 0.0f;
+    for (int64_t l0 = 0; l0 < L; l0 += KEY_BLOCK) {
+        const int64_t n = L - l0 < KEY_BLOCK ? L - l0 : KEY_BLOCK;
+        v16 part[KEY_BLOCK];
+        for (int64_t i = 0; i < KEY_BLOCK; i++) {
+            part[i] = (v16){0};
+            if (i < n)
+                for (int c = 0; c < D / HALF; c++) part[i] += qv[c] * load16(kc + (l0 + i) * D + c * HALF);
+        }
+        float s[KEY_BLOCK];
+        store16(s, lane_sums(part) * scale);
+        float bm = -INFINITY;
+        for (int64_t i = 0; i < n; i++) bm = s[i] > bm ? s[i] : bm;
+        const float m_new = bm > m ? bm : m;
+        const float rescale = exp_approx(m - m_new); /* ~0 on the first block: m = -inf */
+        for (int64_t i = 0; i < KEY_BLOCK; i++) s[i] = exp_approx(s[i] - m_new); /* lanes >= n unused */
+        denom *= rescale;
+        for (int c = 0; c < D / HALF; c++) acc[c] *= rescale;
+        for (int64_t i = 0; i < n; i++) {
+            denom += s[i];
+            for (int c = 0; c < D / HALF; c++) acc[c] += s[i] * load16(vc + (l0 + i) * D + c * HALF);
+        }
+        m = m_new;
+    }
+    for (int c = 0; c < D / HALF; c++) store16(oh + c * HALF, acc[c] / denom);
+}
+
+/* Any other head dim: the same online softmax, one dot product per key. */
+static void attend_scalar(int64_t D, const float *qh, const float *kc, const float *vc, int64_t L, float scale,
+                          float *oh) {
+    float acc[D], s[KEY_BLOCK];
+    float m = -INFINITY, denom = 0.0f;
+    for (int64_t j = 0; j < D; j++) acc[j] = 0.0f;
+    for (int64_t l0 = 0; l0 < L; l0 += KEY_BLOCK) {
+        const int64_t n = L - l0 < KEY_BLOCK ? L - l0 : KEY_BLOCK;
+        float bm = -INFINITY;
+        for (int64_t i = 0; i < n; i++) {
+            float dotp = 0.0f;
+            for (int64_t d = 0; d < D; d++) dotp += qh[d] * kc[(l0 + i) * D + d];
+            s[i] = dotp * scale;
+            bm = s[i] > bm ? s[i] : bm;
+        }
+        const float m_new = bm > m ? bm : m;
+        const float rescale = exp_approx(m - m_new);
+        denom *= rescale;
+        for (int64_t j = 0; j < D; j++) acc[j] *= rescale;
+        for (int64_t i = 0; i < n; i++) {
+            const float p = exp_approx(s[i] - m_new);
+            denom += p;
+            for (int64_t j = 0; j < D; j++) acc[j] += p * vc[(l0 + i) * D + j];
+        }
+        m = m_new;
+    }
+    for (int64_t j = 0; j < D; j++) oh[j] = acc[j] / denom;
+}
+
+static void attend_any(int64_t D, const float *qh, const float *kc, const float *vc, int64_t L, float scale, float *oh) {
+    switch (D) {
+        case 16: attend(16, qh, kc, vc, L, scale, oh); break;
+        case 32: attend(32, qh, kc, vc, L, scale, oh); break;
+        case 64: attend(64, qh, kc, vc, L, scale, oh); break;
+        case 128: attend(128, qh, kc, vc, L, scale, oh); break;
+        default: attend_scalar(D, qh, kc, vc, L, scale, oh); break;
+    }
+}
+
+int refstack_gqa_decode(const float *q, const float *k_new, const float *v_new, float *keys, float *values,
+                        const int64_t *slots, const int64_t *pos, int64_t B, int64_t n_slots, int64_t Hkv, int64_t group,
+                        int64_t max_len, int64_t D, float scale, float *out, int nthreads) {
+    if (B < 0 || n_slots <= 0 || Hkv <= 0 || group <= 0 || max_len <= 0 || D <= 0 || D > 1024 || nthreads < 1) return 1;
+    if (B == 0) return 0; /* (pos may then be a null pointer) */
+    for (int64_t b = 0; b < B; b++)
+        if (pos[b] < 0 || pos[b] >= max_len || slots[b] < 0 || slots[b] >= n_slots) return 2;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (B * Hkv * group * (pos[0] + 1) * D >= PAR_MIN_FLOATS)
+    for (int64_t bh = 0; bh < B * Hkv; bh++) {
+        const int64_t b = bh / Hkv, h = bh % Hkv;
+        float *kc = keys + (slots[b] * Hkv + h) * max_len * D, *vc = values + (slots[b] * Hkv + h) * max_len * D;
+        memcpy(kc + pos[b] * D, k_new + bh * D, (size_t)D * sizeof(float));
+        memcpy(vc + pos[b] * D, v_new + bh * D, (size_t)D * sizeof(float));
+        for (int64_t g = 0; g < group; g++)
+            attend_any(D, q + (bh * group + g) * D, kc, vc, pos[b] + 1, scale, out + (bh * group + g) * D);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- attention decode block
+ * A full-attention layer's decode step for B tokens in one call (AttentionLayer with one
+ * token per sequence):  qkv = h @ qkv_w;  q, k = RoPE(q, k) at pos[b] (rotate-half, cos /
+ * sin tables [rope_len][hd/2]);  o = gqa_decode(q, k, v);  out = o @ o_w.
+ * qkv_w / o_w are packed fp32, or bf16 when `bf16` is set.
+ * `scratch` holds B * (2 * (Hq + 2 Hkv) * hd + Hq * hd) floats. */
+int refstack_attn_decode_block(const float *h, int64_t B, int64_t Dm, const void *qkv_w, const void *o_w, int bf16,
+                               int64_t Hq, int64_t Hkv, int64_t hd, const float *cos_t, const float *sin_t,
+                               int64_t rope_len, float *keys, float *values, const int64_t *slots, const int64_t *pos,
+                               int64_t n_slots, int64_t max_len, float scale, float *out, float *scratch, int nthreads) {
+    if (B <= 0 || Dm <= 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv || hd <= 0 || hd % 2 || nthreads < 1) return 1;
+    for (int64_t b = 0; b < B; b++)
+        if (pos[b] < 0 || pos[b] >= max_len || pos[b] >= rope_len || slots[b] < 0 || slots[b] >= n_slots) return 2;
+    const int64_t n_qkv = (Hq + 2 * Hkv) * hd, half = hd / 2;
+    float *qkv = scratch, *qk = qkv + B * n_qkv, *v = qk + B * (Hq + Hkv) * hd, *o = v + B * Hkv * hd;
+    int rc = gemm_any(bf16, h, B, Dm, Dm, qkv_w, n_qkv, qkv, n_qkv, nthreads);
+    if (rc) return rc;
+    for (int64_t b = 0; b < B; b++) {
+        const float *c = cos_t + pos[b] * half, *s = sin_t + pos[b] * half;
+        for (int64_t head = 0; head < Hq + Hkv; head++) { /* q heads, then k heads: adjacent in qkv */
+            const float *x = qkv + b * n_qkv + head * hd;
+            float *y = qk + (b * (Hq + Hkv) + head) * hd;
+            for (int64_t i = 0; i < half; i++) {
+                y[i] = x[i] * c[i] - x[half + i] * s[i];
+                y[half + i] = x[half + i] * c[i] + x[i] * s[i];
+            }
+        }
+        memcpy(v + b * Hkv * hd, qkv + b * n_qkv + (Hq + Hkv) * hd, (size_t)(Hkv * hd) * sizeof(float));
+    }
+    /* q [B, Hq, hd] and k [B, Hkv, hd] are interleaved per token in qk: split them out. */
+    float *q = o, *k = qkv; /* (qkv is free again: reuse it for k) */
+    for (int64_t b = 0; b < B; b++) {
+        memcpy(q + b * Hq * hd, qk + b * (Hq + Hkv) * hd, (size_t)(Hq * hd) * sizeof(float));
+        memcpy(k + b * Hkv * hd, qk + (b * (Hq + Hkv) + Hq) * hd, (size_t)(Hkv * hd) * sizeof(float));
+    }
+    float *att = qk; /* [B, Hq, hd]: qk is free after the split */
+    rc = refstack_gqa_decode(q, k, v, keys, values, slots, pos, B, n_slots, Hkv, Hq / Hkv, max_len, hd, scale, att,
+                             nthreads);
+    return rc ? rc : gemm_any(bf16, att, B, Hq * hd, Hq * hd, o_w, Dm, out, Dm, nthreads);
+}

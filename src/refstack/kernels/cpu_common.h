@@ -1,0 +1,106 @@
+/* What the fp32 and bf16 kernel files share: block geometry, vectors, exp, the tile
+ * epilogue and the expert task map.  See cpu_kernels.c for the design. */
+#ifndef REFSTACK_CPU_COMMON_H
+#define REFSTACK_CPU_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+
+#define NB 32      /* output columns per packed block */
+#define HALF 16    /* floats per vector */
+#define MR_MAX 8   /* rows per register tile */
+
+typedef float v16 __attribute__((vector_size(64)));
+
+/* exp(x) in plain arithmetic, so loops that call it vectorise: glibc's expf has vector
+ * variants only under -ffast-math, and a scalar expf per element was a third of the
+ * decode step's silu, gate and softmax time.  Round-to-nearest range reduction
+ * x = n ln2 + r (ln2 in two parts), a degree-6 polynomial for e^r on |r| <= ln2/2, and
+ * 2^n put into the exponent bits: about 2 ulp over the clamped range.  Inputs below
+ * -87.3 give ~1e-38 instead of 0 (and -inf does too): every caller multiplies or adds
+ * the result, where that is 0 to fp32 precision. */
+static inline float exp_approx(float x_in) {
+    /* NaN compares false everywhere: map it to 0 for the arithmetic (the integer
+     * conversion below is only defined for finite values) and return it at the end. */
+    float x = x_in != x_in ? 0.0f : x_in;
+    x = x < -87.3f ? -87.3f : (x > 88.5f ? 88.5f : x);
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    const float n = (x * 1.44269504088896341f + shifter) - shifter;
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = (p * r) * r + r + 1.0f;
+    /* 2^n into the exponent field, in unsigned arithmetic (a left shift of a negative
+     * int is undefined in ISO C); n is in [-126, 128] after the clamp. */
+    uint32_t bits;
+    memcpy(&bits, &p, sizeof bits);
+    bits += (uint32_t)(int32_t)n << 23;
+    memcpy(&p, &bits, sizeof p);
+    return x_in != x_in ? x_in : p;
+}
+
+static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+enum epilogue { STORE = 0, SILU_MUL = 1 };
+
+/* One MR x NB tile: y[r, :] = x[r, :K] @ block, block [K][NB].
+ * STORE writes n_valid (<= NB) columns.  SILU_MUL treats the block's first 16 columns as
+ * gate and the last 16 as up and writes silu(gate) * up, 16 columns. */
+static inline __attribute__((always_inline)) void tile_out(const int mr, const v16 *a0, const v16 *a1, float *y,
+                                                           int64_t ldy, int n_valid, int epi) {
+    for (int r = 0; r < mr; r++) {
+        float *out = y + r * ldy;
+        if (epi == SILU_MUL) {
+            float g[HALF], u[HALF];
+            store16(g, a0[r]);
+            store16(u, a1[r]);
+            for (int j = 0; j < HALF; j++) out[j] = g[j] / (1.0f + exp_approx(-g[j])) * u[j];
+        } else if (n_valid == NB) {
+            store16(out, a0[r]);
+            store16(out + HALF, a1[r]);
+        } else { /* the last block of an N that is not a multiple of NB */
+            float tmp[NB];
+            store16(tmp, a0[r]);
+            store16(tmp + HALF, a1[r]);
+            memcpy(out, tmp, (size_t)n_valid * sizeof(float));
+        }
+    }
+}
+
+/* Which (expert, row tile, column block) task t is, for experts whose rows start at
+ * offsets[e] (offsets[E] = all rows) and row tiles of mr_max; tasks are block-major
+ * within an expert. */
+static inline void locate(int64_t t, const int64_t *task_start, int64_t E, const int64_t *offsets, int64_t mr_max,
+                          int64_t *e_out, int64_t *m0_out, int64_t *b_out) {
+    int64_t e = 0;
+    while (e + 1 < E && task_start[e + 1] <= t) e++;
+    const int64_t local = t - task_start[e];
+    const int64_t mt = (offsets[e + 1] - offsets[e] + mr_max - 1) / mr_max;
+    *e_out = e;
+    *b_out = local / mt;
+    *m0_out = offsets[e] + (local % mt) * mr_max;
+}
+
+/* Below this many floats a row-wise op runs on one thread: a fork/join costs more than the work. */
+#define PAR_MIN_FLOATS (1 << 16)
+
+int refstack_gemm(const float *x, int64_t M, int64_t K, int64_t ldx, const float *wp, int64_t N, float *y,
+                  int64_t ldy, int nthreads);
+int refstack_gemm_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *wp, int64_t N, float *y,
+                       int64_t ldy, int nthreads);
+
+/* The fp32 or the bf16 GEMM, by the packed weight's type. */
+static inline int gemm_any(int bf16, const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int64_t N, float *y,
+                           int64_t ldy, int nthreads) {
+    return bf16 ? refstack_gemm_bf16(x, M, K, ldx, (const uint16_t *)w, N, y, ldy, nthreads)
+                : refstack_gemm(x, M, K, ldx, (const float *)w, N, y, ldy, nthreads);
+}
+
+#endif
