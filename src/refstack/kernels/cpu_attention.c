@@ -131,6 +131,32 @@ int refstack_gqa_decode(const float *q, const float *k_new, const float *v_new, 
     return 0;
 }
 
+/* ---------------------------------------------------------------- RoPE
+ * y[t, h] = x[t, h] rotated to position pos[t] (rotate-half convention: x = [x1, x2] ->
+ * [x1 cos - x2 sin, x2 cos + x1 sin]) for `heads` heads of hd floats at the start of
+ * each row of x (rows ldx floats apart); y is [T, heads, hd].  cos / sin tables are
+ * [rope_len][hd / 2].  One function for the module path and the decode block, so both
+ * round alike. */
+int refstack_rope(const float *x, int64_t T, int64_t ldx, int64_t heads, int64_t hd, const float *cos_t,
+                  const float *sin_t, int64_t rope_len, const int64_t *pos, float *y) {
+    if (T < 0 || heads <= 0 || hd <= 0 || hd % 2 || ldx < heads * hd) return 1;
+    for (int64_t t = 0; t < T; t++)
+        if (pos[t] < 0 || pos[t] >= rope_len) return 2;
+    const int64_t half = hd / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = cos_t + pos[t] * half, *s = sin_t + pos[t] * half;
+        for (int64_t head = 0; head < heads; head++) {
+            const float *xh = x + t * ldx + head * hd;
+            float *yh = y + (t * heads + head) * hd;
+            for (int64_t i = 0; i < half; i++) {
+                yh[i] = xh[i] * c[i] - xh[half + i] * s[i];
+                yh[half + i] = xh[half + i] * c[i] + xh[i] * s[i];
+            }
+        }
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- attention decode block
  * A full-attention layer's decode step for B tokens in one call (AttentionLayer with one
  * token per sequence):  qkv = h @ qkv_w;  q, k = RoPE(q, k) at pos[b] (rotate-half, cos /
@@ -144,22 +170,14 @@ int refstack_attn_decode_block(const float *h, int64_t B, int64_t Dm, const void
     if (B <= 0 || Dm <= 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv || hd <= 0 || hd % 2 || nthreads < 1) return 1;
     for (int64_t b = 0; b < B; b++)
         if (pos[b] < 0 || pos[b] >= max_len || pos[b] >= rope_len || slots[b] < 0 || slots[b] >= n_slots) return 2;
-    const int64_t n_qkv = (Hq + 2 * Hkv) * hd, half = hd / 2;
+    const int64_t n_qkv = (Hq + 2 * Hkv) * hd;
     float *qkv = scratch, *qk = qkv + B * n_qkv, *v = qk + B * (Hq + Hkv) * hd, *o = v + B * Hkv * hd;
     int rc = gemm_any(bf16, h, B, Dm, Dm, qkv_w, n_qkv, qkv, n_qkv, nthreads);
+    /* q heads, then k heads: adjacent in qkv, rotated in one pass */
+    rc = rc ? rc : refstack_rope(qkv, B, n_qkv, Hq + Hkv, hd, cos_t, sin_t, rope_len, pos, qk);
     if (rc) return rc;
-    for (int64_t b = 0; b < B; b++) {
-        const float *c = cos_t + pos[b] * half, *s = sin_t + pos[b] * half;
-        for (int64_t head = 0; head < Hq + Hkv; head++) { /* q heads, then k heads: adjacent in qkv */
-            const float *x = qkv + b * n_qkv + head * hd;
-            float *y = qk + (b * (Hq + Hkv) + head) * hd;
-            for (int64_t i = 0; i < half; i++) {
-                y[i] = x[i] * c[i] - x[half + i] * s[i];
-                y[half + i] = x[half + i] * c[i] + x[i] * s[i];
-            }
-        }
+    for (int64_t b = 0; b < B; b++)
         memcpy(v + b * Hkv * hd, qkv + b * n_qkv + (Hq + Hkv) * hd, (size_t)(Hkv * hd) * sizeof(float));
-    }
     /* q [B, Hq, hd] and k [B, Hkv, hd] are interleaved per token in qk: split them out. */
     float *q = o, *k = qkv; /* (qkv is free again: reuse it for k) */
     for (int64_t b = 0; b < B; b++) {

@@ -127,10 +127,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         "refstack_gqa_decode": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, ptr, cint],
         "refstack_kda_prepare": [ptr, i64, ptr, i64, ptr, ptr, f32, f32, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, cint],
         "refstack_kda_decode_block": [ptr, i64, i64, ptr, i64, ptr, ptr, ptr, f32, f32, ptr, i64, i64, i64, f32, ptr, f32,
-                                      ptr, cint, ptr, ptr, cint],
+                                      ptr, cint, ptr, ptr, ptr, cint],
+        "refstack_rope": [ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr],
         "refstack_gemm_bf16": [ptr, i64, i64, i64, ptr, i64, ptr, i64, cint],
         "refstack_moe_experts_bf16": [ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, cint],
-        "refstack_kda_scan": [ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, cint],
+        "refstack_kda_scan": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, cint],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)

@@ -212,20 +212,21 @@ int refstack_kda_prepare(const float *proj, int64_t ldp, const float *up, int64_
 }
 
 /* ---------------------------------------------------------------- KDA recurrence
- * T tokens of B sequences, token by token, state S [B, H, K, V] updated in place;
- * inputs [B, T, H, *].  Per token, with d = exp(g):
+ * T tokens of B sequences, token by token, state S [B, H, K, V] updated in place (or,
+ * with `slots`, sequence b's state is S[slots[b]]); inputs [B, T, H, *].  Per token, with d = exp(g):
  *   u = beta (v - (k * d)^T S),  o = ((q * d)^T S + (q . k) u) * scale,  S = d * S + k u^T
  * One task per (sequence, head) keeps its state (16 KB at K = V = 64) in L1/L2 for
  * all T tokens: two passes over it per token.  On a few CPU cores this beats the
  * chunkwise-parallel form, whose advantage (matmul-shaped work) needs wide hardware;
  * decode is the T = 1 case. */
 int refstack_kda_scan(const float *q, const float *k, const float *v, const float *g, const float *beta, float *S,
-                      int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, float scale, float *o, int nthreads) {
+                      const int64_t *slots, int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, float scale, float *o,
+                      int nthreads) {
     if (B < 0 || T < 0 || H <= 0 || K <= 0 || K > 1024 || V <= 0 || V > 1024 || nthreads < 1) return 1;
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (B * H * T * K * V >= PAR_MIN_FLOATS)
     for (int64_t bh = 0; bh < B * H; bh++) {
         const int64_t b = bh / H, h = bh % H;
-        float *Sh = S + bh * K * V;
+        float *Sh = S + ((slots ? slots[b] : b) * H + h) * K * V;
         float qS[V], kS[V], u[V], d[K];
         for (int64_t t = 0; t < T; t++) {
             const int64_t row = (b * T + t) * H + h;
@@ -346,11 +347,13 @@ int refstack_moe_route(const float *logits, int64_t T, int64_t E, int64_t k, int
  *   proj = h @ in_proj;  up = proj[:, -2V:] @ low_rank;  q, k, v, g, beta = prepare
  *   o = scan(T = 1) on S (updated in place);  o = rms_norm(o) * sigmoid(gate);  out = o @ o_proj
  * The three weights are fp32 packed, or bf16 packed when `bf16` is set (cpu_bf16.c).
+ * The state of token b is S[b], or S[slots[b]] when slots is given.
  * `scratch` holds B * (n_in + 4HK + 5HV + H) floats: proj, up, q, k, g, v, beta, o, gate, y. */
 int refstack_kda_decode_block(const float *h, int64_t B, int64_t D, const void *in_proj, int64_t n_in,
                               const void *low_rank, const float *dt_bias, const float *A_log, float l2w, float l2_eps,
                               float *S, int64_t H, int64_t K, int64_t V, float scale, const float *o_norm_w, float o_eps,
-                              const void *o_proj, int bf16, float *out, float *scratch, int nthreads) {
+                              const void *o_proj, int bf16, const int64_t *slots, float *out, float *scratch,
+                              int nthreads) {
     const int64_t n_up = H * K + H * V, rank2 = n_in - (2 * H * K + H * V + H);
     if (B <= 0 || D <= 0 || rank2 <= 0 || nthreads < 1) return 1;
     float *proj = scratch, *up = proj + B * n_in, *q = up + B * n_up, *k = q + B * H * K, *g = k + B * H * K;
@@ -359,7 +362,7 @@ int refstack_kda_decode_block(const float *h, int64_t B, int64_t D, const void *
     rc = rc ? rc : gemm_any(bf16, proj + (n_in - rank2), B, rank2, n_in, low_rank, n_up, up, n_up, nthreads);
     rc = rc ? rc : refstack_kda_prepare(proj, n_in, up, n_up, dt_bias, A_log, l2w, l2_eps, B, H, K, V, q, k, v, g, beta,
                                         nthreads);
-    rc = rc ? rc : refstack_kda_scan(q, k, v, g, beta, S, B, 1, H, K, V, scale, o, nthreads);
+    rc = rc ? rc : refstack_kda_scan(q, k, v, g, beta, S, slots, B, 1, H, K, V, scale, o, nthreads);
     if (rc) return rc;
     for (int64_t b = 0; b < B; b++) /* the gate's rows are strided inside up */
         memcpy(gate + b * H * V, up + b * n_up + H * K, (size_t)(H * V) * sizeof(float));

@@ -9,9 +9,10 @@
 - ``gqa_decode``: one query token per sequence against its slot of the KV cache;
 - ``rms_norm``: RMSNorm, optionally after a residual add or with a sigmoid gate;
 - ``kda_prepare``: KDA's q/k normalisation, decay, beta from its projections;
-- ``kda_decode_block``: a whole KDA layer's decode step in one call;
 - ``kda_scan`` / ``kda_decode``: the KDA recurrence over T tokens (prefill) or one
   (decode), the state updated in place.
+
+Whole decode blocks (a KDA layer, an attention layer, the router) are in ``cpu_blocks``.
 
 Decode multiplies a handful of rows by every weight, the shape where MKL's sgemm is
 slowest: on the 2-core AVX-512 bench box it streams a 1 MiB weight at 4-10 GB/s for
@@ -45,7 +46,6 @@ __all__ = [
     "gemm",
     "gqa_decode",
     "kda_decode",
-    "kda_decode_block",
     "kda_prepare",
     "kda_scan",
     "load",
@@ -285,37 +285,6 @@ def kda_prepare(proj: Tensor, up: Tensor, dt_bias: Tensor, a_log: Tensor, heads:
     return q, k, v, g, beta
 
 
-def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tensor, a_log: Tensor, state: Tensor,
-                     o_norm_weight: Tensor, o_norm_eps: float, o_proj: Tensor, scale: float, l2_eps: float) -> Tensor:
-    """A KDA layer's decode step for B tokens in one call (``KDALayer`` with T = 1 each):
-    ``in_proj`` / ``low_rank`` / ``o_proj`` packed by ``pack`` (all fp32 or all bf16);
-    ``state`` [B, H, K, V] (contiguous) updated in place.  Returns the layer's output [B, D]."""
-    _check("kda_decode_block", h, dt_bias, a_log, state, o_norm_weight)
-    _check_packed("kda_decode_block", in_proj, low_rank, o_proj)
-    bf16 = in_proj.dtype == torch.bfloat16
-    B, D = h.shape
-    _, H, K, V = state.shape
-    n_up = H * K + H * V
-    n_in_exact = 2 * H * K + H * V + H + _packed_k(low_rank)
-    if state.shape[0] != B or not state.is_contiguous() or not _fits(in_proj, D) or -(-n_in_exact // NB) != in_proj.shape[0] \
-            or low_rank.dtype != in_proj.dtype or o_proj.dtype != in_proj.dtype \
-            or low_rank.shape[0] != -(-n_up // NB) or not _fits(o_proj, H * V) or o_proj.shape[0] != -(-D // NB) \
-            or dt_bias.shape != (H * K,) or a_log.shape != (H,) or o_norm_weight.shape != (V,):
-        raise ValueError(f"kda_decode_block: h {tuple(h.shape)}, state {tuple(state.shape)}, packed in_proj "
-                         f"{tuple(in_proj.shape)} / low_rank {tuple(low_rank.shape)} / o_proj {tuple(o_proj.shape)} "
-                         "do not fit one KDA layer")
-    h = h.contiguous()
-    out = torch.empty(B, D, dtype=h.dtype)
-    scratch = torch.empty(B * (n_in_exact + n_up + 3 * H * K + 3 * H * V + H + H * V), dtype=h.dtype)
-    if load().refstack_kda_decode_block(h.data_ptr(), B, D, in_proj.data_ptr(), n_in_exact, low_rank.data_ptr(),
-                                        dt_bias.contiguous().data_ptr(), a_log.contiguous().data_ptr(), K**-0.5, l2_eps,
-                                        state.data_ptr(), H, K, V, scale, o_norm_weight.contiguous().data_ptr(),
-                                        o_norm_eps, o_proj.data_ptr(), int(bf16), out.data_ptr(), scratch.data_ptr(),
-                                        torch.get_num_threads()):
-        raise ValueError(f"refstack_kda_decode_block rejected B={B} D={D} H={H} K={K} V={V}")
-    return out
-
-
 def kda_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, scale: float) -> Tensor:
     """KDA over T tokens of B sequences, token by token (the recurrent form).
 
@@ -335,7 +304,7 @@ def kda_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Te
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     o = torch.empty(B, T, H, V, dtype=q.dtype)
     if load().refstack_kda_scan(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),
-                                state.data_ptr(), B, T, H, K, V, scale, o.data_ptr(), torch.get_num_threads()):
+                                state.data_ptr(), None, B, T, H, K, V, scale, o.data_ptr(), torch.get_num_threads()):
         raise ValueError(f"refstack_kda_scan rejected B={B} T={T} H={H} K={K} V={V}")
     return o
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infra_agent import tracing
-from refstack.kernels import cpu_kernels
+from refstack.kernels import cpu_blocks, cpu_kernels
 from refstack.model.batch import ForwardBatch, PaddedPrefill
 from refstack.model.cache import ModelCache
 from refstack.model.config import HybridConfig
@@ -51,9 +51,12 @@ class AttentionLayer(nn.Module):
             T = x.shape[0]
             qk, v = self.qkv_proj(x).split([sum(self.split_sizes[:2]), self.split_sizes[2]], dim=-1)
             assert batch.rope is not None, "the model sets the RoPE tables for the batch"
-            cos, sin = batch.rope
+            cos, sin = batch.rope  # [T, head_dim / 2]: row t is token t's position
             # q and k heads are adjacent: rotate them together in one pass.
-            qk = apply_rope(qk.reshape(T, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+            if self.native:  # the decode block's own rotation, so both paths round alike
+                qk = cpu_blocks.rope(qk, self.num_heads + self.num_kv_heads, self.head_dim, cos, sin, torch.arange(T))
+            else:
+                qk = apply_rope(qk.reshape(T, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             v = v.reshape(T, self.num_kv_heads, self.head_dim)
             keys, values = cache.keys[self.layer], cache.values[self.layer]

@@ -62,7 +62,7 @@ class HybridModel(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if config.dtype == "bfloat16":
-            routers = {id(layer.moe.router) for layer in self.layers}
+            routers = {id(m.router) for m in self.modules() if isinstance(m, MoE)}
             for module in self.modules():
                 if isinstance(module, (Linear, MoE, KDALayer)) and id(module) not in routers:
                     module.round_to_bf16()

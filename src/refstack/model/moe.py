@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infra_agent import tracing
-from refstack.kernels import cpu_kernels
+from refstack.kernels import cpu_blocks, cpu_kernels
 from refstack.model.config import HybridConfig
 from refstack.model.layers import Linear, round_bf16, seeded_weight
 
@@ -209,7 +209,8 @@ class MoE(nn.Module):
         return "padded" if busy and torch.get_num_threads() > 1 else "grouped"
 
     def forward(self, x: Tensor) -> Tensor:
-        topk_ids, topk_weights = route(self.router(x), self.top_k)
+        # Natively, top-k and its softmax run in C, as in the native decode step.
+        topk_ids, topk_weights = (cpu_blocks.moe_route if self.packed is not None else route)(self.router(x), self.top_k)
         d = dispatch(x, topk_ids, topk_weights, self.num_experts, self.ep_ranks, self.layout_for(x.shape[0]))
         per = self.num_experts // self.ep_ranks
         with tracing.span("moe.experts", cat="moe", layer=self.layer, tokens=d.num_tokens):

@@ -9,12 +9,11 @@ weights as raw pointers, and runs a layer as seven calls on reused buffers:
     norm -> KDA or attention block -> residual add + norm -> router GEMM
          -> route (top-k, softmax) -> dispatch -> experts -> combine + residual add
 
-It takes decode-only batches whose slots are consecutive (what the engine sends once
-requests are admitted in order); everything else runs the module path.  The trace
-spans are the module path's (``kda``, ``attention``, ``moe.dispatch``,
-``moe.experts``, ``moe.combine``, ``lm_head``), so a timeline reads the same.
-The arithmetic is the module path's native kernels, except that top-k and its
-softmax run in C: results agree to fp32 rounding, not bit for bit.
+It takes every decode-only batch (states and KV rows are found by slot); prefill and
+mixed steps run the module path.  The trace spans are the module path's (``kda``,
+``attention``, ``moe.dispatch``, ``moe.experts``, ``moe.combine``, ``lm_head``), so a
+timeline reads the same, and so is the arithmetic: the same kernels in the same
+order, bit for bit (tested), so which path a step takes never changes a token.
 """
 
 from __future__ import annotations
@@ -127,11 +126,11 @@ class NativeDecoder:
     # ------------------------------------------------------------------ the step
     @staticmethod
     def takes(batch: ForwardBatch) -> bool:
-        return batch.num_decode == batch.num_tokens > 0 and batch.decode_slot_range is not None
+        return batch.num_decode == batch.num_tokens > 0
 
     def forward(self, batch: ForwardBatch, cache: ModelCache) -> Tensor:
-        """Next-token logits [B, vocab] for a decode-only batch on consecutive slots."""
-        assert self.takes(batch) and batch.decode_slot_range is not None
+        """Next-token logits [B, vocab] for a decode-only batch (distinct slots, any order)."""
+        assert self.takes(batch)
         lib, B, D = self.lib, batch.num_tokens, self.hidden
         nt = torch.get_num_threads()
         bufs = self._buffers_for(B)
@@ -139,7 +138,6 @@ class NativeDecoder:
         slots, positions = batch.decode_slots.contiguous(), batch.decode_positions.contiguous()
         x = F.embedding(batch.token_ids, self.model.embed.weight)  # the residual stream, updated in place
         xp = x.data_ptr()
-        lo = batch.decode_slot_range[0]
         for layer in self.layers:
             self._check(lib.refstack_rms_norm(xp, None, B, D, layer.mixer_norm[0], layer.mixer_norm[1], None, p["h"], nt))
             if layer.is_kda:
@@ -147,11 +145,10 @@ class NativeDecoder:
                     states = cache.states[layer.index]
                     if batch.fresh_decode_slots is not None:  # a one-token prompt starts from a zero state
                         states.index_fill_(0, batch.fresh_decode_slots, 0.0)
-                    state = states.data_ptr() + lo * states.stride(0) * states.element_size()
                     a = layer.mixer_args
                     self._check(lib.refstack_kda_decode_block(
-                        p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], a[6], state, a[7], a[8], a[9], a[10], a[11],
-                        a[12], a[13], a[14], p["delta"], p["scratch"], nt))
+                        p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], a[6], states.data_ptr(), a[7], a[8], a[9], a[10],
+                        a[11], a[12], a[13], a[14], slots.data_ptr(), p["delta"], p["scratch"], nt))
             else:
                 with tracing.span("attention", cat="attn", layer=layer.index, tokens=B):
                     keys, values = cache.keys[layer.index], cache.values[layer.index]

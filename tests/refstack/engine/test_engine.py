@@ -196,3 +196,15 @@ def test_native_and_torch_kernels_generate_the_same_greedy_text(model: HybridMod
     assert [o.token_ids for o in out_native] == [o.token_ids for o in out_torch]
     make_engine(model)  # "auto": back to native for the module's other tests
     assert model.native_kernels
+
+
+def test_bf16_engine_output_is_the_same_alone_and_in_a_batch() -> None:
+    engine = Engine(EngineConfig(preset="tiny", dtype="bfloat16"))
+    assert engine.model.config.dtype == "bfloat16"
+    model = engine.model
+    alone = [make_engine(model).generate([ids(p)], GREEDY)[0] for p in PROMPTS]
+    batched = make_engine(model, max_batch_tokens=24, prefill_chunk=7).generate([ids(p) for p in PROMPTS], GREEDY)
+    assert [o.token_ids for o in batched] == [o.token_ids for o in alone]
+    fused = make_engine(model, max_batch_tokens=24, prefill_chunk=7, fuse_prefill_decode=True).generate(
+        [ids(p) for p in PROMPTS], GREEDY)
+    assert [o.token_ids for o in fused] == [o.token_ids for o in alone]

@@ -15,7 +15,7 @@ from refstack.engine.config import EngineConfig
 from refstack.knobs import KNOBS, KnobError, engine_config, knob, parse_knobs
 
 REQUIRED = {"preset", "host", "port", "max_running", "max_batch_tokens", "prefill_chunk", "max_waiting", "num_slots",
-            "max_seq_len", "seed", "lm_head_precision", "torch_threads", "step_delay_ms"}
+            "max_seq_len", "seed", "lm_head_precision", "dtype", "torch_threads", "step_delay_ms"}
 
 
 def refstack(*args: str) -> subprocess.CompletedProcess[str]:
@@ -31,6 +31,7 @@ def test_knobs_json_lists_every_knob_with_its_domain() -> None:
         assert set(k) == {"name", "flag", "type", "domain", "default", "components", "help"}
         assert k["components"] and k["help"]
     assert listed["lm_head_precision"]["domain"] == {"choices": ["fp32", "tf32", "3xtf32", "bf16"]}
+    assert listed["dtype"]["domain"] == {"choices": ["float32", "bfloat16"]} and listed["dtype"]["default"] == "float32"
     assert listed["step_delay_ms"]["domain"]["min"] == 0.0 and "calibration" in listed["step_delay_ms"]["help"].lower()
     assert listed["max_running"]["domain"]["min"] == 1
 
@@ -47,6 +48,7 @@ def test_serve_help_shows_every_knob() -> None:
     ["serve", "--max-running", "0"],
     ["serve", "--max-running", "lots"],
     ["serve", "--lm-head-precision", "fp8"],
+    ["serve", "--dtype", "float16"],
     ["serve", "--step-delay-ms", "-1"],
     ["serve", "--port", "70000"],
     ["frobnicate"],

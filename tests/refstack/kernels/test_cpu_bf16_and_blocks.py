@@ -1,0 +1,125 @@
+"""The bf16 GEMMs against float64 on bf16-rounded operands, and the whole-block decode
+kernels (KDA layer, attention layer, router) against the per-kernel compositions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from refstack.kernels import cpu_blocks, cpu_kernels
+from refstack.model.attention import apply_rope, rope_tables
+from refstack.model.moe import route
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason=f"native kernels unavailable: {cpu_kernels.unavailable_reason()}")
+
+BF16 = torch.bfloat16
+
+
+def _rand(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def _bf(t: torch.Tensor) -> torch.Tensor:
+    """The value a bf16 operand has: rounded to nearest even, widened exactly."""
+    return t.to(BF16).double()
+
+
+@pytest.mark.parametrize("k,n", [(64, 8), (512, 900), (256, 512), (33, 47)])
+@pytest.mark.parametrize("m", [0, 1, 5, 8, 9, 64])
+def test_bf16_gemm_is_an_fp32_sum_of_bf16_products(k: int, n: int, m: int) -> None:
+    w = _rand(k, n, seed=1, scale=k**-0.5)
+    x = _rand(m, k, seed=2)
+    got = cpu_kernels.gemm(x, cpu_kernels.pack(w, BF16), n)
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    # bf16 x bf16 products are exact in fp32: only the fp32 summation order differs.
+    torch.testing.assert_close(got, (_bf(x) @ _bf(w)).float(), rtol=1e-5, atol=1e-5)
+    if m:  # and it is not the fp32 product: the rounding is real
+        assert (got - x @ w).abs().max() > 1e-4
+
+
+def test_bf16_gemm_rows_do_not_depend_on_their_neighbours() -> None:
+    w = cpu_kernels.pack(_rand(512, 900, seed=3, scale=512**-0.5), BF16)
+    x = _rand(37, 512, seed=4)
+    full = cpu_kernels.gemm(x, w, 900)
+    for i in (0, 7, 8, 36):
+        assert torch.equal(cpu_kernels.gemm(x[i : i + 1], w, 900), full[i : i + 1])
+    assert torch.equal(cpu_kernels.gemm(x[5:22], w, 900), full[5:22])
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 9, 1, 0, 0, 17, 2], [0] * 8, [8] * 8])
+def test_bf16_moe_experts_round_rows_and_hidden_to_bf16(counts: list[int]) -> None:
+    E, D, inner = 8, 64, 32
+    w_gate_up, w_down = _rand(E, D, 2 * inner, seed=5, scale=D**-0.5), _rand(E, inner, D, seed=6, scale=inner**-0.5)
+    rows = _rand(sum(counts), D, seed=7)
+    got = cpu_kernels.moe_experts(rows, counts, cpu_kernels.pack_gate_up(w_gate_up, BF16), cpu_kernels.pack_down(w_down, BF16))
+    out, start = [], 0
+    for e, c in enumerate(counts):
+        gate, up = (_bf(rows[start : start + c]) @ _bf(w_gate_up[e])).chunk(2, dim=-1)
+        hidden = (F.silu(gate) * up).float()  # the kernel's fp32 hidden, then rounded for the down GEMM
+        out.append(_bf(hidden) @ _bf(w_down[e]))
+        start += c
+    torch.testing.assert_close(got, torch.cat(out).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_mixed_dtype_packs_are_refused() -> None:
+    gate_up = cpu_kernels.pack_gate_up(_rand(2, 64, 64, seed=8), BF16)
+    down = cpu_kernels.pack_down(_rand(2, 32, 64, seed=9))
+    with pytest.raises(ValueError, match="must both be 5-d of one dtype"):
+        cpu_kernels.moe_experts(_rand(3, 64, seed=10), [1, 2], gate_up, down)
+    with pytest.raises(ValueError, match=r"gemm: x \(2, 66\) does not fit"):
+        cpu_kernels.gemm(_rand(2, 66, seed=11), cpu_kernels.pack(_rand(64, 32, seed=12), BF16), 32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_kda_decode_block_is_the_per_kernel_composition_bit_for_bit(dtype: torch.dtype) -> None:
+    B, D, H, K, V, rank = 5, 64, 4, 16, 16, 16
+    n_in, n_up = 2 * H * K + H * V + H + 2 * rank, H * K + H * V
+    w_in, w_low, w_o = _rand(D, n_in, seed=20, scale=D**-0.5), _rand(2 * rank, n_up, seed=21, scale=0.2), _rand(H * V, D, seed=22, scale=0.1)
+    dt_bias, a_log, o_norm = _rand(H * K, seed=23, scale=0.5), _rand(H, seed=24, scale=0.3), 1 + 0.1 * _rand(V, seed=25)
+    h, state = _rand(B, D, seed=26), _rand(B, H, K, V, seed=27, scale=0.1)
+    packed = [cpu_kernels.pack(w, dtype) for w in (w_in, w_low, w_o)]
+    s_block, s_steps = state.clone(), state.clone()
+    got = cpu_blocks.kda_decode_block(h, packed[0], packed[1], dt_bias, a_log, s_block, o_norm, 1e-6, packed[2], K**-0.5, 1e-12)
+    proj = cpu_kernels.gemm(h, packed[0], n_in)
+    up = cpu_kernels.gemm(proj[:, -2 * rank :], packed[1], n_up)
+    q, k, v, g, beta = cpu_kernels.kda_prepare(proj, up, dt_bias, a_log, H, K, V, K**-0.5, 1e-12)
+    o = cpu_kernels.kda_decode(q, k, v, g, beta, s_steps, K**-0.5)
+    o = cpu_kernels.rms_norm(o, o_norm, 1e-6, gate=up[:, H * K :].reshape(B, H, V).contiguous())
+    assert torch.equal(got, cpu_kernels.gemm(o.reshape(B, H * V), packed[2], D))
+    assert torch.equal(s_block, s_steps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_attn_decode_block_matches_projection_rope_attention_projection(dtype: torch.dtype) -> None:
+    B, D, Hq, Hkv, hd, slots_n, max_len = 3, 64, 4, 2, 16, 4, 40
+    w_qkv, w_o = _rand(D, (Hq + 2 * Hkv) * hd, seed=30, scale=D**-0.5), _rand(Hq * hd, D, seed=31, scale=0.1)
+    qkv_p, o_p = cpu_kernels.pack(w_qkv, dtype), cpu_kernels.pack(w_o, dtype)
+    cos, sin = rope_tables(hd, max_len, 10000.0)
+    keys, values = _rand(slots_n, Hkv, max_len, hd, seed=32), _rand(slots_n, Hkv, max_len, hd, seed=33)
+    slots, positions = torch.tensor([2, 0, 3]), torch.tensor([5, 0, 39])
+    h = _rand(B, D, seed=34)
+    k_ref, v_ref = keys.clone(), values.clone()
+    got = cpu_blocks.attn_decode_block(h, qkv_p, o_p, Hq, Hkv, hd, cos, sin, keys, values, slots, positions, hd**-0.5)
+    qkv = cpu_kernels.gemm(h, qkv_p, (Hq + 2 * Hkv) * hd)
+    qk = apply_rope(qkv[:, : (Hq + Hkv) * hd].reshape(B, Hq + Hkv, hd), cos[positions], sin[positions])
+    v = qkv[:, (Hq + Hkv) * hd :].reshape(B, Hkv, hd)
+    att = cpu_kernels.gqa_decode(qk[:, :Hq].contiguous(), qk[:, Hq:].contiguous(), v.contiguous(), k_ref, v_ref, slots, positions,
+                                 hd**-0.5)
+    torch.testing.assert_close(got, cpu_kernels.gemm(att.reshape(B, Hq * hd), o_p, D), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(keys, k_ref, rtol=1e-6, atol=1e-6)  # the same rows written, nothing else
+    assert torch.equal(values, v_ref)
+    with pytest.raises(ValueError, match=r"positions must be in \[0, 40\)"):
+        cpu_blocks.attn_decode_block(h, qkv_p, o_p, Hq, Hkv, hd, cos, sin, keys, values, slots, torch.tensor([5, 0, 40]), 1.0)
+
+
+def test_moe_route_picks_the_torch_experts_and_weights() -> None:
+    logits = _rand(64, 8, seed=40)
+    ids, weights = cpu_blocks.moe_route(logits, 2)
+    ref_ids, ref_weights = route(logits, 2)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-7)
+    tied = torch.zeros(1, 4)
+    assert cpu_blocks.moe_route(tied, 2)[0].tolist() == [[0, 1]]  # ties go to the lower id
+    with pytest.raises(ValueError, match="moe_route"):
+        cpu_blocks.moe_route(logits, 9)
