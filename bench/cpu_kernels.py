@@ -12,7 +12,13 @@ it is the pool's read bandwidth (``sum`` over the same bytes, measured in the sa
 
 Part 2, MoE experts: one layer's SwiGLU expert pairs for T routed tokens (top-2 of 8),
 native (one call, all experts) against torch's two layouts (per-expert GEMMs on exactly
-each expert's rows; one padded batched GEMM pair), each on its own pool of layers.
+each expert's rows; one padded batched GEMM pair), each on its own pool of layers;
+and the bf16 native kernel (``dtype=bfloat16``) on the same routing.
+
+Part 3, bf16 GEMM (``dtype=bfloat16``): the native bf16 kernel against torch's bf16
+``F.linear`` (weight and input in bf16, what a bf16 HF model runs) and against the
+native fp32 kernel on the same shapes; the bf16 pool holds as many weights in half
+the bytes, and the read bandwidth is measured over it.
 
 Timings are interleaved: each repeat runs every variant once, in an order rotated per
 repeat; ratios are of means with a 95% paired-bootstrap interval over the repeats.
@@ -98,6 +104,46 @@ def gemm_table(shapes: dict[str, tuple[int, int]], rows: list[int], repeats: int
     return records
 
 
+def gemm_bf16_table(shapes: dict[str, tuple[int, int]], rows: list[int], repeats: int,
+                    pool_bytes: int) -> list[dict[str, object]]:
+    bf16 = torch.bfloat16
+    print("\n| weight (K x N) | M | torch bf16 F.linear us | native fp32 us | native bf16 us "
+          "| bf16 native / torch bf16 [95% CI] | bf16 / fp32 native [95% CI] | bf16 GB/s | % of read bandwidth | GFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    records = []
+    for label, (k, n) in shapes.items():
+        copies = max(4, pool_bytes // (k * n * 2))  # as many bf16 bytes as Part 1's fp32 pool
+        gen = torch.Generator().manual_seed(k * 7919 + n)
+        w_fp32 = [torch.randn(n, k, generator=gen) * k**-0.5 for _ in range(copies)]
+        w_bf16 = [w.to(bf16) for w in w_fp32]
+        packed = [cpu_kernels.pack(w.t(), bf16) for w in w_fp32]
+        packed_fp32 = [cpu_kernels.pack(w.t()) for w in w_fp32[: max(4, copies // 2)]]  # same fp32 bytes as the bf16 pool
+        # The same bytes read as fp32 words (K is even here): sum's speed, whatever the values.
+        bandwidth = read_bandwidth([w.view(torch.float32) for w in w_bf16], 3)
+        for m in rows:
+            x = torch.randn(m, k, generator=gen)
+            xb = x.to(bf16)
+            samples = interleaved({
+                "torch_bf16": lambda xb=xb, ws=w_bf16: [F.linear(xb, w) for w in ws] and None,
+                "fp32": lambda x=x, ps=packed_fp32, n=n, c=copies: [cpu_kernels.gemm(x, ps[i % len(ps)], n)
+                                                                    for i in range(c)] and None,
+                "bf16": lambda x=x, ps=packed, n=n: [cpu_kernels.gemm(x, p, n) for p in ps] and None,
+            }, copies, repeats)
+            med = {name: statistics.median(v) for name, v in samples.items()}
+            vs_torch = ratio_ci(samples["torch_bf16"], samples["bf16"])
+            vs_fp32 = ratio_ci(samples["fp32"], samples["bf16"])
+            gbs = k * n * 2 / med["bf16"] / 1e9
+            rec = {"weight": label, "k": k, "n": n, "m": m, "us": {v: t * 1e6 for v, t in med.items()},
+                   "bf16_over_torch_bf16": list(vs_torch), "bf16_over_fp32": list(vs_fp32), "bf16_gbs": gbs,
+                   "read_gbs": bandwidth / 1e9, "gflops": 2 * m * k * n / med["bf16"] / 1e9}
+            records.append(rec)
+            print(f"| {label} ({k} x {n}) | {m} | {med['torch_bf16'] * 1e6:.1f} | {med['fp32'] * 1e6:.1f} "
+                  f"| {med['bf16'] * 1e6:.1f} | **{vs_torch[0]:.2f}x** [{vs_torch[1]:.2f}, {vs_torch[2]:.2f}] "
+                  f"| **{vs_fp32[0]:.2f}x** [{vs_fp32[1]:.2f}, {vs_fp32[2]:.2f}] | {gbs:.1f} "
+                  f"| {100 * gbs * 1e9 / bandwidth:.0f}% | {rec['gflops']:.0f} |", flush=True)
+    return records
+
+
 def moe_table(cfg: HybridConfig, tokens: list[int], repeats: int, pool_bytes: int) -> list[dict[str, object]]:
     E, D, inner, k = cfg.num_experts, cfg.hidden_size, cfg.expert_hidden_size, cfg.num_experts_per_tok
     layer_bytes = E * 3 * D * inner * 4
@@ -106,9 +152,11 @@ def moe_table(cfg: HybridConfig, tokens: list[int], repeats: int, pool_bytes: in
     w_gate_up = [torch.randn(E, D, 2 * inner, generator=gen) * D**-0.5 for _ in range(layers)]
     w_down = [torch.randn(E, inner, D, generator=gen) * inner**-0.5 for _ in range(layers)]
     packed = [(cpu_kernels.pack_gate_up(a), cpu_kernels.pack_down(b)) for a, b in zip(w_gate_up, w_down)]
+    bf16 = torch.bfloat16
+    packed_bf16 = [(cpu_kernels.pack_gate_up(a, bf16), cpu_kernels.pack_down(b, bf16)) for a, b in zip(w_gate_up, w_down)]
     print(f"\n| tokens (top-{k} of {E}) | busiest expert rows | torch grouped us | torch padded us | native us "
-          "| native / best torch speed [95% CI] | native GB/s |")
-    print("|---|---|---|---|---|---|---|")
+          "| native / best torch speed [95% CI] | native GB/s | native bf16 us | bf16 / fp32 native speed [95% CI] |")
+    print("|---|---|---|---|---|---|---|---|---|")
     records = []
     for t in tokens:
         ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(t)])
@@ -127,16 +175,21 @@ def moe_table(cfg: HybridConfig, tokens: list[int], repeats: int, pool_bytes: in
                                                             for a, b in zip(w_gate_up, w_down)] and None,
             "native": lambda rows=rows, counts=counts: [cpu_kernels.moe_experts(rows, counts, a, b) for a, b in packed]
             and None,
+            "native_bf16": lambda rows=rows, counts=counts: [cpu_kernels.moe_experts(rows, counts, a, b) for a, b in packed_bf16]
+            and None,
         }, layers, repeats)
         med = {name: statistics.median(s) for name, s in samples.items()}
         best = "grouped" if med["grouped"] <= med["padded"] else "padded"
         speed, lo, hi = ratio_ci(samples[best], samples["native"])
         active = sum(c > 0 for c in counts)
         gbs = active * 3 * D * inner * 4 / med["native"] / 1e9
+        b_speed, b_lo, b_hi = ratio_ci(samples["native"], samples["native_bf16"])
         records.append({"tokens": t, "counts": counts, "us": {s: v * 1e6 for s, v in med.items()},
-                        "native_over_best_torch": [speed, lo, hi], "best_torch": best, "native_gbs": gbs})
+                        "native_over_best_torch": [speed, lo, hi], "best_torch": best, "native_gbs": gbs,
+                        "bf16_over_fp32_native": [b_speed, b_lo, b_hi]})
         print(f"| {t} | {cap} | {med['grouped'] * 1e6:.0f} | {med['padded'] * 1e6:.0f} | {med['native'] * 1e6:.0f} "
-              f"| **{speed:.2f}x** vs {best} [{lo:.2f}, {hi:.2f}] | {gbs:.1f} |", flush=True)
+              f"| **{speed:.2f}x** vs {best} [{lo:.2f}, {hi:.2f}] | {gbs:.1f} | {med['native_bf16'] * 1e6:.0f} "
+              f"| **{b_speed:.2f}x** [{b_lo:.2f}, {b_hi:.2f}] |", flush=True)
     return records
 
 
@@ -162,7 +215,8 @@ def main() -> None:
           f"cpu={platform.processor() or platform.machine()} repeats={args.repeats} weight pool {args.pool_mib} MiB\n")
     pool = args.pool_mib << 20
     records = {"gemm": gemm_table(shapes, args.rows, args.repeats, pool),
-               "moe": moe_table(cfg, args.tokens, args.repeats, pool)}
+               "moe": moe_table(cfg, args.tokens, args.repeats, pool),
+               "gemm_bf16": gemm_bf16_table(shapes, args.rows, args.repeats, pool)}
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump({"args": vars(args), "records": records}, fh, indent=1)

@@ -1,7 +1,8 @@
 """Where a refstack engine step's time goes, from the engine's own trace spans.
 
     python bench/engine_step_spans.py [--preset small] [--batch 32] [--prompt-len 32] [--gen-len 64]
-                                      [--runs 4] [--cpu-kernels auto|native|torch] [--trace out.json]
+                                      [--runs 4] [--cpu-kernels auto|native|torch] [--dtype float32|bfloat16]
+                                      [--trace out.json]
 
 Runs ``Engine.generate`` on ``batch`` prompts ``runs`` times with tracing on (one
 warm-up run first, not traced) and prints, for the ``decode`` and ``prefill`` spans,
@@ -56,10 +57,11 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--cpu-kernels", default="auto", choices=["auto", "native", "torch"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the GEMMs' operand type")
     ap.add_argument("--trace", help="also write the Chrome trace here")
     args = ap.parse_args()
 
-    model = HybridModel(HybridConfig.preset(args.preset))
+    model = HybridModel(HybridConfig.preset(args.preset, dtype=args.dtype))
     engine = make_engine(model, args.preset, args.batch, args.prompt_len, args.cpu_kernels)
     prompts = [[(31 * b + 7 * i) % 256 for i in range(args.prompt_len)] for b in range(args.batch)]
     params = SamplingParams(max_tokens=args.gen_len, temperature=0.0, ignore_eos=True)

@@ -114,8 +114,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("torch_threads", "int", 0, ("runtime",),
          "torch intra-op threads for the engine; 0 keeps torch's default.", min=0, max=1024),
     Knob("cpu_kernels", "choice", "auto", ("model.linear", "model.norm", "model.moe", "model.kda", "model.attention"),
-         "Kernels of the model's hot path (Linears, norms, MoE, KDA recurrence, decode attention): 'native' fp32 "
-         "kernels built with the C compiler on first use, 'torch' (MKL and tensor ops), or 'auto' (native when it "
+         "Kernels of the model's hot path (Linears, norms, MoE, KDA recurrence, decode attention): 'native' "
+         "kernels (fp32 or bf16, per dtype) built with the C compiler on first use, 'torch' (MKL and tensor ops), or 'auto' (native when it "
          "builds).", choices=CPU_KERNELS),
     Knob("step_delay_ms", "float", 0.0, ("engine.loop",),
          "CALIBRATION knob: sleep this long in every engine step.  Benchmarks use it to inject a "

@@ -3,6 +3,12 @@ kernels (KDA layer, attention layer, router) against the per-kernel compositions
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -123,3 +129,26 @@ def test_moe_route_picks_the_torch_experts_and_weights() -> None:
     assert cpu_blocks.moe_route(tied, 2)[0].tolist() == [[0, 1]]  # ties go to the lower id
     with pytest.raises(ValueError, match="moe_route"):
         cpu_blocks.moe_route(logits, 9)
+
+
+_FALLBACK_CHECK = """
+import torch
+from refstack.kernels import cpu_build
+cpu_build.FLAGS = (*cpu_build.FLAGS, "-mno-avx512bf16")  # as on a CPU without AVX512_BF16
+from refstack.kernels import cpu_kernels
+g = torch.Generator().manual_seed(0)
+w, x = torch.randn(33, 47, generator=g) * 0.2, torch.randn(9, 33, generator=g)
+got = cpu_kernels.gemm(x, cpu_kernels.pack(w, torch.bfloat16), 47)
+ref = (x.to(torch.bfloat16).double() @ w.to(torch.bfloat16).double()).float()
+torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+print("fallback ok")
+"""
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-mno-avx512bf16 is an x86 flag")
+def test_bf16_kernels_without_the_bf16_dot_product_instruction(tmp_path: Path) -> None:
+    """The portable path (bf16 pairs widened to fp32) gives the same sums, to fp32 rounding."""
+    env = {**os.environ, "REFSTACK_KERNEL_CACHE": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", _FALLBACK_CHECK], capture_output=True, text=True, env=env, timeout=300,
+                       check=False)
+    assert r.returncode == 0 and "fallback ok" in r.stdout, r.stderr[-2000:]
