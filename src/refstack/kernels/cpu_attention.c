@@ -13,27 +13,32 @@
 
 #define KEY_BLOCK 16
 
-typedef int32_t i16v __attribute__((vector_size(64)));
-
 /* Two vectors of 2h-lane segments (one key each) into one of h-lane segments: segment s
- * of x goes to lanes h*s.., of y to 8 + h*s..; each new lane sums two old ones. */
-static inline v16 fold(v16 x, v16 y, i16v lo, i16v hi) { return __builtin_shuffle(x, y, lo) + __builtin_shuffle(x, y, hi); }
+ * of x goes to lanes h*s.., of y to 8 + h*s..; each new lane sums two old ones.
+ * GCC's shuffle takes an index vector, clang's a list of constants. */
+#define LO8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define HI8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define LO4 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27
+#define HI4 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31
+#define LO2 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29
+#define HI2 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31
+#define LO1 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define HI1 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+#if defined(__clang__)
+#define SHUFFLE(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+#else
+typedef int32_t i16v __attribute__((vector_size(64)));
+#define SHUFFLE(x, y, ...) __builtin_shuffle(x, y, (i16v){__VA_ARGS__})
+#endif
+#define FOLD(x, y, lo, hi) (SHUFFLE(x, y, lo) + SHUFFLE(x, y, hi))
 
 /* out[i] = sum of part[i]'s 16 lanes, i < 16. */
 static inline v16 lane_sums(const v16 *part) {
-    const i16v lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const i16v hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-    const i16v lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-    const i16v hi4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-    const i16v lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-    const i16v hi2 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-    const i16v lo1 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-    const i16v hi1 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
     v16 a[8], b[4], c[2];
-    for (int i = 0; i < 8; i++) a[i] = fold(part[2 * i], part[2 * i + 1], lo8, hi8);
-    for (int i = 0; i < 4; i++) b[i] = fold(a[2 * i], a[2 * i + 1], lo4, hi4);
-    for (int i = 0; i < 2; i++) c[i] = fold(b[2 * i], b[2 * i + 1], lo2, hi2);
-    return fold(c[0], c[1], lo1, hi1);
+    for (int i = 0; i < 8; i++) a[i] = FOLD(part[2 * i], part[2 * i + 1], LO8, HI8);
+    for (int i = 0; i < 4; i++) b[i] = FOLD(a[2 * i], a[2 * i + 1], LO4, HI4);
+    for (int i = 0; i < 2; i++) c[i] = FOLD(b[2 * i], b[2 * i + 1], LO2, HI2);
+    return FOLD(c[0], c[1], LO1, HI1);
 }
 
 /* One query head over keys / values [L, D]: an online softmax, KEY_BLOCK keys at a time.

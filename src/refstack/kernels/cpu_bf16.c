@@ -14,7 +14,10 @@
  * (x[2p], x[2p+1]), so the tile broadcasts one 32-bit word per row and k-pair.
  *
  * Each output element is summed over k in one fixed order inside one tile, as in the
- * fp32 kernels: a row's result never depends on the other rows of the call. */
+ * fp32 kernels: a row's result never depends on the other rows of the call.  The
+ * portable path adds each pair in vdpbf16ps's order (odd element first; the products
+ * of bf16 values are exact in fp32), so both paths give the same sums, except that
+ * vdpbf16ps flushes denormals (|x| < 1.2e-38) to zero. */
 #include <stdlib.h>
 
 #include "cpu_common.h"
@@ -97,10 +100,10 @@ static inline __attribute__((always_inline)) void tile_bf16(const int mr, const 
             float xl, xh;
             memcpy(&xl, &lo_bits, sizeof xl);
             memcpy(&xh, &hi_bits, sizeof xh);
+            a0[r] += xh * hi0; /* the odd element first, as vdpbf16ps adds them */
             a0[r] += xl * lo0;
-            a0[r] += xh * hi0;
-            a1[r] += xl * lo1;
             a1[r] += xh * hi1;
+            a1[r] += xl * lo1;
         }
     }
 #endif

@@ -23,10 +23,12 @@ __all__ = ["attn_decode_block", "kda_decode_block", "moe_route", "rope"]
 
 
 def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tensor, a_log: Tensor, state: Tensor,
-                     o_norm_weight: Tensor, o_norm_eps: float, o_proj: Tensor, scale: float, l2_eps: float) -> Tensor:
+                     o_norm_weight: Tensor, o_norm_eps: float, o_proj: Tensor, scale: float, l2_eps: float,
+                     slots: Tensor | None = None) -> Tensor:
     """A KDA layer's decode step for B tokens in one call (``KDALayer`` with T = 1 each):
     ``in_proj`` / ``low_rank`` / ``o_proj`` packed by ``pack`` (all fp32 or all bf16);
-    ``state`` [B, H, K, V] (contiguous) updated in place.  Returns the layer's output [B, D]."""
+    ``state`` [B, H, K, V] (contiguous) updated in place, or with ``slots`` [B] (int64,
+    distinct) token b's state is ``state[slots[b]]``.  Returns the layer's output [B, D]."""
     _check("kda_decode_block", h, dt_bias, a_log, state, o_norm_weight)
     _check_packed("kda_decode_block", in_proj, low_rank, o_proj)
     bf16 = in_proj.dtype == torch.bfloat16
@@ -34,7 +36,13 @@ def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tens
     _, H, K, V = state.shape
     n_up = H * K + H * V
     n_in_exact = 2 * H * K + H * V + H + _packed_k(low_rank)
-    if state.shape[0] != B or not state.is_contiguous() or not _fits(in_proj, D) or -(-n_in_exact // NB) != in_proj.shape[0] \
+    if slots is not None:
+        _check_index("kda_decode_block", slots)
+        if slots.shape != (B,) or (B and (int(slots.min()) < 0 or int(slots.max()) >= state.shape[0])) \
+                or slots.unique().numel() != B:
+            raise ValueError(f"kda_decode_block: slots must be {B} distinct indices into the {state.shape[0]} states")
+        slots = slots.contiguous()
+    if (slots is None and state.shape[0] != B) or not state.is_contiguous() or not _fits(in_proj, D) or -(-n_in_exact // NB) != in_proj.shape[0] \
             or low_rank.dtype != in_proj.dtype or o_proj.dtype != in_proj.dtype \
             or low_rank.shape[0] != -(-n_up // NB) or not _fits(o_proj, H * V) or o_proj.shape[0] != -(-D // NB) \
             or dt_bias.shape != (H * K,) or a_log.shape != (H,) or o_norm_weight.shape != (V,):
@@ -47,7 +55,8 @@ def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tens
     if load().refstack_kda_decode_block(h.data_ptr(), B, D, in_proj.data_ptr(), n_in_exact, low_rank.data_ptr(),
                                         dt_bias.contiguous().data_ptr(), a_log.contiguous().data_ptr(), K**-0.5, l2_eps,
                                         state.data_ptr(), H, K, V, scale, o_norm_weight.contiguous().data_ptr(),
-                                        o_norm_eps, o_proj.data_ptr(), int(bf16), None, out.data_ptr(), scratch.data_ptr(),
+                                        o_norm_eps, o_proj.data_ptr(), int(bf16), slots.data_ptr() if slots is not None else None,
+                                        out.data_ptr(), scratch.data_ptr(),
                                         torch.get_num_threads()):
         raise ValueError(f"refstack_kda_decode_block rejected B={B} D={D} H={H} K={K} V={V}")
     return out

@@ -292,6 +292,8 @@ int refstack_moe_dispatch(const float *x, int64_t T, int64_t D, const int64_t *t
     return 0;
 }
 
+#define COMBINE_CHUNK 256
+
 int refstack_moe_combine(const float *out, int64_t n_out, const int64_t *copy_slot, const float *w, int64_t T, int64_t k,
                          int64_t D, float *y, int accumulate, int nthreads) {
     if (T < 0 || k <= 0 || D <= 0 || nthreads < 1) return 1;
@@ -299,20 +301,23 @@ int refstack_moe_combine(const float *out, int64_t n_out, const int64_t *copy_sl
         if (copy_slot[c] < 0 || copy_slot[c] >= n_out) return 2;
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (T * k * D >= PAR_MIN_FLOATS)
     for (int64_t t = 0; t < T; t++) {
-        float sum[D];
-        const float *first = out + copy_slot[t * k] * D;
-        const float w0 = w[t * k];
-        for (int64_t d = 0; d < D; d++) sum[d] = w0 * first[d];
-        for (int64_t j = 1; j < k; j++) {
-            const float *src = out + copy_slot[t * k + j] * D;
-            const float wj = w[t * k + j];
-            for (int64_t d = 0; d < D; d++) sum[d] += wj * src[d];
+        for (int64_t d0 = 0; d0 < D; d0 += COMBINE_CHUNK) { /* a fixed stack buffer, any D */
+            const int64_t n = D - d0 < COMBINE_CHUNK ? D - d0 : COMBINE_CHUNK;
+            float sum[COMBINE_CHUNK];
+            const float *first = out + copy_slot[t * k] * D + d0;
+            const float w0 = w[t * k];
+            for (int64_t d = 0; d < n; d++) sum[d] = w0 * first[d];
+            for (int64_t j = 1; j < k; j++) {
+                const float *src = out + copy_slot[t * k + j] * D + d0;
+                const float wj = w[t * k + j];
+                for (int64_t d = 0; d < n; d++) sum[d] += wj * src[d];
+            }
+            float *yt = y + t * D + d0;
+            if (accumulate) /* the residual add of the block: y is the residual stream */
+                for (int64_t d = 0; d < n; d++) yt[d] += sum[d];
+            else
+                memcpy(yt, sum, (size_t)n * sizeof(float));
         }
-        float *yt = y + t * D;
-        if (accumulate) /* the residual add of the block: y is the residual stream */
-            for (int64_t d = 0; d < D; d++) yt[d] += sum[d];
-        else
-            memcpy(yt, sum, (size_t)D * sizeof(float));
     }
     return 0;
 }

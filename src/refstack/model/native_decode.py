@@ -18,6 +18,7 @@ order, bit for bit (tested), so which path a step takes never changes a token.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from refstack.model.attention import AttentionLayer
 from refstack.model.batch import ForwardBatch
 from refstack.model.cache import ModelCache
 from refstack.model.kda import KDALayer
+from refstack.model.moe import MoE
 
 if TYPE_CHECKING:
     from refstack.model.model import HybridModel
@@ -51,7 +53,8 @@ class _Layer:
 
 class NativeDecoder:
     """Built by ``HybridModel.use_native_kernels(True)``; holds references to every
-    tensor whose pointer it keeps, so none is freed under it."""
+    tensor whose pointer it keeps, so none is freed under it.  Work buffers are per
+    thread: the C calls release the GIL, and two engines may step one model."""
 
     def __init__(self, model: HybridModel) -> None:
         cfg = model.config
@@ -64,37 +67,48 @@ class NativeDecoder:
         self.final_norm = self._ptr(model.norm.weight), model.norm.eps
         self.rope = self._ptr(model.rope_cos), self._ptr(model.rope_sin), int(model.rope_cos.shape[0])
         self._scratch_floats = max(self._mixer_scratch(layer) for layer in self.layers)
-        self._buffers: dict[int, dict[str, Tensor]] = {}
+        self._moes = [m for m in model.modules() if isinstance(m, MoE)]
+        self._local = threading.local()
 
     # ------------------------------------------------------------------ set-up
-    def _ptr(self, t: Tensor | None) -> int:
-        assert t is not None and t.is_contiguous() and t.device.type == "cpu", "native decode needs packed CPU weights"
+    def _ptr(self, t: Tensor | None, dtype: torch.dtype | None = None) -> int:
+        """t's address, kept alive; ``dtype`` checks a packed weight's type (the kernel
+        chosen for it reads that many bytes per element)."""
+        if t is None or not t.is_contiguous() or t.device.type != "cpu" or (dtype is not None and t.dtype != dtype):
+            raise ValueError(f"native decode: expected a contiguous CPU tensor{f' of {dtype}' if dtype else ''}, got "
+                             f"{None if t is None else (t.dtype, tuple(t.shape))}")
         self._keep.append(t)
         return t.data_ptr()
 
     def _capture(self, index: int, layer: Any) -> _Layer:
         mixer, moe = layer.mixer, layer.moe
+        f32 = torch.float32
         if isinstance(mixer, KDALayer):
             H, K, V = mixer.num_heads, mixer.k_dim, mixer.v_dim
             n_in = sum(mixer.split_sizes)
+            # One kernel reads all three weights: they must share the pack type.
+            wt = mixer.in_proj.packed.dtype if mixer.in_proj.packed is not None else None
             args: tuple[Any, ...] = (
-                self._ptr(mixer.in_proj.packed), n_in, self._ptr(mixer.low_rank_packed), self._ptr(mixer.dt_bias),
-                self._ptr(mixer.A_log), K**-0.5, 1e-12, H, K, V, mixer.scale, self._ptr(mixer.o_norm.weight),
-                mixer.o_norm.eps, self._ptr(mixer.o_proj.packed), int(mixer.in_proj.bf16),
+                self._ptr(mixer.in_proj.packed, wt), n_in, self._ptr(mixer.low_rank_packed, wt), self._ptr(mixer.dt_bias, f32),
+                self._ptr(mixer.A_log, f32), K**-0.5, 1e-12, H, K, V, mixer.scale, self._ptr(mixer.o_norm.weight, f32),
+                mixer.o_norm.eps, self._ptr(mixer.o_proj.packed, wt), int(wt == torch.bfloat16),
             )
         else:
             assert isinstance(mixer, AttentionLayer)
+            wt = mixer.qkv_proj.packed.dtype if mixer.qkv_proj.packed is not None else None
             args = (
-                self._ptr(mixer.qkv_proj.packed), self._ptr(mixer.o_proj.packed), int(mixer.qkv_proj.bf16),
+                self._ptr(mixer.qkv_proj.packed, wt), self._ptr(mixer.o_proj.packed, wt), int(wt == torch.bfloat16),
                 mixer.num_heads, mixer.num_kv_heads, mixer.head_dim, mixer.head_dim**-0.5,
             )
-        assert moe.packed is not None
+        if moe.packed is None:
+            raise ValueError("native decode: the MoE has no packed experts (use_native_kernels first)")
+        et = moe.packed[0].dtype
         return _Layer(
             index=index, is_kda=isinstance(mixer, KDALayer), mixer_args=args,
-            mixer_norm=(self._ptr(layer.mixer_norm.weight), layer.mixer_norm.eps),
-            mlp_norm=(self._ptr(layer.mlp_norm.weight), layer.mlp_norm.eps),
-            router=self._ptr(moe.router.packed), gate_up=self._ptr(moe.packed[0]), down=self._ptr(moe.packed[1]),
-            experts_bf16=moe.bf16,
+            mixer_norm=(self._ptr(layer.mixer_norm.weight, f32), layer.mixer_norm.eps),
+            mlp_norm=(self._ptr(layer.mlp_norm.weight, f32), layer.mlp_norm.eps),
+            router=self._ptr(moe.router.packed, f32), gate_up=self._ptr(moe.packed[0], et), down=self._ptr(moe.packed[1], et),
+            experts_bf16=et == torch.bfloat16,
         )
 
     def _mixer_scratch(self, layer: _Layer) -> int:
@@ -106,8 +120,10 @@ class NativeDecoder:
         return (3 * Hq + 4 * Hkv) * hd
 
     def _buffers_for(self, B: int) -> dict[str, Tensor]:
-        """Reused work buffers for a batch of B tokens (a decode batch size repeats step after step)."""
-        bufs = self._buffers.get(B)
+        """This thread's work buffers for a batch of B tokens (a decode batch size repeats
+        step after step, so they are kept for the last size)."""
+        cached: dict[int, dict[str, Tensor]] = getattr(self._local, "buffers", {})
+        bufs = cached.get(B)
         if bufs is None:
             D, E, k, inner = self.hidden, self.num_experts, self.top_k, self.expert_hidden
             f32, i64 = torch.float32, torch.int64
@@ -120,13 +136,13 @@ class NativeDecoder:
                 "hidden": torch.empty(B * k, inner), "expert_out": torch.empty(B * k, D),
                 "scratch": torch.empty(B * self._scratch_floats),
             }
-            self._buffers = {B: bufs}  # keep one size: batch sizes drift as requests finish
+            self._local.buffers = {B: bufs}  # keep one size: batch sizes drift as requests finish
         return bufs
 
     # ------------------------------------------------------------------ the step
-    @staticmethod
-    def takes(batch: ForwardBatch) -> bool:
-        return batch.num_decode == batch.num_tokens > 0
+    def takes(self, batch: ForwardBatch) -> bool:
+        # A forced MoE layout (a test or an experiment on torch's experts) runs the module path.
+        return batch.num_decode == batch.num_tokens > 0 and all(m.dispatch_layout == "auto" for m in self._moes)
 
     def forward(self, batch: ForwardBatch, cache: ModelCache) -> Tensor:
         """Next-token logits [B, vocab] for a decode-only batch (distinct slots, any order)."""
@@ -139,7 +155,8 @@ class NativeDecoder:
         x = F.embedding(batch.token_ids, self.model.embed.weight)  # the residual stream, updated in place
         xp = x.data_ptr()
         for layer in self.layers:
-            self._check(lib.refstack_rms_norm(xp, None, B, D, layer.mixer_norm[0], layer.mixer_norm[1], None, p["h"], nt))
+            self._check(lib.refstack_rms_norm(xp, None, B, D, layer.mixer_norm[0], layer.mixer_norm[1], None, p["h"], nt),
+                        "rms_norm")
             if layer.is_kda:
                 with tracing.span("kda", cat="kda", layer=layer.index, tokens=B):
                     states = cache.states[layer.index]
@@ -148,7 +165,7 @@ class NativeDecoder:
                     a = layer.mixer_args
                     self._check(lib.refstack_kda_decode_block(
                         p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], a[6], states.data_ptr(), a[7], a[8], a[9], a[10],
-                        a[11], a[12], a[13], a[14], slots.data_ptr(), p["delta"], p["scratch"], nt))
+                        a[11], a[12], a[13], a[14], slots.data_ptr(), p["delta"], p["scratch"], nt), "kda_decode_block")
             else:
                 with tracing.span("attention", cat="attn", layer=layer.index, tokens=B):
                     keys, values = cache.keys[layer.index], cache.values[layer.index]
@@ -156,32 +173,35 @@ class NativeDecoder:
                     self._check(lib.refstack_attn_decode_block(
                         p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], self.rope[0], self.rope[1], self.rope[2],
                         keys.data_ptr(), values.data_ptr(), slots.data_ptr(), positions.data_ptr(), cache.num_slots,
-                        keys.shape[2], a[6], p["delta"], p["scratch"], nt))
+                        keys.shape[2], a[6], p["delta"], p["scratch"], nt), "attn_decode_block")
             # x += delta; h = norm(x)
-            self._check(lib.refstack_rms_norm(xp, p["delta"], B, D, layer.mlp_norm[0], layer.mlp_norm[1], None, p["h"], nt))
+            self._check(lib.refstack_rms_norm(xp, p["delta"], B, D, layer.mlp_norm[0], layer.mlp_norm[1], None, p["h"], nt),
+                        "rms_norm")
             self._moe(layer, B, p, xp, nt)
         h = cpu_kernels.rms_norm(x, self.model.norm.weight, self.model.norm.eps)
         return self.model.lm_head(h)
 
     def _moe(self, layer: _Layer, B: int, p: dict[str, int], xp: int, nt: int) -> None:
         lib, D, E, k = self.lib, self.hidden, self.num_experts, self.top_k
-        self._check(lib.refstack_gemm(p["h"], B, D, D, layer.router, E, p["router"], E, nt))
-        self._check(lib.refstack_moe_route(p["router"], B, E, k, p["ids"], p["w"]))
+        self._check(lib.refstack_gemm(p["h"], B, D, D, layer.router, E, p["router"], E, nt), "router gemm")
+        self._check(lib.refstack_moe_route(p["router"], B, E, k, p["ids"], p["w"]), "moe_route")
         with tracing.span("moe.dispatch", cat="moe", tokens=B):
             self._check(lib.refstack_moe_dispatch(p["h"], B, D, p["ids"], p["w"], k, E, p["counts"], p["rows"], p["slot"],
-                                                  p["token"], p["weights"], p["offsets"], nt))
+                                                  p["token"], p["weights"], p["offsets"], nt), "moe_dispatch")
         with tracing.span("moe.experts", cat="moe", layer=layer.index, tokens=B):
             experts = lib.refstack_moe_experts_bf16 if layer.experts_bf16 else lib.refstack_moe_experts
             self._check(experts(p["rows"], p["offsets"], E, D, self.expert_hidden, layer.gate_up, layer.down,
-                                p["hidden"], p["expert_out"], nt))
+                                p["hidden"], p["expert_out"], nt), "moe_experts")
         with tracing.span("moe.combine", cat="moe", tokens=B):
             # x += sum_j w_j * expert_out[slot_j]: the block's residual add rides along.
-            self._check(lib.refstack_moe_combine(p["expert_out"], B * k, p["slot"], p["w"], B, k, D, xp, 1, nt))
+            self._check(lib.refstack_moe_combine(p["expert_out"], B * k, p["slot"], p["w"], B, k, D, xp, 1, nt), "moe_combine")
 
     @staticmethod
-    def _check(rc: int) -> None:
+    def _check(rc: int, kernel: str) -> None:
         # The shapes were checked when the decoder was built and the batch by
-        # ForwardBatch; a non-zero code here is a bug, never bad input.
+        # ForwardBatch; a non-zero code here is a bug or no memory, never bad input.
+        if rc == 3:
+            raise MemoryError(f"native decode: {kernel} could not allocate its scratch")
         if rc:
-            raise RuntimeError(f"native decode: a kernel returned {rc}")
+            raise RuntimeError(f"native decode: {kernel} returned {rc}")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from refstack.kernels import cpu_kernels
 from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk
@@ -163,16 +165,64 @@ def test_many_prefills_in_one_call_equal_each_alone(model: HybridModel, lengths:
     torch.testing.assert_close(model.forward_chunks(step, together), model.forward_chunks(step, alone), atol=ATOL, rtol=RTOL)
 
 
-# bf16 on `small` is left out on purpose: there an fp32 summation-order difference
-# sometimes lands an activation on the other side of a bf16 rounding boundary (one bf16
-# ulp, 2^-8 relative), which then travels through 8 layers; the kernels themselves
-# are checked against their bf16 references in test_cpu_bf16_and_blocks.py.
-@pytest.mark.parametrize("preset,dtype", [("tiny", "float32"), ("small", "float32"), ("tiny", "bfloat16")])
-def test_native_kernels_give_torch_logits(preset: str, dtype: str) -> None:
+def _native_and_torch_logits(model: HybridModel) -> dict[bool, torch.Tensor]:
+    """Prefill (padded batch of two) then three batched decode steps, on each path."""
+    prompts = [_prompt(40, seed=40), _prompt(23, seed=41)]
+    results = {}
+    for mode in (False, True):
+        model.use_native_kernels(mode)
+        assert model.native_kernels is mode
+        cache = model.new_cache(num_slots=2)
+        steps = [model.forward_chunks([SeqChunk(i, p, 0) for i, p in enumerate(prompts)], cache)]
+        for t in range(3):
+            steps.append(model.forward_chunks([SeqChunk(i, [65 + t], len(p) + t) for i, p in enumerate(prompts)], cache))
+        results[mode] = torch.stack(steps)
+    model.use_native_kernels(False)
+    return results
+
+
+class _GemmOperandWatch(TorchFunctionMode):
+    """Records, for every matmul-like torch call that takes one of the watched weights,
+    whether its other operand holds bf16 values."""
+
+    FUNCS = {torch.matmul, torch.mm, torch.bmm, torch.addmm, F.linear, torch.Tensor.__matmul__}
+
+    def __init__(self, weights: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.storages = {w.untyped_storage().data_ptr() for w in weights}
+        self.calls: list[bool] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if func in self.FUNCS and any(t.untyped_storage().data_ptr() in self.storages for t in tensors):
+            others = [t for t in tensors if t.untyped_storage().data_ptr() not in self.storages and t.dim() >= 2]  # (not a bias)
+            self.calls.append(all(torch.equal(t, t.to(torch.bfloat16).float()) for t in others))
+        return func(*args, **(kwargs or {}))
+
+
+def test_bf16_torch_path_feeds_every_gemm_bf16_values() -> None:
+    """The torch path is the bf16 reference: each projection / expert / low-rank GEMM must
+    see bf16 values on both sides (the native kernels round inside, tested per kernel).
+    Comparing whole-model logits instead would compare two bf16 roundings of fp32 sums
+    taken in different orders, which part ways after a few layers."""
+    model = HybridModel(HybridConfig.preset("tiny", dtype="bfloat16"))
+    weights = [p for name, p in model.named_parameters()
+               if name.endswith(("proj.weight", "w_gate_up", "w_down", "low_rank_up")) and "router" not in name]
+    assert all(torch.equal(w, w.to(torch.bfloat16).float()) for w in weights)
+    watch = _GemmOperandWatch(weights)
+    cache = model.new_cache(num_slots=2)
+    with watch:
+        model.forward_chunks([SeqChunk(0, _prompt(20, seed=70), 0), SeqChunk(1, _prompt(9, seed=71), 0)], cache)
+        model.forward_chunks([SeqChunk(0, [5], 20), SeqChunk(1, [6], 9)], cache)
+    assert len(watch.calls) >= 2 * 4 * 3 and all(watch.calls), watch.calls  # 2 steps x 4 layers x >= 3 GEMMs
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_native_kernels_give_torch_logits(preset: str) -> None:
     """Prefill (padded batch of two) then batched decode: native vs torch, fp32 rounding apart."""
     if not cpu_kernels.available():
         pytest.skip(f"native kernels unavailable: {cpu_kernels.unavailable_reason()}")
-    model = HybridModel(HybridConfig.preset(preset, dtype=dtype))
+    model = HybridModel(HybridConfig.preset(preset))
     prompts = [_prompt(40, seed=40), _prompt(23, seed=41)]
     results = {}
     for mode in (False, True):
@@ -198,15 +248,17 @@ def test_native_decoder_is_the_module_path_bit_for_bit(dtype: str) -> None:
     model = HybridModel(HybridConfig.preset("tiny", dtype=dtype))
     model.use_native_kernels(True)
     decoder = model.native_decoder
-    prompts = [_prompt(n, seed=50 + n) for n in (9, 21, 14)]
-    slots = [4, 0, 2]  # scattered and out of order
+    # Scattered slots out of order; the one-token prompt's first step is a decode at
+    # position 0 (a fresh state).
+    prompts = [_prompt(n, seed=50 + n) for n in (9, 21, 14, 1)]
+    slots = [4, 0, 2, 3]
     out, caches = {}, {}
     for name in ("decoder", "modules"):
         model.native_decoder = decoder if name == "decoder" else None
         cache = model.new_cache(num_slots=5)
         for slot, p in zip(slots, prompts, strict=True):
             model.forward_chunks([SeqChunk(slot, p, 0)], cache)
-        steps, tokens = [], [3, 70, 200]
+        steps, tokens = [], [3, 70, 200, 9]
         for t in range(4):
             logits = model.forward_chunks([SeqChunk(s, [tok], len(p) + t) for s, tok, p in zip(slots, tokens, prompts, strict=True)],
                                           cache)
@@ -219,6 +271,7 @@ def test_native_decoder_is_the_module_path_bit_for_bit(dtype: str) -> None:
         assert torch.equal(states, caches["modules"].states[layer])
     for layer, keys in caches["decoder"].keys.items():
         assert torch.equal(keys, caches["modules"].keys[layer])
+        assert torch.equal(caches["decoder"].values[layer], caches["modules"].values[layer])
 
 
 def test_native_decoder_goes_with_the_native_kernels() -> None:
