@@ -8,7 +8,11 @@ truth, and against it (``vs kernel``) the forms the engine could run instead:
   ``mkl`` (torch's ``x @ w``) equal to fp32 summation order;
 - ``moe_experts``: one MoE layer's SwiGLU experts over rows grouped by expert; torch's
   ``grouped`` and ``padded`` layouts;
-- ``kda_scan``: the KDA recurrence over T tokens; torch's ``chunked`` form.
+- ``kda_scan``: the KDA recurrence over T tokens; torch's ``chunked`` form;
+- ``decode_gemm_bf16``: the bf16 GEMM (``dtype=bfloat16``) against float64 on the
+  bf16-rounded operands; ``rows_split`` bit-identical again, torch's bf16 matmul (its
+  output rounded to bf16) and the fp32 kernel on the unrounded operands (how far bf16
+  moves a projection) as variants.
 
 ``bench`` times the kernel and every variant on the same inputs, on a roofline whose
 ceilings were measured in the same run, so the lab answers "native or MKL, at this
@@ -180,4 +184,41 @@ KDA_SCAN = KernelSpec(
     description="the KDA gated delta rule over T tokens, state [B, H, K, V] updated in place",
 )
 
-SPECS = [DECODE_GEMM, MOE_EXPERTS, KDA_SCAN]
+# ---------------------------------------------------------------- bf16 decode GEMM
+
+def gemm_bf16_inputs(shape: Mapping[str, int], dtype: torch.dtype, seed: int, device: str) -> dict[str, torch.Tensor]:
+    g = _gen(seed)
+    w = torch.randn(shape["K"], shape["N"], generator=g) * shape["K"] ** -0.5
+    return {"x": torch.randn(shape["M"], shape["K"], generator=g), "w": w, "packed": cpu_kernels.pack(w, torch.bfloat16)}
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).double()
+
+
+DECODE_GEMM_BF16 = KernelSpec(
+    name="decode_gemm_bf16",
+    kernel=gemm,
+    # bf16 x bf16 products are exact in fp32 (and float64): the truth is the exact sum.
+    reference=lambda x, w, packed: _bf16(x) @ _bf16(w),
+    inputs=gemm_bf16_inputs,
+    shapes=[{"M": m, "K": 512, "N": n} for m in (1, 8, 32) for n in (512, 900)],
+    tolerances=FP32_TRUTH,
+    variants=[
+        Variant("rows_split", gemm_rows_split, applies=lambda s: s["M"] >= 2, tolerances=BIT_EXACT,
+                description="rows in two calls: must be bit-identical"),
+        # Its output is rounded to bf16 too: half a bf16 step, 2^-9 relative, at most.
+        Variant("torch_bf16", lambda x, w, packed, **_: (x.to(torch.bfloat16) @ w.to(torch.bfloat16)).float(),
+                tolerances={"fp32": Tolerance(rel_fro=2.0**-9)}, description="torch's bf16 matmul, bf16 out"),
+        # Both operands unrounded: each product moves by up to 2^-8 relative, independent
+        # errors over K = 512 terms average to well under 1%.
+        Variant("fp32_native", lambda x, w, packed, **_: cpu_kernels.gemm(x, cpu_kernels.pack(w), w.shape[1]),
+                tolerances={"fp32": Tolerance(rel_fro=1e-2)}, description="the fp32 kernel on the unrounded operands"),
+    ],
+    partition_tolerances=FP32_ORDER,
+    flops=lambda s: 2 * s["M"] * s["K"] * s["N"],
+    bytes_moved=lambda s, dt: 2 * s["K"] * s["N"] + 4 * s["M"] * (s["K"] + s["N"]),
+    description="bf16(x) [M, K] @ W [K, N] over W packed as bf16 k-pairs, fp32 accumulation",
+)
+
+SPECS = [DECODE_GEMM, MOE_EXPERTS, KDA_SCAN, DECODE_GEMM_BF16]

@@ -251,7 +251,7 @@ def test_the_kernel_lab_example_spec_passes_and_catches_a_batch_dependent_gemm()
     from infra_agent.kernels.loader import load_specs
 
     specs = {s.name: s for s in load_specs(Path(__file__).parents[3] / "examples" / "cpu-kernels" / "spec.py")}
-    assert set(specs) == {"decode_gemm", "moe_experts", "kda_scan"}
+    assert set(specs) == {"decode_gemm", "moe_experts", "kda_scan", "decode_gemm_bf16"}
     for spec in specs.values():
         report = check_spec(spec, seeds=[5], device="cpu")
         assert report.passed, [r.to_dict() for r in report.failures]
