@@ -1,7 +1,7 @@
 """refstack engine output tokens/s against HF transformers ``generate``, batch 1 / 8 / 32.
 
     python bench/engine_throughput.py [--preset small] [--repeats 5] [--prompt-len 32] [--gen-len 64]
-                                      [--long-prompt-len 512 --long-batches 8]
+                                      [--long-prompt-len 512 --long-batches 8] [--dtype float32|bfloat16]
 
 "A Llama of equal width, depth and vocab" does not pin the Llama's MLP width, and
 the choice decides the answer, so the run measures BOTH peers side by side, each a
@@ -13,6 +13,9 @@ and attention shape (no download):
 - ``HF-total``: dense MLP width ``num_experts * expert_hidden_size``, all experts'
   width (MLP-parameter-matched: the weight bytes a batch that touches every expert
   reads per step).
+
+``--dtype bfloat16`` runs refstack with bf16 GEMM operands (``HybridConfig.dtype``) and
+both peers with ``.to(torch.bfloat16)``: every ratio compares one dtype.
 
 refstack runs twice, on the same weights: with its native CPU kernels (the engine's
 default, ``cpu_kernels=auto``) and with torch's matmuls (``refstack-torch``), so the
