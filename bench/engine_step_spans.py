@@ -26,6 +26,7 @@ from engine_throughput import make_engine
 from infra_agent import tracing
 from refstack.engine import SamplingParams
 from refstack.model import HybridConfig, HybridModel
+from refstack.model.config import DTYPES
 
 PHASES = ("decode", "prefill")
 OUTER = {"model.forward", *PHASES}
@@ -57,7 +58,7 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--cpu-kernels", default="auto", choices=["auto", "native", "torch"])
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the GEMMs' operand type")
+    ap.add_argument("--dtype", default="float32", choices=DTYPES, help="the GEMMs' operand type")
     ap.add_argument("--trace", help="also write the Chrome trace here")
     args = ap.parse_args()
 

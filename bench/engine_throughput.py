@@ -46,6 +46,7 @@ import torch
 from refstack.engine import Engine, EngineConfig, SamplingParams
 from refstack.kernels import cpu_kernels
 from refstack.model import ByteTokenizer, HybridConfig, HybridModel
+from refstack.model.config import DTYPES
 
 BATCHES = (1, 8, 32)
 
@@ -163,7 +164,7 @@ def main() -> None:
     ap.add_argument("--long-prompt-len", type=int, default=0, help="also run a long-prompt table (0: skip)")
     ap.add_argument("--long-batches", type=int, nargs="+", default=[8])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+    ap.add_argument("--dtype", default="float32", choices=DTYPES,
                     help="refstack's GEMM operand type (HybridConfig.dtype); the HF peers run in the same dtype")
     ap.add_argument("--json", dest="json_path", help="also write the raw samples here")
     args = ap.parse_args()

@@ -24,6 +24,7 @@ shape?" before any deployment.  Needs a C compiler (the kernels build on first u
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,10 +48,11 @@ def _gen(seed: int) -> torch.Generator:
 
 # ---------------------------------------------------------------- decode GEMM
 
-def gemm_inputs(shape: Mapping[str, int], dtype: torch.dtype, seed: int, device: str) -> dict[str, torch.Tensor]:
+def gemm_inputs(shape: Mapping[str, int], dtype: torch.dtype, seed: int, device: str,
+                pack_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     g = _gen(seed)
     w = torch.randn(shape["K"], shape["N"], generator=g) * shape["K"] ** -0.5
-    return {"x": torch.randn(shape["M"], shape["K"], generator=g), "w": w, "packed": cpu_kernels.pack(w)}
+    return {"x": torch.randn(shape["M"], shape["K"], generator=g), "w": w, "packed": cpu_kernels.pack(w, pack_dtype)}
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor, **_: Any) -> torch.Tensor:
@@ -186,12 +188,6 @@ KDA_SCAN = KernelSpec(
 
 # ---------------------------------------------------------------- bf16 decode GEMM
 
-def gemm_bf16_inputs(shape: Mapping[str, int], dtype: torch.dtype, seed: int, device: str) -> dict[str, torch.Tensor]:
-    g = _gen(seed)
-    w = torch.randn(shape["K"], shape["N"], generator=g) * shape["K"] ** -0.5
-    return {"x": torch.randn(shape["M"], shape["K"], generator=g), "w": w, "packed": cpu_kernels.pack(w, torch.bfloat16)}
-
-
 def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).double()
 
@@ -201,7 +197,7 @@ DECODE_GEMM_BF16 = KernelSpec(
     kernel=gemm,
     # bf16 x bf16 products are exact in fp32 (and float64): the truth is the exact sum.
     reference=lambda x, w, packed: _bf16(x) @ _bf16(w),
-    inputs=gemm_bf16_inputs,
+    inputs=functools.partial(gemm_inputs, pack_dtype=torch.bfloat16),
     shapes=[{"M": m, "K": 512, "N": n} for m in (1, 8, 32) for n in (512, 900)],
     tolerances=FP32_TRUTH,
     variants=[

@@ -153,14 +153,7 @@ int refstack_moe_experts_bf16(const float *x, const int64_t *offsets, int64_t E,
     if (E <= 0 || E > 4096 || D <= 0 || I <= 0 || I % HALF != 0 || nthreads < 1) return 1;
     int64_t task_start[E + 1], task_start2[E + 1];
     const int64_t nb1 = I / HALF, nb2 = (D + NB - 1) / NB, D2 = (D + 1) / 2, I2 = I / 2;
-    task_start[0] = task_start2[0] = 0;
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t rows = offsets[e + 1] - offsets[e];
-        if (rows < 0) return 1;
-        const int64_t mt = (rows + MR_MAX - 1) / MR_MAX;
-        task_start[e + 1] = task_start[e] + mt * nb1;
-        task_start2[e + 1] = task_start2[e] + mt * nb2;
-    }
+    if (expert_tasks(offsets, E, nb1, nb2, task_start, task_start2)) return 1;
     const int64_t M = offsets[E];
     if (M == 0) return 0;
     uint16_t *xb = malloc((size_t)(M * 2 * (D2 > I2 ? D2 : I2)) * sizeof *xb);
@@ -171,8 +164,7 @@ int refstack_moe_experts_bf16(const float *x, const int64_t *offsets, int64_t E,
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < task_start[E]; t++) {
             int64_t e, m0, b;
-            locate(t, task_start, E, offsets, MR_MAX, &e, &m0, &b);
-            const int mr = (int)(offsets[e + 1] - m0 < MR_MAX ? offsets[e + 1] - m0 : MR_MAX);
+            const int mr = locate(t, task_start, E, offsets, &e, &m0, &b);
             const uint16_t *w = gate_up + ((e * nb1 + b) * D2) * 2 * NB;
             tile_rows_bf16(mr, xb + m0 * 2 * D2, D2, w, D2, h + m0 * I + b * HALF, I, HALF, SILU_MUL);
         }
@@ -182,8 +174,7 @@ int refstack_moe_experts_bf16(const float *x, const int64_t *offsets, int64_t E,
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < task_start2[E]; t++) {
             int64_t e, m0, b;
-            locate(t, task_start2, E, offsets, MR_MAX, &e, &m0, &b);
-            const int mr = (int)(offsets[e + 1] - m0 < MR_MAX ? offsets[e + 1] - m0 : MR_MAX);
+            const int mr = locate(t, task_start2, E, offsets, &e, &m0, &b);
             const int n_valid = (int)(D - b * NB < NB ? D - b * NB : NB);
             const uint16_t *w = down + ((e * nb2 + b) * I2) * 2 * NB;
             tile_rows_bf16(mr, xb + m0 * I, I2, w, I2, y + m0 * D + b * NB, D, n_valid, STORE);

@@ -19,7 +19,19 @@ from refstack.kernels.cpu_kernels import (
     _packed_k,
 )
 
-__all__ = ["attn_decode_block", "kda_decode_block", "moe_route", "rope"]
+__all__ = ["attn_decode_block", "attn_scratch_floats", "kda_decode_block", "kda_scratch_floats", "moe_route", "rope"]
+
+
+def kda_scratch_floats(n_in: int, heads: int, k_dim: int, v_dim: int) -> int:
+    """Scratch floats per token of ``refstack_kda_decode_block`` (proj, up, q, k, g, v,
+    beta, o, gate, y), for a fused input projection ``n_in`` wide."""
+    H, K, V = heads, k_dim, v_dim
+    return n_in + (H * K + H * V) + 3 * H * K + 3 * H * V + H + H * V
+
+
+def attn_scratch_floats(heads: int, kv_heads: int, head_dim: int) -> int:
+    """Scratch floats per token of ``refstack_attn_decode_block`` (qkv, rotated q|k, v, o)."""
+    return (3 * heads + 4 * kv_heads) * head_dim
 
 
 def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tensor, a_log: Tensor, state: Tensor,
@@ -51,7 +63,7 @@ def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tens
                          "do not fit one KDA layer")
     h = h.contiguous()
     out = torch.empty(B, D, dtype=h.dtype)
-    scratch = torch.empty(B * (n_in_exact + n_up + 3 * H * K + 3 * H * V + H + H * V), dtype=h.dtype)
+    scratch = torch.empty(B * kda_scratch_floats(n_in_exact, H, K, V), dtype=h.dtype)
     if load().refstack_kda_decode_block(h.data_ptr(), B, D, in_proj.data_ptr(), n_in_exact, low_rank.data_ptr(),
                                         dt_bias.contiguous().data_ptr(), a_log.contiguous().data_ptr(), K**-0.5, l2_eps,
                                         state.data_ptr(), H, K, V, scale, o_norm_weight.contiguous().data_ptr(),
@@ -89,7 +101,7 @@ def attn_decode_block(h: Tensor, qkv_proj: Tensor, o_proj: Tensor, heads: int, k
     out = torch.empty(B, D, dtype=h.dtype)
     if B == 0:
         return out
-    scratch = torch.empty(B * (3 * heads + 4 * kv_heads) * head_dim, dtype=h.dtype)
+    scratch = torch.empty(B * attn_scratch_floats(heads, kv_heads, head_dim), dtype=h.dtype)
     rc = load().refstack_attn_decode_block(h.data_ptr(), B, D, qkv_proj.data_ptr(), o_proj.data_ptr(),
                                            int(qkv_proj.dtype == torch.bfloat16), heads, kv_heads, head_dim,
                                            rope_cos.data_ptr(), rope_sin.data_ptr(), rope_cos.shape[0], keys.data_ptr(),

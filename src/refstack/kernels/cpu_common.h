@@ -74,18 +74,35 @@ static inline __attribute__((always_inline)) void tile_out(const int mr, const v
     }
 }
 
+/* The expert kernels' task lists: expert e's tasks are its row tiles (MR_MAX rows) times
+ * nb1 column blocks in the first GEMM, times nb2 in the second; task_start[e] is where
+ * expert e's begin (task_start[E] = all).  Non-zero when an expert's row count is negative. */
+static inline int expert_tasks(const int64_t *offsets, int64_t E, int64_t nb1, int64_t nb2, int64_t *task_start,
+                               int64_t *task_start2) {
+    task_start[0] = task_start2[0] = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t rows = offsets[e + 1] - offsets[e];
+        if (rows < 0) return 1;
+        const int64_t mt = (rows + MR_MAX - 1) / MR_MAX;
+        task_start[e + 1] = task_start[e] + mt * nb1;
+        task_start2[e + 1] = task_start2[e] + mt * nb2;
+    }
+    return 0;
+}
+
 /* Which (expert, row tile, column block) task t is, for experts whose rows start at
- * offsets[e] (offsets[E] = all rows) and row tiles of mr_max; tasks are block-major
- * within an expert. */
-static inline void locate(int64_t t, const int64_t *task_start, int64_t E, const int64_t *offsets, int64_t mr_max,
-                          int64_t *e_out, int64_t *m0_out, int64_t *b_out) {
+ * offsets[e] (offsets[E] = all rows); tasks are block-major within an expert.  Returns
+ * the tile's row count. */
+static inline int locate(int64_t t, const int64_t *task_start, int64_t E, const int64_t *offsets, int64_t *e_out,
+                         int64_t *m0_out, int64_t *b_out) {
     int64_t e = 0;
     while (e + 1 < E && task_start[e + 1] <= t) e++;
     const int64_t local = t - task_start[e];
-    const int64_t mt = (offsets[e + 1] - offsets[e] + mr_max - 1) / mr_max;
+    const int64_t mt = (offsets[e + 1] - offsets[e] + MR_MAX - 1) / MR_MAX;
     *e_out = e;
     *b_out = local / mt;
-    *m0_out = offsets[e] + (local % mt) * mr_max;
+    *m0_out = offsets[e] + (local % mt) * MR_MAX;
+    return (int)(offsets[e + 1] - *m0_out < MR_MAX ? offsets[e + 1] - *m0_out : MR_MAX);
 }
 
 /* Below this many floats a row-wise op runs on one thread: a fork/join costs more than the work. */

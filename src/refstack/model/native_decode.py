@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from infra_agent import tracing
-from refstack.kernels import cpu_kernels
+from refstack.kernels import cpu_blocks, cpu_kernels
 from refstack.model.attention import AttentionLayer
 from refstack.model.batch import ForwardBatch
 from refstack.model.cache import ModelCache
@@ -111,13 +111,12 @@ class NativeDecoder:
             experts_bf16=et == torch.bfloat16,
         )
 
-    def _mixer_scratch(self, layer: _Layer) -> int:
-        """Floats of scratch per token the layer's block needs (see the C functions)."""
+    @staticmethod
+    def _mixer_scratch(layer: _Layer) -> int:
+        """Floats of scratch per token the layer's block needs."""
         if layer.is_kda:
-            n_in, H, K, V = layer.mixer_args[1], *layer.mixer_args[7:10]
-            return n_in + (H * K + H * V) + 3 * H * K + 3 * H * V + H + H * V
-        Hq, Hkv, hd = layer.mixer_args[3:6]
-        return (3 * Hq + 4 * Hkv) * hd
+            return cpu_blocks.kda_scratch_floats(layer.mixer_args[1], *layer.mixer_args[7:10])
+        return cpu_blocks.attn_scratch_floats(*layer.mixer_args[3:6])
 
     def _buffers_for(self, B: int) -> dict[str, Tensor]:
         """This thread's work buffers for a batch of B tokens (a decode batch size repeats

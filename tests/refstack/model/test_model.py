@@ -185,7 +185,7 @@ class _GemmOperandWatch(TorchFunctionMode):
     """Records, for every matmul-like torch call that takes one of the watched weights,
     whether its other operand holds bf16 values."""
 
-    FUNCS = {torch.matmul, torch.mm, torch.bmm, torch.addmm, F.linear, torch.Tensor.__matmul__}
+    FUNCS = frozenset({torch.matmul, torch.mm, torch.bmm, torch.addmm, F.linear, torch.Tensor.__matmul__})
 
     def __init__(self, weights: list[torch.Tensor]) -> None:
         super().__init__()
@@ -223,18 +223,8 @@ def test_native_kernels_give_torch_logits(preset: str) -> None:
     if not cpu_kernels.available():
         pytest.skip(f"native kernels unavailable: {cpu_kernels.unavailable_reason()}")
     model = HybridModel(HybridConfig.preset(preset))
-    prompts = [_prompt(40, seed=40), _prompt(23, seed=41)]
-    results = {}
-    for mode in (False, True):
-        model.use_native_kernels(mode)
-        assert model.native_kernels is mode
-        cache = model.new_cache(num_slots=2)
-        steps = [model.forward_chunks([SeqChunk(i, p, 0) for i, p in enumerate(prompts)], cache)]
-        for t in range(3):
-            steps.append(model.forward_chunks([SeqChunk(i, [65 + t], len(p) + t) for i, p in enumerate(prompts)], cache))
-        results[mode] = torch.stack(steps)
+    results = _native_and_torch_logits(model)
     torch.testing.assert_close(results[True], results[False], atol=ATOL, rtol=RTOL)
-    model.use_native_kernels(False)
     assert all(m.packed is None for m in model.modules() if hasattr(m, "packed"))  # switched back off
 
 
