@@ -1,7 +1,7 @@
 """Where a refstack engine step's time goes, from the engine's own trace spans.
 
     python bench/engine_step_spans.py [--preset small] [--batch 32] [--prompt-len 32] [--gen-len 64]
-                                      [--runs 4] [--cpu-kernels auto|native|torch] [--dtype float32|bfloat16]
+                                      [--runs 4] [--cpu-kernels auto|native|torch] [--dtype auto|float32|bfloat16]
                                       [--trace out.json]
 
 Runs ``Engine.generate`` on ``batch`` prompts ``runs`` times with tracing on (one
@@ -25,6 +25,7 @@ from engine_throughput import make_engine
 
 from infra_agent import tracing
 from refstack.engine import SamplingParams
+from refstack.engine.config import resolve_dtype
 from refstack.model import HybridConfig, HybridModel
 from refstack.model.config import DTYPES
 
@@ -58,11 +59,12 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--cpu-kernels", default="auto", choices=["auto", "native", "torch"])
-    ap.add_argument("--dtype", default="float32", choices=DTYPES, help="the GEMMs' operand type")
+    ap.add_argument("--dtype", default="auto", choices=("auto", *DTYPES),
+                    help="the GEMMs' operand type (auto: what refstack serve picks here)")
     ap.add_argument("--trace", help="also write the Chrome trace here")
     args = ap.parse_args()
 
-    model = HybridModel(HybridConfig.preset(args.preset, dtype=args.dtype))
+    model = HybridModel(HybridConfig.preset(args.preset, dtype=resolve_dtype(args.dtype, args.cpu_kernels)))
     engine = make_engine(model, args.preset, args.batch, args.prompt_len, args.cpu_kernels)
     prompts = [[(31 * b + 7 * i) % 256 for i in range(args.prompt_len)] for b in range(args.batch)]
     params = SamplingParams(max_tokens=args.gen_len, temperature=0.0, ignore_eos=True)
@@ -78,7 +80,7 @@ def main() -> None:
         with open(args.trace, "w") as fh:
             json.dump(trace, fh)
     print(f"# preset={args.preset} batch={args.batch} prompt_len={args.prompt_len} gen_len={args.gen_len} "
-          f"runs={args.runs} native_kernels={engine.native_kernels}")
+          f"runs={args.runs} native_kernels={engine.native_kernels} dtype={model.config.dtype}")
     print("| phase | spans | mean span ms | nested spans, ms per step | not in a nested span ms |")
     print("|---|---|---|---|---|")
     for phase in PHASES:

@@ -107,10 +107,11 @@ KNOBS: tuple[Knob, ...] = (
          "Seeds the model weights and the sampling of requests without a seed.", min=0, max=2**31 - 1),
     Knob("lm_head_precision", "choice", "fp32", ("model.lm_head",),
          "Arithmetic precision of the LM head GEMM (passed into HybridConfig).", choices=LM_HEAD_PRECISIONS),
-    Knob("dtype", "choice", "float32", ("model.linear", "model.moe", "model.kda", "model.attention"),
+    Knob("dtype", "choice", "auto", ("model.linear", "model.moe", "model.kda", "model.attention"),
          "Operand type of the model's GEMMs (projections, experts): float32, or bfloat16 (weights rounded to bf16, "
          "each GEMM's input rows rounded to bf16, fp32 accumulation; the residual stream, norms, router, KDA state, "
-         "attention, KV cache and LM head stay fp32).", choices=DTYPES),
+         "attention, KV cache and LM head stay fp32).  'auto': bfloat16 when the native kernels run on a CPU with a "
+         "bf16 dot product (AVX512_BF16), float32 otherwise; GET /debug/engine shows the choice.", choices=DTYPES),
     Knob("torch_threads", "int", 0, ("runtime",),
          "torch intra-op threads for the engine; 0 keeps torch's default.", min=0, max=1024),
     Knob("cpu_kernels", "choice", "auto", ("model.linear", "model.norm", "model.moe", "model.kda", "model.attention"),

@@ -11,7 +11,27 @@ from typing import Any
 
 LM_HEAD_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "3xtf32", "bf16")
 CPU_KERNELS: tuple[str, ...] = ("auto", "native", "torch")
-DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
+
+
+def resolve_dtype(dtype: str, cpu_kernels: str) -> str:
+    """The model dtype (``HybridConfig.dtype``) a launch with these knobs builds.
+
+    "auto" serves bf16 GEMMs where they are the fast path: the native kernels run and
+    the CPU has a bf16 dot product (``vdpbf16ps``), which halves both the weight bytes
+    a decode step streams and its FMA count.  Elsewhere it is float32: torch's path
+    rounds the operands with extra ops, and the native kernels without the
+    instruction widen each bf16 pair to fp32.  (vLLM's ``--dtype auto`` likewise
+    serves an fp32 checkpoint in half precision.)
+    """
+    if dtype != "auto":
+        return dtype
+    if cpu_kernels == "torch":
+        return "float32"
+    # Imported here: building the kernels compiles C on first use; `refstack knobs` needs none of it.
+    from refstack.kernels import cpu_kernels as kernels
+
+    return "bfloat16" if kernels.bf16_dot_native() else "float32"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +53,9 @@ class EngineConfig:
     seed: int = 0  # seeds the model weights and unseeded sampling
     lm_head_precision: str = "fp32"
     # The GEMMs' operand type (HybridConfig.dtype): float32, or bf16 weights and inputs
-    # with fp32 accumulation; everything between the GEMMs stays fp32.
-    dtype: str = "float32"
+    # with fp32 accumulation (everything between the GEMMs stays fp32); "auto" picks
+    # one for this CPU (see resolve_dtype).
+    dtype: str = "auto"
     torch_threads: int = 0  # 0 leaves torch's default
     # The model's hot path (Linears, norms, MoE, KDA, decode attention): the native
     # kernels (refstack.kernels.cpu_kernels), torch's ops, or native when it builds ("auto").

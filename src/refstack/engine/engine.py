@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from infra_agent import tracing
-from refstack.engine.config import EngineConfig
+from refstack.engine.config import EngineConfig, resolve_dtype
 from refstack.engine.consumers import RequestStream, run_to_completion
 from refstack.engine.request import Request, RequestOutput, RequestState, RequestStats, Sink
 from refstack.engine.sampling import SamplingParams, make_generator, sample_tokens
@@ -70,9 +70,12 @@ class Engine:
         self.config = config
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
+        if model is not None and config.dtype != "auto" and getattr(model.config, "dtype", config.dtype) != config.dtype:
+            raise ValueError(f"EngineConfig.dtype={config.dtype!r} but the model given was built with "
+                             f"dtype={model.config.dtype!r}; pass dtype='auto' to take the model's")
         if model is None or tokenizer is None:
             overrides: dict[str, Any] = {"lm_head_precision": config.lm_head_precision, "seed": config.seed,
-                                          "dtype": config.dtype}
+                                          "dtype": resolve_dtype(config.dtype, config.cpu_kernels)}
             if config.max_seq_len:
                 overrides["max_seq_len"] = config.max_seq_len
             if model is None:
@@ -80,6 +83,8 @@ class Engine:
             if tokenizer is None:
                 tokenizer = ByteTokenizer()
         self.model = model
+        # What "auto" became (the model's GEMM operand type), for /debug/engine and logs.
+        self.dtype: str = getattr(model.config, "dtype", "float32")
         self.native_kernels = _select_kernels(config.cpu_kernels, model)
         self.tokenizer = tokenizer
         self.max_seq_len = config.max_seq_len or model.config.max_seq_len

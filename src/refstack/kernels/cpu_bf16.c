@@ -27,6 +27,17 @@
 #endif
 
 
+/* 1 when this build has the bf16 dot-product instruction (vdpbf16ps): the engine's
+ * dtype=auto picks bf16 GEMMs only then, since the portable path widens each pair to
+ * fp32 and saves bytes but no arithmetic. */
+int refstack_bf16_dot_native(void) {
+#if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* fp32 bits -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN.  Branch-free,
  * so the loops below vectorise (a per-element branch made the conversion of a
  * 64 x 512 input cost a third of its GEMM). */

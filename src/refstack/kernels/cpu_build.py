@@ -116,6 +116,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr, cint, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     signatures = {
         "refstack_block_cols": [],
+        "refstack_bf16_dot_native": [],
         "refstack_gemm": [ptr, i64, i64, i64, ptr, i64, ptr, i64, cint],
         "refstack_moe_experts": [ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, cint],
         "refstack_rms_norm": [ptr, ptr, i64, i64, ptr, f32, ptr, ptr, cint],

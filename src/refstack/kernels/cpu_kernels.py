@@ -43,6 +43,7 @@ from refstack.kernels.cpu_build import (
 __all__ = [
     "NativeKernelsUnavailable",
     "available",
+    "bf16_dot_native",
     "gemm",
     "gqa_decode",
     "kda_decode",
@@ -60,6 +61,13 @@ __all__ = [
 ]
 
 HALF = NB // 2
+
+
+def bf16_dot_native() -> bool:
+    """True when the kernels load and their bf16 GEMMs run on a bf16 dot-product
+    instruction (AVX512_BF16's ``vdpbf16ps``); elsewhere they are correct but widen
+    every pair to fp32 first."""
+    return available() and bool(load().refstack_bf16_dot_native())
 
 
 def _check(name: str, *tensors: Tensor) -> None:

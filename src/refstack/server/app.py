@@ -66,6 +66,9 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
     async def debug_engine() -> JSONResponse:
         return JSONResponse({
             "config": config.to_dict(),
+            # What the "auto" knobs resolved to on this machine.
+            "dtype": engine.dtype,
+            "native_kernels": engine.native_kernels,
             "num_running": engine.num_running,
             "num_waiting": engine.num_waiting,
             "num_slots_used": engine.num_slots_used,

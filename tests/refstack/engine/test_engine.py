@@ -208,3 +208,24 @@ def test_bf16_engine_output_is_the_same_alone_and_in_a_batch() -> None:
     fused = make_engine(model, max_batch_tokens=24, prefill_chunk=7, fuse_prefill_decode=True).generate(
         [ids(p) for p in PROMPTS], GREEDY)
     assert [o.token_ids for o in fused] == [o.token_ids for o in alone]
+
+
+def test_dtype_auto_is_bf16_only_on_the_native_kernels_with_a_bf16_dot_product() -> None:
+    from refstack.engine.config import resolve_dtype
+    from refstack.kernels import cpu_kernels
+
+    fast_bf16 = cpu_kernels.available() and cpu_kernels.bf16_dot_native()
+    assert resolve_dtype("auto", "auto") == ("bfloat16" if fast_bf16 else "float32")
+    assert resolve_dtype("auto", "torch") == "float32"
+    for explicit in ("float32", "bfloat16"):
+        assert resolve_dtype(explicit, "torch") == explicit
+    engine = Engine(EngineConfig(preset="tiny"))  # the launch default
+    assert engine.dtype == engine.model.config.dtype == resolve_dtype("auto", "auto")
+    assert Engine(EngineConfig(preset="tiny", cpu_kernels="torch")).dtype == "float32"
+
+
+def test_an_explicit_dtype_that_contradicts_the_given_model_is_refused() -> None:
+    model = HybridModel(HybridConfig.preset("tiny"))  # float32
+    with pytest.raises(ValueError, match="dtype='bfloat16' but the model given was built with dtype='float32'"):
+        Engine(EngineConfig(preset="tiny", dtype="bfloat16"), model=model, tokenizer=TOK)
+    assert Engine(EngineConfig(preset="tiny", dtype="float32"), model=model, tokenizer=TOK).dtype == "float32"

@@ -160,6 +160,10 @@ from refstack.kernels import cpu_build
 cpu_build.FLAGS = (*cpu_build.FLAGS, "-mno-avx512bf16")  # as on a CPU without AVX512_BF16
 sys.path.insert(0, sys.argv[1])
 from test_cpu_bf16_and_blocks import _bf16_results
+from refstack.engine.config import resolve_dtype
+from refstack.kernels import cpu_kernels
+# Without the instruction the build says so, and dtype=auto stays float32.
+assert not cpu_kernels.bf16_dot_native() and resolve_dtype("auto", "auto") == "float32"
 torch.save(_bf16_results(), sys.argv[2])
 """
 

@@ -31,7 +31,7 @@ def test_knobs_json_lists_every_knob_with_its_domain() -> None:
         assert set(k) == {"name", "flag", "type", "domain", "default", "components", "help"}
         assert k["components"] and k["help"]
     assert listed["lm_head_precision"]["domain"] == {"choices": ["fp32", "tf32", "3xtf32", "bf16"]}
-    assert listed["dtype"]["domain"] == {"choices": ["float32", "bfloat16"]} and listed["dtype"]["default"] == "float32"
+    assert listed["dtype"]["domain"] == {"choices": ["auto", "float32", "bfloat16"]} and listed["dtype"]["default"] == "auto"
     assert listed["step_delay_ms"]["domain"]["min"] == 0.0 and "calibration" in listed["step_delay_ms"]["help"].lower()
     assert listed["max_running"]["domain"]["min"] == 1
 
@@ -89,3 +89,6 @@ def test_native_kernels_without_a_compiler(tmp_path, refstack_server_factory) ->
     reply = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=30)
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
     assert "native CPU kernels unavailable (no C compiler" in server.log()
+    # dtype=auto: without the native kernels, bf16 GEMMs would be torch's slower reference path.
+    engine = httpx.get(server.url + "/debug/engine", timeout=10).json()
+    assert (engine["dtype"], engine["native_kernels"], engine["config"]["dtype"]) == ("float32", False, "auto")
