@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from infra_agent import tracing
 from refstack.kernels import cpu_kernels
+from refstack.kernels.arena import to_huge_pages
 from refstack.model.attention import AttentionLayer, rope_tables
 from refstack.model.batch import ForwardBatch, SeqChunk
 from refstack.model.cache import ModelCache
@@ -81,10 +83,33 @@ class HybridModel(nn.Module):
         for module in self.modules():
             if isinstance(module, (Linear, RMSNorm, MoE, KDALayer, AttentionLayer, LMHead)):
                 module.use_native(on)
+        if on:
+            self._packed_to_huge_pages()
         self.native_kernels = on
         # Decode-only steps take one C call per block (see native_decode); it points
         # into the packed weights, so it goes when they do.
         self.native_decoder = NativeDecoder(self) if on else None
+
+    def _packed_to_huge_pages(self) -> None:
+        """Move every packed weight into one huge-page mapping (see ``kernels.arena``):
+        a decode step streams them all, and 2 MiB pages spare it the TLB misses."""
+        where: list[tuple[Any, str, int | None]] = []  # (module, attribute, index in a tuple)
+        tensors: list[Tensor] = []
+        for module in self.modules():
+            for attr in ("packed", "low_rank_packed"):
+                value = getattr(module, attr, None)
+                for i, t in enumerate(value if isinstance(value, tuple) else (value,)):
+                    if isinstance(t, Tensor):
+                        where.append((module, attr, i if isinstance(value, tuple) else None))
+                        tensors.append(t)
+        moved = to_huge_pages(tensors)
+        for (module, attr, i), t in zip(where, moved):
+            if i is None:
+                setattr(module, attr, t)
+            else:
+                parts = list(getattr(module, attr))
+                parts[i] = t
+                setattr(module, attr, tuple(parts))
 
     def new_cache(self, num_slots: int, max_seq_len: int | None = None) -> ModelCache:
         return ModelCache(self.config, num_slots, max_seq_len)
