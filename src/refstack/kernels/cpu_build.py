@@ -133,6 +133,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "refstack_gemm_bf16": [ptr, i64, i64, i64, ptr, i64, ptr, i64, cint],
         "refstack_moe_experts_bf16": [ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, cint],
         "refstack_kda_scan": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, cint],
+        "refstack_kda_scan_varlen": [ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr,
+                                     cint],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)

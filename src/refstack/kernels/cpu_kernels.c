@@ -212,10 +212,10 @@ int refstack_kda_prepare(const float *proj, int64_t ldp, const float *up, int64_
  * decode is the T = 1 case. */
 /* One (sequence, head) task over its T tokens, any K and V. */
 static void scan_task_any(int64_t K, int64_t V, float *Sh, const float *q, const float *k, const float *v, const float *g,
-                          const float *beta, int64_t b, int64_t h, int64_t T, int64_t H, float scale, float *o) {
+                          const float *beta, int64_t row0, int64_t h, int64_t T, int64_t H, float scale, float *o) {
     float qS[V], kS[V], u[V], d[K];
     for (int64_t t = 0; t < T; t++) {
-        const int64_t row = (b * T + t) * H + h;
+        const int64_t row = (row0 + t) * H + h;
         const float *qh = q + row * K, *kh = k + row * K, *gh = g + row * K, *vh = v + row * V;
         float *oh = o + row * V;
         const float qk = dot(qh, kh, K);
@@ -247,11 +247,11 @@ static void scan_task_any(int64_t K, int64_t V, float *Sh, const float *q, const
  * state row reloads and stores (3x faster for a decode step at K = V = 64). */
 static inline __attribute__((always_inline)) void scan_task(const int K, const int V, float *Sh, const float *q,
                                                             const float *k, const float *v, const float *g,
-                                                            const float *beta, int64_t b, int64_t h, int64_t T,
+                                                            const float *beta, int64_t row0, int64_t h, int64_t T,
                                                             int64_t H, float scale, float *o) {
     float d[K];
     for (int64_t t = 0; t < T; t++) {
-        const int64_t row = (b * T + t) * H + h;
+        const int64_t row = (row0 + t) * H + h;
         const float *qh = q + row * K, *kh = k + row * K, *gh = g + row * K, *vh = v + row * V;
         float *oh = o + row * V;
         const float qk = dot(qh, kh, K);
@@ -280,6 +280,16 @@ static inline __attribute__((always_inline)) void scan_task(const int K, const i
     }
 }
 
+/* One (sequence, head) task: T tokens from row row0, state Sh. */
+static void scan_one(int64_t K, int64_t V, float *Sh, const float *q, const float *k, const float *v, const float *g,
+                     const float *beta, int64_t row0, int64_t h, int64_t T, int64_t H, float scale, float *o) {
+    if (K == 16 && V == 16) scan_task(16, 16, Sh, q, k, v, g, beta, row0, h, T, H, scale, o);
+    else if (K == 32 && V == 32) scan_task(32, 32, Sh, q, k, v, g, beta, row0, h, T, H, scale, o);
+    else if (K == 64 && V == 64) scan_task(64, 64, Sh, q, k, v, g, beta, row0, h, T, H, scale, o);
+    else if (K == 128 && V == 128) scan_task(128, 128, Sh, q, k, v, g, beta, row0, h, T, H, scale, o);
+    else scan_task_any(K, V, Sh, q, k, v, g, beta, row0, h, T, H, scale, o);
+}
+
 int refstack_kda_scan(const float *q, const float *k, const float *v, const float *g, const float *beta, float *S,
                       const int64_t *slots, int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, float scale, float *o,
                       int nthreads) {
@@ -287,12 +297,34 @@ int refstack_kda_scan(const float *q, const float *k, const float *v, const floa
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (B * H * T * K * V >= PAR_MIN_FLOATS)
     for (int64_t bh = 0; bh < B * H; bh++) {
         const int64_t b = bh / H, h = bh % H;
-        float *Sh = S + ((slots ? slots[b] : b) * H + h) * K * V;
-        if (K == 16 && V == 16) scan_task(16, 16, Sh, q, k, v, g, beta, b, h, T, H, scale, o);
-        else if (K == 32 && V == 32) scan_task(32, 32, Sh, q, k, v, g, beta, b, h, T, H, scale, o);
-        else if (K == 64 && V == 64) scan_task(64, 64, Sh, q, k, v, g, beta, b, h, T, H, scale, o);
-        else if (K == 128 && V == 128) scan_task(128, 128, Sh, q, k, v, g, beta, b, h, T, H, scale, o);
-        else scan_task_any(K, V, Sh, q, k, v, g, beta, b, h, T, H, scale, o);
+        scan_one(K, V, S + ((slots ? slots[b] : b) * H + h) * K * V, q, k, v, g, beta, b * T, h, T, H, scale, o);
+    }
+    return 0;
+}
+
+/* Sequences of different lengths in one token stream (a mixed step's decode tokens and
+ * prefill chunks): sequence i is rows [begins[i], begins[i] + lengths[i]) of q, k, v, g,
+ * beta, o ([N, H, *]) and state S[slots[i]] (of num_slots), zeroed first where fresh[i]
+ * (a sequence at position 0).  The slots must be distinct (the caller's batch checks
+ * it): each (sequence, head) task owns its state.  Tasks differ in length, so they are
+ * handed out one at a time.  Non-zero on a bad shape, length or slot. */
+int refstack_kda_scan_varlen(const float *q, const float *k, const float *v, const float *g, const float *beta,
+                             float *S, int64_t num_slots, const int64_t *begins, const int64_t *lengths,
+                             const int64_t *slots, const uint8_t *fresh, int64_t nseq, int64_t N, int64_t H, int64_t K,
+                             int64_t V, float scale, float *o, int nthreads) {
+    if (nseq < 0 || N < 0 || H <= 0 || K <= 0 || K > 1024 || V <= 0 || V > 1024 || nthreads < 1) return 1;
+    int64_t work = 0;
+    for (int64_t i = 0; i < nseq; i++) {
+        if (lengths[i] < 0 || begins[i] < 0 || begins[i] + lengths[i] > N) return 2;
+        if (slots[i] < 0 || slots[i] >= num_slots) return 2;
+        work += lengths[i];
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (work * H * K * V >= PAR_MIN_FLOATS)
+    for (int64_t sh = 0; sh < nseq * H; sh++) {
+        const int64_t i = sh / H, h = sh % H;
+        float *Sh = S + (slots[i] * H + h) * K * V;
+        if (fresh[i]) memset(Sh, 0, (size_t)(K * V) * sizeof(float));
+        scan_one(K, V, Sh, q, k, v, g, beta, begins[i], h, lengths[i], H, scale, o);
     }
     return 0;
 }

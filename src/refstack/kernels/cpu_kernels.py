@@ -49,6 +49,7 @@ __all__ = [
     "kda_decode",
     "kda_prepare",
     "kda_scan",
+    "kda_scan_varlen",
     "load",
     "moe_combine",
     "moe_dispatch",
@@ -314,6 +315,41 @@ def kda_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Te
     if load().refstack_kda_scan(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),
                                 state.data_ptr(), None, B, T, H, K, V, scale, o.data_ptr(), torch.get_num_threads()):
         raise ValueError(f"refstack_kda_scan rejected B={B} T={T} H={H} K={K} V={V}")
+    return o
+
+
+def kda_scan_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, states: Tensor, begins: Tensor,
+                    lengths: Tensor, slots: Tensor, fresh: Tensor, scale: float) -> Tensor:
+    """KDA over several sequences of one token stream, each from its own state slot.
+
+    q, k, g [N, H, K]; v [N, H, V]; beta [N, H]; ``states`` [num_slots, H, K, V]
+    (contiguous, updated in place).  Sequence i is rows ``begins[i] : begins[i] +
+    lengths[i]`` and state ``states[slots[i]]``, zeroed first where ``fresh[i]``; the
+    slots must be distinct.  Returns o [N, H, V] (zero in rows no sequence covers).
+    One call for a whole mixed step: no padding, and no gather or scatter of states.
+    """
+    _check("kda_scan_varlen", q, k, v, g, beta, states)
+    _check_index("kda_scan_varlen", begins, lengths, slots)
+    num_slots, H, K, V = states.shape
+    N, n = q.shape[0], begins.shape[0]
+    if q.shape != (N, H, K) or k.shape != q.shape or g.shape != q.shape or v.shape != (N, H, V) or beta.shape != (N, H):
+        raise ValueError(f"kda_scan_varlen: q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} g {tuple(g.shape)} "
+                         f"beta {tuple(beta.shape)} do not fit states {tuple(states.shape)}")
+    if lengths.shape != (n,) or slots.shape != (n,) or fresh.shape != (n,) or fresh.dtype != torch.bool \
+            or fresh.device.type != "cpu":
+        raise ValueError(f"kda_scan_varlen: begins {tuple(begins.shape)}, lengths {tuple(lengths.shape)}, slots "
+                         f"{tuple(slots.shape)} and fresh {tuple(fresh.shape)} {fresh.dtype} must be [n]; fresh bool")
+    if not states.is_contiguous():
+        raise ValueError("kda_scan_varlen: the states are updated in place and must be contiguous")
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    begins, lengths, slots, fresh = (t.contiguous() for t in (begins, lengths, slots, fresh))
+    o = torch.zeros(N, H, V, dtype=q.dtype)
+    if load().refstack_kda_scan_varlen(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),
+                                       states.data_ptr(), num_slots, begins.data_ptr(), lengths.data_ptr(),
+                                       slots.data_ptr(), fresh.data_ptr(), n, N, H, K, V, scale, o.data_ptr(),
+                                       torch.get_num_threads()):
+        raise ValueError(f"refstack_kda_scan_varlen rejected a sequence: begins {begins.tolist()}, lengths "
+                         f"{lengths.tolist()}, slots {slots.tolist()} for {N} rows and {num_slots} slots")
     return o
 
 

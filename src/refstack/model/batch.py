@@ -97,10 +97,25 @@ class ForwardBatch:
     last_token_index: Tensor  # [num_chunks] stream index of each chunk's last token, chunk order
     # Filled by the model once per forward, shared by all attention layers.
     rope: tuple[Tensor, Tensor] | None = field(default=None)
+    _sequences: tuple[Tensor, Tensor, Tensor, Tensor] | None = field(default=None)
 
     @property
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])
+
+    def sequences(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Every chunk as (begin, length, slot, fresh) in stream order -- each decode token
+        a sequence of one -- for kernels that take a whole mixed step at once; fresh means
+        the chunk starts at position 0.  Built on first use, shared by all layers."""
+        if self._sequences is None:
+            nd = self.num_decode
+            begins = list(range(nd)) + [p.begin for p in self.prefills]
+            lengths = [1] * nd + [p.end - p.begin for p in self.prefills]
+            slots = self.decode_slots.tolist() + [p.slot for p in self.prefills]
+            fresh = (self.decode_positions == 0).tolist() + [p.start_pos == 0 for p in self.prefills]
+            self._sequences = (torch.tensor(begins, dtype=torch.long), torch.tensor(lengths, dtype=torch.long),
+                               torch.tensor(slots, dtype=torch.long), torch.tensor(fresh, dtype=torch.bool))
+        return self._sequences
 
     @classmethod
     def from_chunks(cls, chunks: Sequence[SeqChunk], num_slots: int, max_seq_len: int) -> ForwardBatch:

@@ -71,8 +71,8 @@ class KDALayer(nn.Module):
 
     def use_native(self, on: bool) -> None:
         """The low-rank up-projection, the q/k and output norms and the recurrence (decode
-        and prefill, see ``cpu_kernels.kda_scan``) through the native kernels (the Linears
-        and o_norm switch themselves)."""
+        and prefill, see ``cpu_kernels.kda_scan_varlen``) through the native kernels (the
+        Linears and o_norm switch themselves)."""
         self.native = on
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.low_rank_packed = cpu_kernels.pack(self.low_rank_up.t(), dtype) if on else None
@@ -106,33 +106,34 @@ class KDALayer(nn.Module):
         with tracing.span("kda", cat="kda", layer=self.layer, tokens=batch.num_tokens):
             q, k, v, g, beta, gate = self.project(x)
             states = cache.states[self.layer]
-            nd = batch.num_decode
-            parts: list[Tensor] = []
-            if nd:
-                parts.append(self._decode(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], batch, states))
-            if batch.padded_prefill is not None:
-                parts.append(self._prefill_padded(q, k, v, g, beta, batch.padded_prefill, states))
-            else:
-                for span in batch.prefills:
-                    s = slice(span.begin, span.end)
-                    if self.native:
-                        state = states[span.slot : span.slot + 1]  # a contiguous view, updated in place
-                        if span.start_pos == 0:
-                            state.zero_()
-                        parts.append(cpu_kernels.kda_scan(q[None, s], k[None, s], v[None, s], g[None, s],
-                                                          beta[None, s], state, self.scale)[0])
-                        continue
-                    # start_pos 0 starts from zero whatever the slot held before.
-                    init = states[span.slot] if span.start_pos > 0 else torch.zeros_like(states[span.slot])
-                    o, final = kda_chunked(q[s], k[s], v[s], g[s], beta[s], init, self.scale, self.chunk_size)
-                    states[span.slot] = final
-                    parts.append(o)
-            o = parts[0] if len(parts) == 1 else torch.cat(parts)
             if self.native:
+                # Decode tokens and prefill chunks alike, token by token from each slot's
+                # state, in one call: no padding, no gathered states.
+                o = cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, *batch.sequences(), self.scale)
                 o = cpu_kernels.rms_norm(o, self.o_norm.weight, self.o_norm.eps, gate=gate)
             else:
+                o = self._torch_core(q, k, v, g, beta, batch, states)
                 o = self.o_norm(o) * torch.sigmoid(gate)
             return self.o_proj(o.flatten(1))
+
+    def _torch_core(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, batch: ForwardBatch,
+                    states: Tensor) -> Tensor:
+        """The reference: recurrent decode, chunked prefill (padded into one batch when worth it)."""
+        nd = batch.num_decode
+        parts: list[Tensor] = []
+        if nd:
+            parts.append(self._decode(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], batch, states))
+        if batch.padded_prefill is not None:
+            parts.append(self._prefill_padded(q, k, v, g, beta, batch.padded_prefill, states))
+        else:
+            for span in batch.prefills:
+                s = slice(span.begin, span.end)
+                # start_pos 0 starts from zero whatever the slot held before.
+                init = states[span.slot] if span.start_pos > 0 else torch.zeros_like(states[span.slot])
+                o, final = kda_chunked(q[s], k[s], v[s], g[s], beta[s], init, self.scale, self.chunk_size)
+                states[span.slot] = final
+                parts.append(o)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _decode(
         self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, batch: ForwardBatch, states: Tensor
@@ -151,8 +152,6 @@ class KDALayer(nn.Module):
 
     def _step(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> Tensor:
         """One recurrent step, ``state`` (contiguous) updated in place."""
-        if self.native:
-            return cpu_kernels.kda_decode(q, k, v, g, beta, state, self.scale)
         o, _ = kda_recurrent_step(q, k, v, g, beta, state, self.scale, inplace=True)
         return o
 
@@ -166,11 +165,6 @@ class KDALayer(nn.Module):
         k_p, g_p = k[pp.index] * keep, g[pp.index] * keep
         q_p, v_p, beta_p = q[pp.index], v[pp.index], beta[pp.index]
         init = states.index_select(0, pp.slots) * (pp.starts > 0).to(q.dtype).view(-1, 1, 1, 1)
-        if self.native:
-            # The recurrence token by token (see cpu_kernels.kda_scan); init becomes the final state.
-            o = cpu_kernels.kda_scan(q_p, k_p, v_p, g_p, beta_p, init, self.scale)
-            final = init
-        else:
-            o, final = kda_chunked(q_p, k_p, v_p, g_p, beta_p, init, self.scale, self.chunk_size)
+        o, final = kda_chunked(q_p, k_p, v_p, g_p, beta_p, init, self.scale, self.chunk_size)
         states.index_copy_(0, pp.slots, final)
         return o[pp.valid]

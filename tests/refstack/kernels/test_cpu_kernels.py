@@ -146,6 +146,35 @@ def test_kda_scan_padding_leaves_the_state_alone_and_rows_are_independent() -> N
     assert torch.equal(state[1:], alone) and torch.equal(o[1:, :5], o_alone)
 
 
+@pytest.mark.parametrize("KV", [(64, 64), (16, 32)])  # a specialised scan, and the generic one
+def test_kda_scan_varlen_runs_each_sequence_from_its_slot(KV: tuple[int, int]) -> None:
+    """A mixed step: two decode tokens, a fresh prefill, a continued one (one row covered
+    by none); each sequence must match the reference recurrence from its own state."""
+    K, V = KV
+    N, H, num_slots = 16, 2, 6
+    q, k = F.normalize(_rand(N, H, K, seed=70), dim=-1), F.normalize(_rand(N, H, K, seed=71), dim=-1)
+    v, beta = _rand(N, H, V, seed=72), torch.sigmoid(_rand(N, H, seed=73))
+    g = -torch.rand(N, H, K, generator=torch.Generator().manual_seed(74)) * 0.3
+    states = _rand(num_slots, H, K, V, seed=75, scale=0.1)
+    before = states.clone()
+    seqs = [(0, 1, 4, False), (1, 1, 0, True), (2, 7, 2, True), (9, 6, 5, False)]  # (begin, length, slot, fresh)
+    begins, lengths, slots = (torch.tensor([s[i] for s in seqs]) for i in range(3))
+    fresh = torch.tensor([s[3] for s in seqs])
+    o = cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, begins, lengths, slots, fresh, 0.3)
+    for begin, n, slot, is_fresh in seqs:
+        r = slice(begin, begin + n)
+        init = torch.zeros_like(before[slot]) if is_fresh else before[slot]
+        o_ref, s_ref = kda_naive(q[r], k[r], v[r], g[r], beta[r], init, 0.3)
+        torch.testing.assert_close(o[r], o_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(states[slot], s_ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(o[15], torch.zeros(H, V))  # no sequence covers row 15
+    assert torch.equal(states[[1, 3]], before[[1, 3]])  # slots no sequence names
+    for bad_lengths, bad_slots in (([1, 1, 7, 8], [4, 0, 2, 5]), ([1, 1, 7, 6], [4, 0, 2, 6])):
+        with pytest.raises(ValueError, match="rejected a sequence"):
+            cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, begins, torch.tensor(bad_lengths),
+                                        torch.tensor(bad_slots), fresh, 0.3)
+
+
 # D = 20 takes the scalar path (not a multiple of 16); positions 15-17 end and start a key block.
 @pytest.mark.parametrize("D", [32, 64, 20])
 @pytest.mark.parametrize("pos", [(0, 70, 199), (15, 16, 17)])
