@@ -334,9 +334,9 @@ class Engine:
         for req in new:
             self.scheduler.add(req)
         for rid in aborts:
-            req = self._find(rid)
-            if req is not None:
-                self._finish(req, "abort")
+            target = self._find(rid)
+            if target is not None:
+                self._finish(target, "abort")
 
     def _find(self, request_id: str) -> Request | None:
         for req in itertools.chain(self.scheduler.waiting, self.scheduler.running):

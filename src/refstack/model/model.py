@@ -103,12 +103,12 @@ class HybridModel(nn.Module):
                         where.append((module, attr, i if isinstance(value, tuple) else None))
                         tensors.append(t)
         moved = to_huge_pages(tensors)
-        for (module, attr, i), t in zip(where, moved):
-            if i is None:
+        for (module, attr, index), t in zip(where, moved):
+            if index is None:
                 setattr(module, attr, t)
             else:
                 parts = list(getattr(module, attr))
-                parts[i] = t
+                parts[index] = t
                 setattr(module, attr, tuple(parts))
 
     def new_cache(self, num_slots: int, max_seq_len: int | None = None) -> ModelCache:
