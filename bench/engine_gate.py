@@ -4,15 +4,15 @@ Teacher-forced logits on the bench's own prompts (a prefill, then ``steps`` deco
 steps fed the reference's greedy tokens, so every model sees the same inputs):
 
 - refstack's native kernels against its torch path, same weights and dtype: at each
-  position (prompt, step), the largest logit difference over the largest logit must
-  stay under ``SAME_DTYPE_TOL`` for the dtype, at ``MIN_CLOSE`` of the positions.  fp32
-  differs only in summation order; bf16 also rounds each GEMM's input rows to bf16, and
-  a value on a rounding boundary in one path can round one bf16 ulp (2^-8 relative) the
-  other way, so its bound is 2^-7.  Not every position, because the MoE router is a
-  discrete choice: where a token's 2nd and 3rd expert logits nearly tie, a 1e-3 change
-  upstream picks the other expert.  (Seen on the ``small`` preset in bf16: one position
-  of 72 off by 6% of the logit range, its router margin at layer 5 was 6e-4, every other
-  position within 3e-3.)
+  position (prompt, step), the largest logit difference, over the largest |logit| of
+  all positions, must stay under ``SAME_DTYPE_TOL`` for the dtype, at ``MIN_CLOSE`` of
+  the positions.  fp32 differs only in summation order; bf16 also rounds each GEMM's
+  input rows to bf16, and a value on a rounding boundary in one path can round one bf16
+  ulp (2^-8 relative) the other way, so its bound is 2^-7.  Not every position, because
+  the MoE router is a discrete choice: where a token's 2nd and 3rd expert logits nearly
+  tie, a 1e-3 change upstream picks the other expert.  (Seen on the ``small`` preset in
+  bf16: one position of 72 off by 6% of the logit range, its router margin at layer 5
+  was 6e-4, every other position within 3e-3.)
 - for bf16, the bf16 model against the fp32 one (torch path, same seed): the greedy
   token must agree at ``MIN_TOP1_BF16`` of the positions; the RMS difference is printed.
 

@@ -66,13 +66,17 @@ def _serve(**raw: Any) -> None:
     app = create_app(engine_config(values))
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    engine = app.state.engine
+    # What the machine-dependent "auto" knobs became, after the URL (parsers take the URL up to a space).
+    banner = (f"{url} (preset {values['preset']}, dtype {engine.dtype}, "
+              f"{'native' if engine.native_kernels else 'torch'} kernels)")
     server = uvicorn.Server(uvicorn.Config(app, log_level=values["log_level"], timeout_graceful_shutdown=5))
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
     # handler it found.  A Python handler (not the default "die") lets the process end
     # normally afterwards, so atexit hooks run -- INFRA_AGENT_TRACE is written then.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _after_graceful_shutdown)
-    asyncio.run(_serve_until_stopped(server, sock, url))
+    asyncio.run(_serve_until_stopped(server, sock, banner))
     _exit_after_shutdown()
 
 
@@ -95,13 +99,13 @@ def _after_graceful_shutdown(signum: int, frame: Any) -> None:
     """Runs once uvicorn has already stopped cleanly; nothing is left to do."""
 
 
-async def _serve_until_stopped(server: Any, sock: socket.socket, url: str) -> None:
+async def _serve_until_stopped(server: Any, sock: socket.socket, banner: str) -> None:
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.01)
     if server.started:
         # Flushed: the parent process (a test fixture, the agent) waits for this line.
-        print(f"refstack serving on {url}", flush=True)
+        print(f"refstack serving on {banner}", flush=True)
     await task
 
 

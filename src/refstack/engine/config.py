@@ -11,6 +11,8 @@ from typing import Any
 
 LM_HEAD_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "3xtf32", "bf16")
 CPU_KERNELS: tuple[str, ...] = ("auto", "native", "torch")
+# refstack.model.config.DTYPES plus "auto" (resolve_dtype); spelled out, not imported:
+# that would import torch, and `refstack knobs` needs none of it (a test checks the two agree).
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
 
 

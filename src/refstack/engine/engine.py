@@ -73,17 +73,17 @@ class Engine:
         if model is not None and config.dtype != "auto" and getattr(model.config, "dtype", config.dtype) != config.dtype:
             raise ValueError(f"EngineConfig.dtype={config.dtype!r} but the model given was built with "
                              f"dtype={model.config.dtype!r}; pass dtype='auto' to take the model's")
-        if model is None or tokenizer is None:
+        if model is None:
             overrides: dict[str, Any] = {"lm_head_precision": config.lm_head_precision, "seed": config.seed,
                                           "dtype": resolve_dtype(config.dtype, config.cpu_kernels)}
             if config.max_seq_len:
                 overrides["max_seq_len"] = config.max_seq_len
-            if model is None:
-                model = HybridModel(HybridConfig.preset(config.preset).with_overrides(**overrides))
-            if tokenizer is None:
-                tokenizer = ByteTokenizer()
+            model = HybridModel(HybridConfig.preset(config.preset).with_overrides(**overrides))
+        if tokenizer is None:
+            tokenizer = ByteTokenizer()
         self.model = model
-        # What "auto" became (the model's GEMM operand type), for /debug/engine and logs.
+        # What "auto" became (the model's GEMM operand type): /debug/engine and the
+        # server's startup line show it, since it depends on the machine.
         self.dtype: str = getattr(model.config, "dtype", "float32")
         self.native_kernels = _select_kernels(config.cpu_kernels, model)
         self.tokenizer = tokenizer

@@ -32,6 +32,10 @@ def to_huge_pages(tensors: Sequence[Tensor]) -> list[Tensor]:
     """Copies of ``tensors`` (contiguous CPU tensors) in one huge-page mapping, or the
     tensors themselves where that is not available.  The copies keep the mapping alive
     (``torch.frombuffer`` holds a reference to it); it is unmapped when the last goes."""
+    for t in tensors:
+        if not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"to_huge_pages: expected contiguous CPU tensors, got {t.dtype} {tuple(t.shape)} "
+                             f"on {t.device}")
     if not tensors or not huge_pages_supported():
         return list(tensors)
     sizes = [t.numel() * t.element_size() for t in tensors]
@@ -41,15 +45,12 @@ def to_huge_pages(tensors: Sequence[Tensor]) -> list[Tensor]:
         # which the anonymous-memory THP setting does not cover.
         region = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         region.madvise(mmap.MADV_HUGEPAGE)
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # e.g. EINVAL from a kernel built without THP
         return list(tensors)
     raw = torch.frombuffer(region, dtype=torch.uint8)
     offset = (-raw.data_ptr()) % HUGE_PAGE  # start on a huge-page boundary
     out = []
     for t, n in zip(tensors, sizes):
-        if not t.is_contiguous() or t.device.type != "cpu":
-            raise ValueError(f"to_huge_pages: expected contiguous CPU tensors, got {t.dtype} {tuple(t.shape)} "
-                             f"on {t.device}")
         copy = raw[offset : offset + n].view(t.dtype).view(t.shape)
         copy.copy_(t)
         out.append(copy)

@@ -16,6 +16,8 @@
  * Threads come from the OpenMP runtime torch already loaded (same soname), so the
  * kernels share torch's thread pool instead of starting a second one.
  */
+#include <stdlib.h>
+
 #include "cpu_common.h"
 
 /* log(1 + y) for y in [0, 1], vectorisable: log(z) = 2 atanh(s) with s = y / (2 + y)
@@ -305,27 +307,62 @@ int refstack_kda_scan(const float *q, const float *k, const float *v, const floa
 /* Sequences of different lengths in one token stream (a mixed step's decode tokens and
  * prefill chunks): sequence i is rows [begins[i], begins[i] + lengths[i]) of q, k, v, g,
  * beta, o ([N, H, *]) and state S[slots[i]] (of num_slots), zeroed first where fresh[i]
- * (a sequence at position 0).  The slots must be distinct (the caller's batch checks
- * it): each (sequence, head) task owns its state.  Tasks differ in length, so they are
- * handed out one at a time.  Non-zero on a bad shape, length or slot. */
+ * (a sequence at position 0).  Each (sequence, head) task owns its state and its output
+ * rows, so the slots must be distinct and the row ranges disjoint: both are checked
+ * (a repeat would be a silent race).  Tasks are handed out longest first, so a long
+ * prefill chunk does not start last and leave the other thread idle.  Returns 1 on a
+ * bad shape, 2 on a bad range, slot, repeat or overlap, 3 when out of memory. */
+typedef struct { int64_t length, index; } seq_order;
+
+static int longer_first(const void *a, const void *b) {
+    const seq_order *x = a, *y = b;
+    return (x->length < y->length) - (x->length > y->length);
+}
+
 int refstack_kda_scan_varlen(const float *q, const float *k, const float *v, const float *g, const float *beta,
                              float *S, int64_t num_slots, const int64_t *begins, const int64_t *lengths,
                              const int64_t *slots, const uint8_t *fresh, int64_t nseq, int64_t N, int64_t H, int64_t K,
                              int64_t V, float scale, float *o, int nthreads) {
-    if (nseq < 0 || N < 0 || H <= 0 || K <= 0 || K > 1024 || V <= 0 || V > 1024 || nthreads < 1) return 1;
+    if (nseq < 0 || N < 0 || num_slots < 0 || H <= 0 || K <= 0 || K > 1024 || V <= 0 || V > 1024 || nthreads < 1)
+        return 1;
+    uint8_t *used = calloc((size_t)(num_slots + N) + 1, 1); /* slots taken, then rows taken */
+    seq_order *order = malloc((size_t)(nseq > 0 ? nseq : 1) * sizeof *order);
+    if (!used || !order) {
+        free(used);
+        free(order);
+        return 3;
+    }
+    int rc = 0;
     int64_t work = 0;
-    for (int64_t i = 0; i < nseq; i++) {
-        if (lengths[i] < 0 || begins[i] < 0 || begins[i] + lengths[i] > N) return 2;
-        if (slots[i] < 0 || slots[i] >= num_slots) return 2;
+    for (int64_t i = 0; i < nseq && !rc; i++) {
+        /* lengths[i] > N - begins[i], not begins + lengths > N: that sum can overflow. */
+        if (lengths[i] < 0 || begins[i] < 0 || begins[i] > N || lengths[i] > N - begins[i] || slots[i] < 0 ||
+            slots[i] >= num_slots || used[slots[i]]) {
+            rc = 2;
+            break;
+        }
+        used[slots[i]] = 1;
+        for (int64_t r = begins[i]; r < begins[i] + lengths[i]; r++) {
+            if (used[num_slots + r]) rc = 2;
+            used[num_slots + r] = 1;
+        }
+        order[i] = (seq_order){lengths[i], i};
         work += lengths[i];
     }
+    free(used);
+    if (rc) {
+        free(order);
+        return rc;
+    }
+    qsort(order, (size_t)nseq, sizeof *order, longer_first);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (work * H * K * V >= PAR_MIN_FLOATS)
     for (int64_t sh = 0; sh < nseq * H; sh++) {
-        const int64_t i = sh / H, h = sh % H;
+        const int64_t i = order[sh / H].index, h = sh % H;
         float *Sh = S + (slots[i] * H + h) * K * V;
         if (fresh[i]) memset(Sh, 0, (size_t)(K * V) * sizeof(float));
         scan_one(K, V, Sh, q, k, v, g, beta, begins[i], h, lengths[i], H, scale, o);
     }
+    free(order);
     return 0;
 }
 

@@ -9,8 +9,10 @@
 - ``gqa_decode``: one query token per sequence against its slot of the KV cache;
 - ``rms_norm``: RMSNorm, optionally after a residual add or with a sigmoid gate;
 - ``kda_prepare``: KDA's q/k normalisation, decay, beta from its projections;
-- ``kda_scan`` / ``kda_decode``: the KDA recurrence over T tokens (prefill) or one
-  (decode), the state updated in place.
+- ``kda_scan`` / ``kda_decode``: the KDA recurrence over T tokens of B equal-length
+  sequences (or one token each), the states updated in place; ``kda_scan_varlen``: the
+  same over a mixed step's sequences of any lengths, each with its own state slot
+  (what the model's KDA layers run).
 
 Whole decode blocks (a KDA layer, an attention layer, the router) are in ``cpu_blocks``.
 
@@ -325,7 +327,8 @@ def kda_scan_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, st
     q, k, g [N, H, K]; v [N, H, V]; beta [N, H]; ``states`` [num_slots, H, K, V]
     (contiguous, updated in place).  Sequence i is rows ``begins[i] : begins[i] +
     lengths[i]`` and state ``states[slots[i]]``, zeroed first where ``fresh[i]``; the
-    slots must be distinct.  Returns o [N, H, V] (zero in rows no sequence covers).
+    slots must be distinct and the row ranges disjoint (checked: ``ValueError``).
+    Returns o [N, H, V] (zero in rows no sequence covers).
     One call for a whole mixed step: no padding, and no gather or scatter of states.
     """
     _check("kda_scan_varlen", q, k, v, g, beta, states)
@@ -344,12 +347,16 @@ def kda_scan_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, st
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     begins, lengths, slots, fresh = (t.contiguous() for t in (begins, lengths, slots, fresh))
     o = torch.zeros(N, H, V, dtype=q.dtype)
-    if load().refstack_kda_scan_varlen(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),
-                                       states.data_ptr(), num_slots, begins.data_ptr(), lengths.data_ptr(),
-                                       slots.data_ptr(), fresh.data_ptr(), n, N, H, K, V, scale, o.data_ptr(),
-                                       torch.get_num_threads()):
-        raise ValueError(f"refstack_kda_scan_varlen rejected a sequence: begins {begins.tolist()}, lengths "
-                         f"{lengths.tolist()}, slots {slots.tolist()} for {N} rows and {num_slots} slots")
+    rc = load().refstack_kda_scan_varlen(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),
+                                         states.data_ptr(), num_slots, begins.data_ptr(), lengths.data_ptr(),
+                                         slots.data_ptr(), fresh.data_ptr(), n, N, H, K, V, scale, o.data_ptr(),
+                                         torch.get_num_threads())
+    if rc == 3:
+        raise MemoryError("refstack_kda_scan_varlen could not allocate its checks")
+    if rc:
+        raise ValueError(f"refstack_kda_scan_varlen rejected the sequences (rows out of range or overlapping, a slot "
+                         f"out of range or repeated): begins {begins.tolist()}, lengths {lengths.tolist()}, slots "
+                         f"{slots.tolist()} for {N} rows and {num_slots} slots")
     return o
 
 

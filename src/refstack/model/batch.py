@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -80,6 +81,15 @@ class PaddedPrefill:
         )
 
 
+class Sequences(NamedTuple):
+    """A step's chunks as rows of the token stream (see ``ForwardBatch.sequences``)."""
+
+    begins: Tensor  # [n] int64: first row of each
+    lengths: Tensor  # [n] int64
+    slots: Tensor  # [n] int64: its cache slot
+    fresh: Tensor  # [n] bool: it starts at position 0 (its state starts from zero)
+
+
 @dataclass(slots=True)
 class ForwardBatch:
     token_ids: Tensor  # [T] decode tokens first, then prefill chunks
@@ -97,24 +107,24 @@ class ForwardBatch:
     last_token_index: Tensor  # [num_chunks] stream index of each chunk's last token, chunk order
     # Filled by the model once per forward, shared by all attention layers.
     rope: tuple[Tensor, Tensor] | None = field(default=None)
-    _sequences: tuple[Tensor, Tensor, Tensor, Tensor] | None = field(default=None)
+    _sequences: Sequences | None = field(default=None, init=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])
 
-    def sequences(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Every chunk as (begin, length, slot, fresh) in stream order -- each decode token
-        a sequence of one -- for kernels that take a whole mixed step at once; fresh means
-        the chunk starts at position 0.  Built on first use, shared by all layers."""
+    def sequences(self) -> Sequences:
+        """Every chunk as a sequence in stream order (each decode token a sequence of one),
+        for kernels that take a whole mixed step at once.  Built on first use, shared by
+        all layers."""
         if self._sequences is None:
             nd = self.num_decode
             begins = list(range(nd)) + [p.begin for p in self.prefills]
             lengths = [1] * nd + [p.end - p.begin for p in self.prefills]
             slots = self.decode_slots.tolist() + [p.slot for p in self.prefills]
             fresh = (self.decode_positions == 0).tolist() + [p.start_pos == 0 for p in self.prefills]
-            self._sequences = (torch.tensor(begins, dtype=torch.long), torch.tensor(lengths, dtype=torch.long),
-                               torch.tensor(slots, dtype=torch.long), torch.tensor(fresh, dtype=torch.bool))
+            self._sequences = Sequences(torch.tensor(begins, dtype=torch.long), torch.tensor(lengths, dtype=torch.long),
+                                        torch.tensor(slots, dtype=torch.long), torch.tensor(fresh, dtype=torch.bool))
         return self._sequences
 
     @classmethod

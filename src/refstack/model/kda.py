@@ -109,7 +109,9 @@ class KDALayer(nn.Module):
             if self.native:
                 # Decode tokens and prefill chunks alike, token by token from each slot's
                 # state, in one call: no padding, no gathered states.
-                o = cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, *batch.sequences(), self.scale)
+                seqs = batch.sequences()
+                o = cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, seqs.begins, seqs.lengths, seqs.slots,
+                                                seqs.fresh, self.scale)
                 o = cpu_kernels.rms_norm(o, self.o_norm.weight, self.o_norm.eps, gate=gate)
             else:
                 o = self._torch_core(q, k, v, g, beta, batch, states)

@@ -224,6 +224,18 @@ def test_dtype_auto_is_bf16_only_on_the_native_kernels_with_a_bf16_dot_product()
     assert Engine(EngineConfig(preset="tiny", cpu_kernels="torch")).dtype == "float32"
 
 
+def test_dtype_auto_follows_the_probe_and_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    from refstack.engine.config import DTYPES, resolve_dtype
+    from refstack.kernels import cpu_kernels
+    from refstack.model.config import DTYPES as MODEL_DTYPES
+
+    assert DTYPES == ("auto", *MODEL_DTYPES)
+    for native_bf16, expected in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(cpu_kernels, "bf16_dot_native", lambda v=native_bf16: v)
+        assert resolve_dtype("auto", "auto") == resolve_dtype("auto", "native") == expected
+        assert resolve_dtype("auto", "torch") == "float32"
+
+
 def test_an_explicit_dtype_that_contradicts_the_given_model_is_refused() -> None:
     model = HybridModel(HybridConfig.preset("tiny"))  # float32
     with pytest.raises(ValueError, match="dtype='bfloat16' but the model given was built with dtype='float32'"):

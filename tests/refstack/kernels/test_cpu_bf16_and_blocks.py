@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from refstack.kernels import cpu_blocks, cpu_kernels
+from refstack.kernels import cpu_blocks, cpu_build, cpu_kernels
 from refstack.model.attention import apply_rope, rope_tables
 from refstack.model.moe import route
 
@@ -180,6 +180,15 @@ def test_bf16_kernels_without_the_bf16_dot_product_instruction_give_the_same_bit
     fallback, here = torch.load(out), _bf16_results()
     for name in here:
         assert torch.equal(fallback[name], here[name]), name
+
+
+def test_the_bf16_dot_product_probe_says_what_the_compiler_built() -> None:
+    """dtype=auto rests on this probe: a build that targets AVX512_BF16 must report it
+    (and the -mno-avx512bf16 build above must not)."""
+    cc = cpu_build._compiler()
+    macros = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", "-"], input="", capture_output=True,
+                            text=True, timeout=60, check=True).stdout
+    assert cpu_kernels.bf16_dot_native() == ("__AVX512BF16__" in macros)
 
 
 def test_kda_decode_block_finds_each_state_by_slot() -> None:

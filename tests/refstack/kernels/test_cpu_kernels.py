@@ -169,10 +169,32 @@ def test_kda_scan_varlen_runs_each_sequence_from_its_slot(KV: tuple[int, int]) -
         torch.testing.assert_close(states[slot], s_ref, rtol=1e-5, atol=1e-5)
     assert torch.equal(o[15], torch.zeros(H, V))  # no sequence covers row 15
     assert torch.equal(states[[1, 3]], before[[1, 3]])  # slots no sequence names
-    for bad_lengths, bad_slots in (([1, 1, 7, 8], [4, 0, 2, 5]), ([1, 1, 7, 6], [4, 0, 2, 6])):
-        with pytest.raises(ValueError, match="rejected a sequence"):
-            cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, begins, torch.tensor(bad_lengths),
+    bad = [  # (begins, lengths, slots)
+        ([0, 1, 2, 9], [1, 1, 7, 8], [4, 0, 2, 5]),  # rows past the end
+        ([0, 1, 2, 9], [1, 1, 7, 6], [4, 0, 2, 6]),  # a slot past the cache
+        ([0, 1, 2, 9], [1, 1, 7, 6], [4, 0, 2, 4]),  # a repeated slot: two tasks on one state
+        ([0, 1, 2, 8], [1, 1, 7, 6], [4, 0, 2, 5]),  # overlapping rows: two tasks on one output row
+        ([0, 1, 2, 2**62], [1, 1, 7, 2**62], [4, 0, 2, 5]),  # begin + length overflows int64
+    ]
+    for bad_begins, bad_lengths, bad_slots in bad:
+        with pytest.raises(ValueError, match="rejected the sequences"):
+            cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, torch.tensor(bad_begins), torch.tensor(bad_lengths),
                                         torch.tensor(bad_slots), fresh, 0.3)
+
+
+def test_kda_scan_varlen_gives_kda_scans_bits_on_equal_lengths() -> None:
+    B, T, H, K, V = 3, 11, 2, 64, 64
+    q, k = F.normalize(_rand(B, T, H, K, seed=80), dim=-1), F.normalize(_rand(B, T, H, K, seed=81), dim=-1)
+    v, beta = _rand(B, T, H, V, seed=82), torch.sigmoid(_rand(B, T, H, seed=83))
+    g = -torch.rand(B, T, H, K, generator=torch.Generator().manual_seed(84)) * 0.3
+    dense, by_slot = _rand(B, H, K, V, seed=85, scale=0.1), torch.zeros(5, H, K, V)
+    slots = torch.tensor([4, 0, 2])
+    by_slot[slots] = dense
+    o = cpu_kernels.kda_scan(q, k, v, g, beta, dense, 0.125)
+    flat = [t.reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]
+    o_var = cpu_kernels.kda_scan_varlen(*flat, by_slot, torch.arange(B) * T, torch.full((B,), T), slots,
+                                        torch.zeros(B, dtype=torch.bool), 0.125)
+    assert torch.equal(o_var.view(B, T, H, V), o) and torch.equal(by_slot[slots], dense)
 
 
 # D = 20 takes the scalar path (not a multiple of 16); positions 15-17 end and start a key block.

@@ -78,8 +78,9 @@ def test_mixed_prefill_and_decode_batch(model: HybridModel) -> None:
     for cache in (mixed, alone):
         model.forward_chunks([SeqChunk(0, a, 0)], cache)
         model.forward_chunks([SeqChunk(1, b[:10], 0)], cache)
-    # Order in the call is kept in the output: prefill, decode, new prefill.
-    chunks = [SeqChunk(1, b[10:], 10), SeqChunk(0, [42], 12), SeqChunk(3, c, 0)]
+        model.forward_chunks([SeqChunk(2, c, 0)], cache)  # slot 2 is used, then gets a one-token prompt
+    # Order in the call is kept in the output: prefill, decode, new prefill, a fresh one-token prompt.
+    chunks = [SeqChunk(1, b[10:], 10), SeqChunk(0, [42], 12), SeqChunk(3, c, 0), SeqChunk(2, [7], 0)]
     out = model.forward_chunks(chunks, mixed)
     for i, ch in enumerate(chunks):
         torch.testing.assert_close(out[i], model.forward_chunks([ch], alone)[0], atol=ATOL, rtol=RTOL)
