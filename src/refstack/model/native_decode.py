@@ -118,12 +118,12 @@ class NativeDecoder:
             return cpu_blocks.kda_scratch_floats(layer.mixer_args[1], *layer.mixer_args[7:10])
         return cpu_blocks.attn_scratch_floats(*layer.mixer_args[3:6])
 
-    def _buffers_for(self, B: int) -> dict[str, Tensor]:
-        """This thread's work buffers for a batch of B tokens (a decode batch size repeats
-        step after step, so they are kept for the last size)."""
-        cached: dict[int, dict[str, Tensor]] = getattr(self._local, "buffers", {})
-        bufs = cached.get(B)
-        if bufs is None:
+    def _buffers_for(self, B: int) -> dict[str, int]:
+        """Addresses of this thread's work buffers for a batch of B tokens (a decode batch
+        size repeats step after step, so they are kept, with their tensors, for the last size)."""
+        cached: dict[int, tuple[dict[str, Tensor], dict[str, int]]] = getattr(self._local, "buffers", {})
+        entry = cached.get(B)
+        if entry is None:
             D, E, k, inner = self.hidden, self.num_experts, self.top_k, self.expert_hidden
             f32, i64 = torch.float32, torch.int64
             bufs = {
@@ -135,8 +135,9 @@ class NativeDecoder:
                 "hidden": torch.empty(B * k, inner), "expert_out": torch.empty(B * k, D),
                 "scratch": torch.empty(B * self._scratch_floats),
             }
-            self._local.buffers = {B: bufs}  # keep one size: batch sizes drift as requests finish
-        return bufs
+            entry = bufs, {name: t.data_ptr() for name, t in bufs.items()}
+            self._local.buffers = {B: entry}  # keep one size: batch sizes drift as requests finish
+        return entry[1]
 
     # ------------------------------------------------------------------ the step
     def takes(self, batch: ForwardBatch) -> bool:
@@ -148,8 +149,7 @@ class NativeDecoder:
         assert self.takes(batch)
         lib, B, D = self.lib, batch.num_tokens, self.hidden
         nt = torch.get_num_threads()
-        bufs = self._buffers_for(B)
-        p = {name: t.data_ptr() for name, t in bufs.items()}
+        p = self._buffers_for(B)
         slots, positions = batch.decode_slots.contiguous(), batch.decode_positions.contiguous()
         x = F.embedding(batch.token_ids, self.model.embed.weight)  # the residual stream, updated in place
         xp = x.data_ptr()
