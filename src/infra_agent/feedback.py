@@ -19,7 +19,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-LOCALITY_KEYS = ("component", "kernel", "thread", "interval", "input", "knob", "variant", "scenario")
+_CI_MAX_SAMPLES = 4000
+LOCALITY_KEYS = ("component", "kernel", "thread", "interval", "input", "knob", "variant", "precision", "scenario")
 
 
 class Tier(str, Enum):
@@ -46,9 +47,13 @@ class Summary(BaseModel):
     max: float
     p90: float
     p99: float
-    # 95% confidence interval of the mean (t-interval); equal to the mean when n < 2.
+    # 95% bootstrap interval of the *median* (expanded percentile, the judge's method:
+    # infra_agent.judge.bootstrap); equal to the median when n < 2.  ``ci_stat`` says
+    # which statistic the interval is about, so no renderer can pair it with another.
     ci_low: float
     ci_high: float
+    ci_stat: Literal["median"] = "median"
+    ci_method: Literal["bootstrap"] = "bootstrap"
 
     @classmethod
     def of(cls, samples: list[float]) -> Summary | None:
@@ -58,12 +63,12 @@ class Summary(BaseModel):
         arr = np.asarray(finite, dtype=np.float64)
         mean = float(arr.mean())
         std = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
-        if arr.size > 1:
-            from scipy import stats
+        from infra_agent.judge.bootstrap import bootstrap_ci  # scipy: imported only when summarising
 
-            half = float(stats.t.ppf(0.975, arr.size - 1) * std / math.sqrt(arr.size))
-        else:
-            half = 0.0
+        # Thin very long sample lists for the interval only (every 2nd, 3rd... sample
+        # keeps the distribution); the point statistics use all of them.
+        thin = arr if arr.size <= _CI_MAX_SAMPLES else arr[:: arr.size // _CI_MAX_SAMPLES + 1]
+        ci = bootstrap_ci(thin.tolist(), stat="median")
         return cls(
             n=int(arr.size),
             mean=mean,
@@ -73,8 +78,8 @@ class Summary(BaseModel):
             max=float(arr.max()),
             p90=float(np.percentile(arr, 90)),
             p99=float(np.percentile(arr, 99)),
-            ci_low=mean - half,
-            ci_high=mean + half,
+            ci_low=min(ci.low, float(np.median(arr))),
+            ci_high=max(ci.high, float(np.median(arr))),
         )
 
 
@@ -117,6 +122,14 @@ class Measurement(BaseModel):
 
 
 class Location(BaseModel):
+    """Where a finding points, and what a hypothesis is about (the same vocabulary).
+
+    ``component`` is a name from :mod:`infra_agent.vocabulary`; ``span`` is an execution
+    interval (a span or phase name such as ``queue`` or ``prefill``); ``knob``,
+    ``kernel``, ``variant`` and ``precision`` name what the kernel lab and the
+    workspace call them.
+    """
+
     model_config = ConfigDict(extra="forbid")
 
     file: str | None = None
@@ -124,13 +137,27 @@ class Location(BaseModel):
     span: str | None = None
     thread: str | None = None
     kernel: str | None = None
+    variant: str | None = None
+    precision: str | None = None
     component: str | None = None
+    knob: str | None = None
+
+    @field_validator("component")
+    @classmethod
+    def _known_component(cls, component: str | None) -> str | None:
+        if component is not None:
+            from infra_agent.vocabulary import check_component
+
+            problem = check_component(component)
+            if problem:
+                raise ValueError(f"expected {problem}, got {component!r}")
+        return component
 
     def __str__(self) -> str:
         parts = []
         if self.file:
             parts.append(f"{self.file}:{self.line}" if self.line else self.file)
-        for key in ("component", "kernel", "span", "thread"):
+        for key in ("component", "knob", "kernel", "variant", "precision", "span", "thread"):
             val = getattr(self, key)
             if val:
                 parts.append(f"{key}={val}")
@@ -195,7 +222,7 @@ class Feedback(BaseModel):
                 stat = "no samples"
             else:
                 s = m.summary
-                stat = f"median={_fmt(s.median)} mean={_fmt(s.mean)} ci95=[{_fmt(s.ci_low)},{_fmt(s.ci_high)}] n={s.n}"
+                stat = f"median={_fmt(s.median)} ci95(median)=[{_fmt(s.ci_low)},{_fmt(s.ci_high)}] mean={_fmt(s.mean)} n={s.n}"
             better = f" ({m.better} is better)" if m.better else ""
             lines.append(f"  M {m.name}[{m.unit}] {stat}{better}" + (f" | {tags}" if tags else ""))
         if len(self.measurements) > max_measurements:

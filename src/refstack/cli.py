@@ -63,7 +63,7 @@ def _serve(**raw: Any) -> None:
         if reason:
             raise click.ClickException(f"--cpu-kernels native: {reason}")
     sock = _bind(values["host"], values["port"])
-    app = create_app(engine_config(values))
+    app = create_app(engine_config(values), max_request_bytes=values["max_request_bytes"])
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     engine = app.state.engine

@@ -129,9 +129,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("trace", "bool", False, ("tracing",),
          "Record spans in memory for GET /debug/trace (INFRA_AGENT_TRACE=path also writes a file at exit)."),
     Knob("log_level", "choice", "warning", ("server",), "uvicorn log level.", choices=LOG_LEVELS),
+    Knob("max_request_bytes", "int", 1 << 20, ("server",),
+         "Largest request body in bytes; a bigger one gets HTTP 413 before it is read (a declared "
+         "Content-Length at once, a chunked body once its bytes cross the cap).  The 1 MiB default holds "
+         "any prompt that fits the largest context (65,536 tokens), even as fully escaped JSON.",
+         min=1024, max=1 << 30),
 )
 
-_SERVER_ONLY = ("host", "port", "log_level")
+_SERVER_ONLY = ("host", "port", "log_level", "max_request_bytes")
 
 
 def knob(name: str) -> Knob:

@@ -56,6 +56,8 @@ class RequestOptions:
     model: str = "default"
     temperature: float = 0.0
     ignore_eos: bool = True
+    # Extra request headers (auth among them), as pairs so the options stay hashable.
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def endpoint_path(endpoint: str) -> str:
@@ -122,6 +124,7 @@ async def send_request(client: aiohttp.ClientSession, base_url: str, req: Reques
     url = base_url.rstrip("/") + endpoint_path(opts.endpoint)
     chat = opts.endpoint == "chat"
     payload = build_payload(req, opts)
+    headers = dict(opts.headers) if opts.headers else None
     chunks = 0
     usage_tokens: int | None = None
     saw_data = False
@@ -129,7 +132,7 @@ async def send_request(client: aiohttp.ClientSession, base_url: str, req: Reques
     rec.start = st = perf()
     last = st
     try:
-        async with client.post(url, json=payload) as resp:
+        async with client.post(url, json=payload, headers=headers) as resp:
             if resp.status != 200:
                 body = (await resp.content.read(300)).decode(errors="replace")
                 rec.error, rec.error_kind = f"HTTP {resp.status} from {url}: {body}", "http"

@@ -1,17 +1,9 @@
 """``ServingProbe``: the e2e tier, a serving benchmark turned into Feedback.
 
-Config keys (all optional):
-
-- ``scenarios``: workspace scenario names to run (default: every scenario);
-- ``scenario``: an inline scenario dict (the workspace ``Scenario`` schema), run as
-  ``"inline"``; with ``url`` it is the only way to say what to send;
-- ``url``, ``metrics_url``, ``model``: benchmark an already-running server instead of
-  launching the workspace target;
-- ``knobs``: knob overrides on top of ``ctx.knobs``;
-- ``repeats``: windows per scenario (default 1); throughput samples are per window;
-- ``percentiles``: e.g. ``[50, 90, 99]``;
-- ``queue_share``: the queue/TTFT share above which "queue time dominates TTFT" is
-  reported (default 0.5).
+Its typed config is :class:`ServingConfig` (every key optional).  The target is, in
+order: ``ctx.target`` (a server the caller keeps running, e.g. the executor's A/B
+pair), ``url`` (an already-running server), or the workspace target launched with the
+knobs for this run.
 
 Client metrics and the server's per-phase histogram deltas go side by side, each tagged
 with the scenario and the knob values, so a finding can point at the phase (queue,
@@ -23,6 +15,8 @@ from __future__ import annotations
 import json
 from contextlib import nullcontext
 from typing import Any, ClassVar
+
+from pydantic import Field
 
 from infra_agent.bench.metrics import request_samples
 from infra_agent.bench.runner import default_log_dir, run_on_target
@@ -36,10 +30,13 @@ from infra_agent.feedback import (
     Summary,
     Tier,
 )
-from infra_agent.probes.base import Probe, ProbeContext
+from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
 from infra_agent.target import open_target
-from infra_agent.workspace.models import Scenario
+from infra_agent.vocabulary import FindingKind
+from infra_agent.workspace.models import Scenario, metric_direction
 
+_DEFAULT_RESULT_METRICS = ("total_token_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
+                           "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms")
 _MAX_SAMPLES = 5000  # per measurement kept in Feedback; the summary uses all of them
 # A gap this short between two content chunks means they came out of one read: no
 # engine produces tokens 0.5 ms apart while its TPOT is many times that.
@@ -87,28 +84,54 @@ def _measure(name: str, unit: str, samples: list[float], better: str | None, **t
     return Measurement(name=name, unit=unit, samples=kept, summary=Summary.of(samples), better=better, tags=tags)  # type: ignore[arg-type]
 
 
+class ServingConfig(ProbeConfig):
+    """What to send and where; every key is optional."""
+
+    scenarios: list[str] | None = Field(None, description="workspace scenario names to run (default: every scenario)")
+    scenario: Scenario | None = Field(None, description="an inline scenario, run as 'inline'")
+    url: str | None = Field(None, description="benchmark this already-running server instead of launching the target")
+    metrics_url: str | None = None
+    model: str | None = None
+    knobs: dict[str, Any] = Field(default_factory=dict, description="knob overrides on top of the context's knobs")
+    repeats: int = Field(1, ge=1, le=100, description="measured windows per scenario; throughput samples are per window")
+    percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
+    queue_share: float = Field(0.5, gt=0, le=1, description="queue/TTFT share above which queueing is reported")
+    result_metrics: list[str] | None = Field(
+        None, description="result keys reported once per window (what criteria name, e.g. p99_ttft_ms); "
+                          "default: total_token_throughput and the median and p99 of ttft, tpot and e2el")
+
+
 class ServingProbe(Probe):
     name: ClassVar[str] = "serving"
-    tier: ClassVar[Tier] = Tier.e2e
+    base_tier: ClassVar[Tier] = Tier.e2e
+    Config: ClassVar[type[ProbeConfig]] = ServingConfig
+    components: ClassVar[tuple[str, ...]] = ("client", "server", "engine", "model", "runtime", "kv_transfer", "comm")
+    # Server-side phase histograms: the queue, prefill and decode intervals.
+    locality: ClassVar[tuple[str, ...]] = ("span",)
 
-    @property
-    def scope(self) -> list[str]:
-        return ["client", "server", "queue", "prefill", "decode"]
-
-    def run(self, config: dict[str, Any], ctx: ProbeContext) -> Feedback:
-        fb = Feedback(probe=self.name, tier=self.tier, scope=self.scope)
+    def run(self, config: Any, ctx: ProbeContext) -> Feedback:
+        cfg: ServingConfig = self.parse_config(config)  # type: ignore[assignment]
+        fb = Feedback(probe=self.name, tier=self.tier(cfg), scope=self.scope)
         ws = ctx.workspace
-        plan = self._plan(config, ws)
-        knobs = {**ctx.knobs, **dict(config.get("knobs") or {})}
-        repeats = int(config.get("repeats", 1))
-        pcts = [float(p) for p in config.get("percentiles", [50, 90, 99])]
+        try:
+            plan = self._plan(cfg, ws)
+        except InfraAgentError as exc:
+            fb.ok, fb.error = False, str(exc)
+            return fb
+        knobs = {**ctx.knobs, **cfg.knobs}
+        repeats = cfg.repeats
+        pcts = list(cfg.percentiles)
         ctx.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            if config.get("url"):
+            if ctx.target is not None:
                 values: dict[str, Any] = knobs
-                opener: Any = nullcontext(_UrlTarget(config["url"], config.get("metrics_url"), config.get("model")))
+                opener: Any = nullcontext(ctx.target)
+            elif cfg.url:
+                values = knobs
+                opener = nullcontext(_UrlTarget(cfg.url, cfg.metrics_url, cfg.model))
             else:
-                assert ws is not None, "ServingProbe needs a workspace or a 'url' in its config"
+                if ws is None:
+                    raise InfraAgentError("the serving probe needs a workspace target, a 'url' or a running target to measure")
                 values = ws.resolve_knobs(knobs)
                 opener = open_target(ws, values, default_log_dir(ws))
             with opener as target:
@@ -127,7 +150,8 @@ class ServingProbe(Probe):
                                 break  # the server is gone; later windows would only repeat the failure
                     finally:
                         # Windows that finished before an error are measurements all the same.
-                        self._summarise(fb, name, runs, values, config)
+                        self._summarise(fb, name, runs, values, cfg.queue_share)
+                        self._per_window(fb, name, runs, cfg.result_metrics)
                     if runs and not runs[-1].get("ok", True):
                         break
         except InfraAgentError as exc:
@@ -139,22 +163,39 @@ class ServingProbe(Probe):
         return fb
 
     @staticmethod
-    def _plan(config: dict[str, Any], ws: Any) -> list[tuple[str, Scenario]]:
-        if config.get("scenario") is not None:
-            return [("inline", Scenario.model_validate(config["scenario"]))]
+    def _per_window(fb: Feedback, name: str, runs: list[dict[str, Any]], keys: list[str] | None) -> None:
+        """Result keys as measurements with one sample per window, named as the result names them.
+
+        The judge compares these across interleaved runs; the per-request samples above
+        (``ttft_ms`` ...) describe distributions, not runs."""
+        ok = [r for r in runs if r.get("ok", True)]
+        have = {m.name for m in fb.measurements if m.tags.get("scenario") == name}
+        for key in keys if keys is not None else _DEFAULT_RESULT_METRICS:
+            if key in have:
+                continue
+            vals = [float(r[key]) for r in ok if isinstance(r.get(key), (int, float))]
+            if vals:
+                unit = "ms" if key.endswith("_ms") else "tok/s" if "token" in key else "req/s" if "request" in key else ""
+                better = metric_direction(key)
+                fb.measurements.append(_measure(key, unit, vals, better, component="client", scenario=name))
+
+    @staticmethod
+    def _plan(cfg: ServingConfig, ws: Any) -> list[tuple[str, Scenario]]:
+        if cfg.scenario is not None:
+            return [("inline", cfg.scenario)]
         if ws is None:
-            raise InfraAgentError("ServingProbe: give a 'scenario' (inline) when there is no workspace")
-        names = config.get("scenarios") or list(ws.scenarios)
+            raise InfraAgentError("the serving probe needs an inline 'scenario' when there is no workspace")
+        names = cfg.scenarios or list(ws.scenarios)
         return [(n, ws.scenario(n)) for n in names]
 
-    def _summarise(self, fb: Feedback, name: str, runs: list[dict[str, Any]], knobs: dict[str, Any], config: dict[str, Any]) -> None:
+    def _summarise(self, fb: Feedback, name: str, runs: list[dict[str, Any]], knobs: dict[str, Any], queue_share: float) -> None:
         knob_tag = ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
         tags = {"scenario": name, **({"knob": knob_tag} if knob_tag else {})}
         ok = [r for r in runs if r.get("ok", True)]
         for r in runs:
             if not r.get("ok", True):
                 fb.findings.append(Finding(
-                    kind="run failed", severity="error", message=r.get("error", "run failed"),
+                    kind=FindingKind.RUN_FAILED, severity="error", message=r.get("error", "run failed"),
                     location=Location(file=r.get("log_path")) if r.get("log_path") else None,
                     evidence={"log_tail": (r.get("log_tail") or "")[-2000:]},
                     next_question="Why did the server exit under this load? Read the log tail.",
@@ -174,8 +215,8 @@ class ServingProbe(Probe):
                 if d.get("mean_s") is not None:
                     phases.setdefault(phase, []).append(d["mean_s"] * 1e3)
         for phase, vals in phases.items():
-            fb.measurements.append(_measure(f"server_{phase}_mean_ms", "ms", vals, "lower", component=phase, **tags))
-        self._findings(fb, name, ok, phases, float(config.get("queue_share", 0.5)))
+            fb.measurements.append(_measure(f"server_{phase}_mean_ms", "ms", vals, "lower", component="engine", interval=phase, **tags))
+        self._findings(fb, name, ok, phases, queue_share)
 
     @staticmethod
     def _findings(fb: Feedback, name: str, ok: list[dict[str, Any]], phases: dict[str, list[float]], queue_share: float) -> None:
@@ -183,7 +224,7 @@ class ServingProbe(Probe):
         if failed:
             first = next((e for r in ok for e in r.get("errors", []) if e), "")
             fb.findings.append(Finding(
-                kind="failed requests", severity="error",
+                kind=FindingKind.FAILED_REQUESTS, severity="error",
                 message=f"{failed} of {failed + sum(int(r['completed']) for r in ok)} requests failed in scenario {name}",
                 evidence={"failed": failed, "first_error": first[:300]},
                 next_question="Are failures load-dependent (timeouts, capacity) or a protocol problem?",
@@ -193,28 +234,28 @@ class ServingProbe(Probe):
         ttft_ref = sum(phases["ttft"]) / len(phases["ttft"]) if phases.get("ttft") else client_ttft
         if queue is not None and ttft_ref > 0 and queue / ttft_ref >= queue_share:
             fb.findings.append(Finding(
-                kind="queue time dominates TTFT", severity="warning",
+                kind=FindingKind.QUEUE_DOMINATES_TTFT, severity="warning",
                 message=f"requests wait {queue:.1f} ms in the queue of a {ttft_ref:.1f} ms TTFT ({queue / ttft_ref:.0%}) in {name}",
-                location=Location(component="scheduler"),
-                evidence={"queue_ms": queue, "ttft_ms": ttft_ref, "share": queue / ttft_ref},
+                location=Location(component="engine.scheduler", span="queue"),
+                evidence={"queue_ms": queue, "ttft_ms": ttft_ref, "share": queue / ttft_ref, "scenario": name},
                 next_question="Is batch capacity (max running sequences, KV slots) too small for this concurrency?",
             ))
         prefill = sum(phases["prefill"]) / len(phases["prefill"]) if phases.get("prefill") else None
         if prefill is not None and ttft_ref > 0 and prefill / ttft_ref >= 0.5 and (queue is None or prefill > queue):
             fb.findings.append(Finding(
-                kind="prefill dominates TTFT", severity="info",
+                kind=FindingKind.PREFILL_DOMINATES_TTFT, severity="info",
                 message=f"prefill takes {prefill:.1f} ms of a {ttft_ref:.1f} ms TTFT in {name}",
-                location=Location(component="prefill"), evidence={"prefill_ms": prefill, "ttft_ms": ttft_ref},
+                location=Location(component="model", span="prefill"), evidence={"prefill_ms": prefill, "ttft_ms": ttft_ref, "scenario": name},
                 next_question="Would a larger prefill chunk or a faster attention kernel cut prefill time?",
             ))
         burst = _burst_delivery(ok, phases)
         if burst is not None:
             fb.findings.append(Finding(
-                kind="streamed tokens arrive in bursts", severity="warning",
+                kind=FindingKind.BURSTY_STREAM, severity="warning",
                 message=(f"{burst['short_share']:.0%} of inter-token gaps are under {_BURST_GAP_MS:g} ms while a token takes "
                          f"{burst['per_token_ms']:.1f} ms to make ({burst['per_token_from']}) in {name}: chunks are held "
                          "back and delivered together, so TTFT, ITL and TPOT on this stream measure the holding, not the engine"),
-                location=Location(component="api_server"), evidence=burst,
+                location=Location(component="server"), evidence={**burst, "scenario": name},
                 next_question=("Is Nagle's algorithm on for the server's connections (TCP_NODELAY unset; stalls of about "
                                "40 ms, one delayed ACK, on reused keep-alive connections), or does the server batch "
                                "stream output on purpose (a stream interval)?"),
@@ -223,8 +264,8 @@ class ServingProbe(Probe):
             gap = client_ttft - ttft_ref
             if gap / client_ttft > 0.3:
                 fb.findings.append(Finding(
-                    kind="client/server TTFT gap", severity="info",
+                    kind=FindingKind.CLIENT_SERVER_TTFT_GAP, severity="info",
                     message=f"client TTFT {client_ttft:.1f} ms vs server {ttft_ref:.1f} ms in {name}: {gap:.1f} ms outside the engine",
-                    location=Location(component="api_server"), evidence={"client_ttft_ms": client_ttft, "server_ttft_ms": ttft_ref},
+                    location=Location(component="server"), evidence={"client_ttft_ms": client_ttft, "server_ttft_ms": ttft_ref, "scenario": name},
                     next_question="Is time lost in the HTTP layer (tokenisation, detokenisation, event loop) before the engine sees the request?",
                 ))

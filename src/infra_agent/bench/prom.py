@@ -9,6 +9,7 @@ the ``vllm:`` and ``refstack:`` prefixes; label sets (model name, engine id) are
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -44,9 +45,9 @@ def parse_histogram_totals(text: str) -> Snapshot:
     return totals
 
 
-async def scrape(client: aiohttp.ClientSession, metrics_url: str) -> Snapshot:
+async def scrape(client: aiohttp.ClientSession, metrics_url: str, headers: Mapping[str, str] | None = None) -> Snapshot:
     try:
-        async with client.get(metrics_url) as resp:
+        async with client.get(metrics_url, headers=headers) as resp:
             status = resp.status
             text = await resp.text(errors="replace")
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:

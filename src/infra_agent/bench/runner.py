@@ -4,19 +4,24 @@ The window is timed from the first send to the last completion.  Prometheus hist
 are scraped right before and after it, so the server's per-phase numbers cover the same
 requests as the client's.  A server that dies inside the window (seen through the
 target's ``check_alive()``) turns the run into a failed result that carries the log
-tail; the caller keeps whatever earlier runs produced.
+tail and what the window measured until then; the caller keeps whatever earlier runs
+produced.  Each finished request is appended to ``<result>.requests.jsonl`` at once,
+so even a killed run leaves its measurements behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 import aiohttp
 from rich.console import Console
@@ -37,9 +42,22 @@ from infra_agent.bench.client import (
     make_http_client,
     send_request,
 )
-from infra_agent.bench.datasets import Tokenizer, build_requests
+from infra_agent.bench.datasets import (
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    build_requests,
+)
 from infra_agent.bench.metrics import DEFAULT_PERCENTILES, SLO, compute_metrics
-from infra_agent.bench.results import failed_result, write_result
+from infra_agent.bench.results import (
+    RequestLog,
+    environment_info,
+    failed_result,
+    git_info,
+    redacted,
+    requests_path_for,
+    write_result,
+)
 from infra_agent.errors import (
     ConfigError,
     InfraAgentError,
@@ -47,35 +65,62 @@ from infra_agent.errors import (
     TargetError,
 )
 from infra_agent.target import open_target
+from infra_agent.target.auth import secrets_of
 from infra_agent.workspace.models import Scenario, Workspace
 
 AliveCheck = Callable[[], None]  # raises ServerStartError when the server is gone
 _ALIVE_POLL_S = 0.25
+PROGRESS_EVERY_S = 5.0  # plain progress lines (no terminal): at least this often, and every 10%
+_UNFINISHED = "not finished: the run ended before the answer did"
 
 
-def _options(scenario: Scenario, model: str) -> RequestOptions:
-    return RequestOptions(endpoint=scenario.endpoint, model=model, temperature=scenario.temperature, ignore_eos=scenario.ignore_eos)
+def backend_name(endpoint: str) -> str:
+    """vLLM ``bench serve``'s name for the API spoken."""
+    return "openai-chat" if endpoint == "chat" else "openai"
 
 
-async def _discover_model(client: aiohttp.ClientSession, base_url: str) -> str:
+def tokenizer_id(tokenizer: Tokenizer | None) -> str:
+    """What counted the prompt lengths: ``byte`` or ``hf:<path>``."""
+    if tokenizer is None or isinstance(tokenizer, ByteTokenizer):
+        return "byte"
+    if isinstance(tokenizer, HFTokenizer):
+        return "hf:" + str(getattr(tokenizer._tok, "name_or_path", "?"))
+    return str(getattr(tokenizer, "name", type(tokenizer).__name__))
+
+
+def _options(scenario: Scenario, model: str, headers: Mapping[str, str] | None = None) -> RequestOptions:
+    return RequestOptions(endpoint=scenario.endpoint, model=model, temperature=scenario.temperature, ignore_eos=scenario.ignore_eos,
+                          headers=tuple((headers or {}).items()))
+
+
+def _same_origin(url: str, base_url: str) -> bool:
+    a, b = urlsplit(url), urlsplit(base_url)
+    return (a.scheme, a.netloc) == (b.scheme, b.netloc)
+
+
+async def _discover_model(client: aiohttp.ClientSession, base_url: str, headers: Mapping[str, str] | None = None) -> str:
     """The first model id from /v1/models; servers that do not list models get 'default'."""
     try:
-        async with client.get(base_url.rstrip("/") + "/v1/models") as resp:
+        async with client.get(base_url.rstrip("/") + "/v1/models", headers=headers) as resp:
             data = (await resp.json(content_type=None))["data"]
         return str(data[0]["id"])
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, IndexError, TypeError):
         return "default"
 
 
-def _raise_if_unusable(rec: RequestRecord, base_url: str) -> None:
+def _raise_if_unusable(rec: RequestRecord, base_url: str, redact: Callable[[Any], Any] = lambda x: x) -> None:
     """Turn a failed preflight into a message about the target, not about one request."""
     if rec.success or rec.error_kind == "empty":
         return  # an answer without text is still an OpenAI stream; the window counts such failures
+    error = redact(rec.error)
     if rec.error_kind == "connect":
-        raise TargetError(f"cannot reach {base_url}: is the server running and is the URL right? ({rec.error})")
+        raise TargetError(f"cannot reach {base_url}: is the server running and is the URL right? ({error})")
     if rec.error_kind == "protocol":
-        raise TargetError(f"{base_url} does not behave like an OpenAI-compatible streaming server: {rec.error}")
-    raise TargetError(f"the first request to {base_url} failed: {rec.error}")
+        raise TargetError(f"{base_url} does not behave like an OpenAI-compatible streaming server: {error}")
+    if rec.error_kind == "http" and error.startswith(("HTTP 401 ", "HTTP 403 ")):
+        raise TargetError(f"{base_url} refused the request ({error.split(' from ', 1)[0]}): does it need an API key "
+                          f"(--api-key-env NAME, or api_key_env in the target) or other headers (--header)? ({error})")
+    raise TargetError(f"the first request to {base_url} failed: {error}")
 
 
 async def _watch(alive: AliveCheck) -> None:
@@ -88,41 +133,190 @@ async def _watch(alive: AliveCheck) -> None:
         await asyncio.sleep(_ALIVE_POLL_S)
 
 
-async def _window(
-    client: aiohttp.ClientSession, base_url: str, reqs: Sequence[RequestInput], scenario: Scenario, opts: RequestOptions, progress: bool
-) -> tuple[list[RequestRecord], float]:
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+class _Progress:
+    """A rich bar on a terminal; plain lines elsewhere (CI, a log file), where a bar prints nothing.
+
+    Plain lines go out at every tenth of the requests and at least every ``every_s``:
+    ``bench: 120/200 requests, 3 failed, 14.2 s``.
+    """
+
+    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, every_s: float = PROGRESS_EVERY_S) -> None:
+        self.total, self.done, self.failed = total, 0, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.every_s = every_s
+        self.mode = "off" if not enabled or total <= 0 else "bar" if _isatty(self.stream) else "lines"
+        self._bar: Progress | None = None
+        self._task: Any = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._tenths = 0
+        self._t0 = self._last = 0.0
+
+    async def __aenter__(self) -> _Progress:
+        self._t0 = self._last = time.perf_counter()
+        if self.mode == "bar":
+            self._bar = Progress(
+                TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
+                TimeElapsedColumn(), console=Console(file=self.stream), transient=True,
+            )
+            self._task = self._bar.add_task("requests", total=self.total, failed=0)
+            self._bar.start()
+        elif self.mode == "lines":
+            self._ticker = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        if self._bar is not None:
+            self._bar.stop()
+
+    def advance(self, rec: RequestRecord) -> None:
+        self.done += 1
+        self.failed += not rec.success
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, failed=self.failed)
+        elif self.mode == "lines":
+            tenths = self.done * 10 // self.total
+            if tenths > self._tenths:
+                self._tenths = tenths
+                self._line()
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.05, self._last + self.every_s - time.perf_counter()))
+            if time.perf_counter() - self._last >= self.every_s:
+                self._line()
+
+    def _line(self) -> None:
+        now = time.perf_counter()
+        self._last = now
+        try:
+            self.stream.write(f"bench: {self.done}/{self.total} requests, {self.failed} failed, {now - self._t0:.1f} s\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken stderr must not end the run
+
+
+@dataclasses.dataclass
+class _Run:
+    """What a run has measured so far: enough to write a result whenever it stops."""
+
+    base_url: str
+    scenario: Scenario
+    percentiles: Sequence[float]
+    tokenizer: Tokenizer | None = None
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    log: RequestLog | None = None
+    model: str | None = None
+    reqs: list[RequestInput] = dataclasses.field(default_factory=list)
+    records: list[RequestRecord | None] = dataclasses.field(default_factory=list)
+    window_start: float | None = None
+    window_end: float | None = None
+    before: prom.Snapshot | None = None
+    after: prom.Snapshot | None = None
+    server_metrics_error: str | None = None
+
+    def finished(self, i: int, rec: RequestRecord) -> None:
+        self.records[i] = rec
+        if self.log is not None and self.window_start is not None:
+            self.log.write(i, rec, self.window_start)
+
+    def result(self) -> dict[str, Any]:
+        """The result of the window so far; requests still in flight count as failed."""
+        assert self.window_start is not None, "the window has not started"
+        records = [r if r is not None else RequestRecord(prompt_len=q.prompt_len, error=_UNFINISHED, error_kind="other")
+                   for r, q in zip(self.records, self.reqs)]
+        end = self.window_end if self.window_end is not None else time.perf_counter()
+        slo = SLO(**self.scenario.slo.model_dump()) if self.scenario.slo else None
+        result = compute_metrics(records, max(end - self.window_start, 1e-9), percentiles=self.percentiles, slo=slo)
+        if self.before is not None and self.after is not None:
+            result["server_metrics"] = prom.phase_deltas(self.before, self.after)
+        else:
+            result["server_metrics"] = None
+        result.update(_header(self.base_url, self.scenario, self.model or "default", self.tokenizer, self.headers))
+        if self.server_metrics_error:
+            # /metrics answered before the window and not after it: the server went away
+            # or stopped answering, so the window's numbers are not to be trusted alone.
+            result["server_metrics_error"] = self.server_metrics_error
+            result["ok"] = False
+            failed = int(result["failed"])
+            lost = f"{failed} of {len(records)} requests failed and " if failed else ""
+            result["error"] = f"{lost}the server's metrics could not be scraped {self.server_metrics_error}"
+        return result
+
+
+async def _window(client: aiohttp.ClientSession, run: _Run, opts: RequestOptions, progress: bool) -> None:
+    scenario, reqs = run.scenario, run.reqs
     sem = asyncio.Semaphore(scenario.max_concurrency) if scenario.max_concurrency else None
     offsets = arrival_offsets(len(reqs), scenario.request_rate, scenario.burstiness, seed=_arrival_seed(scenario))
-    records: list[RequestRecord | None] = [None] * len(reqs)
-    bar = Progress(
-        TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=Console(stderr=True), transient=True, disable=not progress,
-    )
-    task_id = bar.add_task("requests", total=len(reqs))
+    run.records = [None] * len(reqs)
 
-    async def one(i: int) -> None:
-        if sem is None:
-            records[i] = await send_request(client, base_url, reqs[i], opts)
-        else:
-            async with sem:
-                records[i] = await send_request(client, base_url, reqs[i], opts)
-        bar.advance(task_id)
+    async with _Progress(len(reqs), progress) as bar:
 
-    with bar:
-        start = time.perf_counter()
-        tasks = [asyncio.create_task(one(i)) async for i in paced(offsets)]
+        async def one(i: int) -> None:
+            if sem is None:
+                rec = await send_request(client, run.base_url, reqs[i], opts)
+            else:
+                async with sem:
+                    rec = await send_request(client, run.base_url, reqs[i], opts)
+            run.finished(i, rec)
+            bar.advance(rec)
+
+        tasks: list[asyncio.Task[None]] = []
+        run.window_start = time.perf_counter()
         try:
+            async for i in paced(offsets):
+                tasks.append(asyncio.create_task(one(i)))
             await asyncio.gather(*tasks)
         finally:
             for t in tasks:
                 t.cancel()
-        duration = time.perf_counter() - start
-    assert all(r is not None for r in records)
-    return [r for r in records if r is not None], duration
+        run.window_end = time.perf_counter()
+    assert all(r is not None for r in run.records)
 
 
 def _arrival_seed(scenario: Scenario) -> int:
     return int(getattr(scenario.dataset, "seed", 0))
+
+
+async def _measure(run: _Run, metrics_url: str | None, progress: bool, redact: Callable[[Any], Any]) -> dict[str, Any]:
+    scenario, base_url, headers = run.scenario, run.base_url, run.headers or None
+    warm_n = max(1, scenario.warmup_requests)  # at least one: it doubles as the reachability check
+    run.reqs = build_requests(scenario.dataset, scenario.num_requests, run.tokenizer)
+    warm = build_requests(scenario.dataset, warm_n, run.tokenizer, seed_offset=1_000_003)
+    if scenario.warmup_requests == 0:
+        # No warm-up asked for: the check only has to see two streamed tokens.  A judge
+        # repeats short runs on a warm server, and a full-length check request was a
+        # quarter of each run's wall time there.
+        warm[0] = dataclasses.replace(warm[0], output_len=min(2, warm[0].output_len))
+    # Credentials go to the metrics URL only when it is the server's own origin.
+    metrics_headers = headers if metrics_url and _same_origin(metrics_url, base_url) else None
+    concurrency = scenario.max_concurrency or scenario.num_requests
+    async with make_http_client(max(concurrency, warm_n)) as client, make_http_client(2, timeout_s=30.0) as side:
+        run.model = run.model or await _discover_model(side, base_url, headers)
+        opts = _options(scenario, run.model, headers)
+        first = await send_request(client, base_url, warm[0], opts)
+        _raise_if_unusable(first, base_url, redact)
+        if warm_n > 1:
+            await asyncio.gather(*(send_request(client, base_url, r, opts) for r in warm[1:]))
+        run.before = await prom.scrape(side, metrics_url, metrics_headers) if metrics_url else None
+        await _window(client, run, opts, progress)
+        if metrics_url:
+            try:
+                run.after = await prom.scrape(side, metrics_url, metrics_headers)
+            except TargetError as exc:
+                # The window's own numbers stand; only the server's side of it is missing.
+                run.server_metrics_error = f"after the window: {exc}"
+    return run.result()
 
 
 async def run_benchmark_async(
@@ -134,41 +328,23 @@ async def run_benchmark_async(
     progress: bool = True,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     tokenizer: Tokenizer | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The window itself (see ``run_benchmark``); no server watchdog."""
-    warm_n = max(1, scenario.warmup_requests)  # at least one: it doubles as the reachability check
-    reqs = build_requests(scenario.dataset, scenario.num_requests, tokenizer)
-    warm = build_requests(scenario.dataset, warm_n, tokenizer, seed_offset=1_000_003)
-    if scenario.warmup_requests == 0:
-        # No warm-up asked for: the check only has to see two streamed tokens.  A judge
-        # repeats short runs on a warm server, and a full-length check request was a
-        # quarter of each run's wall time there.
-        warm[0] = dataclasses.replace(warm[0], output_len=min(2, warm[0].output_len))
-    concurrency = scenario.max_concurrency or scenario.num_requests
-    async with make_http_client(max(concurrency, warm_n)) as client, make_http_client(2, timeout_s=30.0) as side:
-        model = model or await _discover_model(side, base_url)
-        opts = _options(scenario, model)
-        first = await send_request(client, base_url, warm[0], opts)
-        _raise_if_unusable(first, base_url)
-        if warm_n > 1:
-            await asyncio.gather(*(send_request(client, base_url, r, opts) for r in warm[1:]))
-        before = await prom.scrape(side, metrics_url) if metrics_url else None
-        records, duration = await _window(client, base_url, reqs, scenario, opts, progress)
-        after = await prom.scrape(side, metrics_url) if metrics_url else None
-    slo = SLO(**scenario.slo.model_dump()) if scenario.slo else None
-    result = compute_metrics(records, duration, percentiles=percentiles, slo=slo)
-    result["server_metrics"] = prom.phase_deltas(before, after) if before is not None and after is not None else None
-    result.update(_header(base_url, scenario, model))
-    return result
+    run = _Run(base_url, scenario, percentiles, tokenizer, dict(headers or {}), model=model)
+    return await _measure(run, metrics_url, progress, redacted(secrets_of(run.headers)))
 
 
-def _header(base_url: str, scenario: Scenario, model: str) -> dict[str, Any]:
+def _header(base_url: str, scenario: Scenario, model: str, tokenizer: Tokenizer | None = None,
+            headers: Mapping[str, str] | None = None) -> dict[str, Any]:
     rate = scenario.request_rate
-    return {
+    header: dict[str, Any] = {
         "ok": True,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "backend": backend_name(scenario.endpoint),
         "url": base_url,
         "model_id": model,
+        "tokenizer_id": tokenizer_id(tokenizer),
         "endpoint": scenario.endpoint,
         "num_prompts": scenario.num_requests,
         "max_concurrency": scenario.max_concurrency,
@@ -176,10 +352,14 @@ def _header(base_url: str, scenario: Scenario, model: str) -> dict[str, Any]:
         "request_rate": "inf" if math.isinf(rate) else rate,
         "burstiness": "inf" if math.isinf(scenario.burstiness) else scenario.burstiness,
         "dataset": scenario.dataset.model_dump(mode="json"),
+        "environment": environment_info(),
     }
+    if headers:
+        header["request_headers"] = sorted(headers)  # names only: values may be credentials
+    return header
 
 
-async def _run_guarded(coro_factory: Callable[[], Any], alive_check: AliveCheck | None) -> dict[str, Any]:
+async def _run_guarded(run: _Run, coro_factory: Callable[[], Any], alive_check: AliveCheck | None) -> dict[str, Any]:
     if alive_check is None:
         return await coro_factory()
     main = asyncio.create_task(coro_factory())
@@ -191,14 +371,16 @@ async def _run_guarded(coro_factory: Callable[[], Any], alive_check: AliveCheck 
     try:
         result: dict[str, Any] = await main
     except (asyncio.CancelledError, InfraAgentError):
-        died = _death(alive_check, grace_s=_DEATH_GRACE_S)
+        died = _dead(alive_check, grace_s=_DEATH_GRACE_S)
         if died is None:
             raise
-        return died
+        return _died(died, run.result() if run.window_start is not None else None)
     # Requests to a dead server fail fast, so the window can end before the watchdog's
     # next poll: ask once more before trusting the numbers (with the grace when some
     # requests failed, the sign of a server going away).
-    return _death(alive_check, grace_s=_DEATH_GRACE_S if result.get("failed") else 0.0) or result
+    suspicious = result.get("failed") or result.get("server_metrics_error")
+    died = _dead(alive_check, grace_s=_DEATH_GRACE_S if suspicious else 0.0)
+    return _died(died, result) if died is not None else result
 
 
 # A crashing process closes its sockets before the kernel lets its parent reap it, so a
@@ -208,16 +390,41 @@ async def _run_guarded(coro_factory: Callable[[], Any], alive_check: AliveCheck 
 _DEATH_GRACE_S = 2.0
 
 
-def _death(alive_check: AliveCheck, grace_s: float = 0.0) -> dict[str, Any] | None:
+def _dead(alive_check: AliveCheck, grace_s: float = 0.0) -> ServerStartError | None:
+    """The error ``alive_check`` raises once the server is gone, waiting up to ``grace_s``."""
     deadline = time.monotonic() + grace_s
     while True:
         try:
             alive_check()
         except ServerStartError as err:
-            return failed_result(f"server died during the run: {err.args[0] if err.args else err}", err.log_tail, err.log_path)
+            return err
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.02)
+
+
+def _died(err: ServerStartError, measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A failed result for a server that died, keeping what the window measured."""
+    # The error's text repeats the log path and tail; those have their own keys.
+    reason = str(err).split("\n", 1)[0]
+    failed = failed_result(f"server died during the run: {reason}", err.log_tail, err.log_path)
+    if measured is None:
+        return failed
+    return {**measured, **failed}
+
+
+def check_failed_fraction(result: dict[str, Any], max_failed_fraction: float | None) -> dict[str, Any]:
+    """Mark a run failed (``ok: false`` with the reason) when too many of its requests failed."""
+    if max_failed_fraction is None or "failed" not in result:
+        return result
+    result["max_failed_fraction"] = max_failed_fraction
+    failed, total = int(result["failed"]), int(result["failed"]) + int(result.get("completed", 0))
+    if result.get("ok", True) and total and failed / total > max_failed_fraction:
+        first = next((e for e in result.get("errors", []) if e), "")
+        result["ok"] = False
+        result["error"] = (f"{failed} of {total} requests failed ({failed / total:.1%}), more than the "
+                           f"{max_failed_fraction:g} allowed (--max-failed-fraction); first error: {first}")
+    return result
 
 
 def run_benchmark(
@@ -231,22 +438,34 @@ def run_benchmark(
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     tokenizer: Tokenizer | None = None,
     output: str | Path | None = None,
+    headers: Mapping[str, str] | None = None,
+    requests_path: str | Path | None = None,
+    max_failed_fraction: float | None = None,
 ) -> dict[str, Any]:
     """One measured window against an OpenAI-compatible ``base_url`` (no ``/v1``).
 
     Raises ``TargetError`` when the server cannot be reached or does not speak the
     protocol; returns ``{"ok": False, ...}`` when ``alive_check`` reports that the server
-    died mid-run.  Writes the result JSON to ``output`` when given.
+    died mid-run, or when more than ``max_failed_fraction`` of the requests failed
+    (None: no limit).  ``headers`` go with every request (values never reach the
+    result).  Each finished request is appended to ``requests_path`` (by default
+    ``<output>.requests.jsonl`` when ``output`` is given).  Writes the result JSON to
+    ``output`` when given.
     """
-    result = asyncio.run(
-        _run_guarded(
-            lambda: run_benchmark_async(
-                base_url, scenario, model=model, metrics_url=metrics_url, progress=progress,
-                percentiles=percentiles, tokenizer=tokenizer,
-            ),
-            alive_check,
-        )
-    )
+    hdrs = dict(headers or {})
+    redact = redacted(secrets_of(hdrs))
+    if requests_path is None and output is not None:
+        requests_path = requests_path_for(output)
+    run = _Run(base_url, scenario, percentiles, tokenizer, hdrs, model=model)
+    run.log = RequestLog(requests_path, redact) if requests_path is not None else None
+    try:
+        result = asyncio.run(_run_guarded(run, lambda: _measure(run, metrics_url, progress, redact), alive_check))
+    finally:
+        if run.log is not None:
+            run.log.close()
+    if requests_path is not None:
+        result["requests_file"] = str(requests_path)
+    result = redact(check_failed_fraction(result, max_failed_fraction))
     if output is not None:
         write_result(result, output)
     return result
@@ -261,23 +480,31 @@ def run_on_target(
     progress: bool = True,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     tokenizer: Tokenizer | None = None,
+    requests_path: str | Path | None = None,
+    max_failed_fraction: float | None = None,
 ) -> dict[str, Any]:
     """One window against a running target (``infra_agent.target.base.RunningTarget``).
 
     A launched server that dies (before or inside the window) gives a failed result
     carrying its log tail instead of an exception, so a caller running several
-    windows keeps the ones that finished.
+    windows keeps the ones that finished.  The target's ``request_headers`` (auth),
+    when it has them, go with every request.
     """
+    headers = getattr(target, "request_headers", None) or {}
     try:
         result = run_benchmark(
             target.url, scenario, model=target.model, metrics_url=target.metrics_url, alive_check=target.check_alive,
-            progress=progress, percentiles=percentiles, tokenizer=tokenizer,
+            progress=progress, percentiles=percentiles, tokenizer=tokenizer, headers=headers,
+            requests_path=requests_path, max_failed_fraction=max_failed_fraction,
         )
     except TargetError:
-        died = _death(target.check_alive, grace_s=_DEATH_GRACE_S)
+        died = _dead(target.check_alive, grace_s=_DEATH_GRACE_S)
         if died is None:
             raise
-        result = died
+        result = _died(died)
+    api_key_env = getattr(getattr(target, "spec", None), "api_key_env", None)
+    if api_key_env:
+        result["api_key_env"] = api_key_env  # the variable's name, never its value
     result["scenario"] = scenario_name
     result["knobs"] = dict(knobs or {})
     return result
@@ -293,19 +520,33 @@ def run_workspace_scenario(
     progress: bool = True,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     output: str | Path | None = None,
+    requests_path: str | Path | None = None,
+    max_failed_fraction: float | None = None,
+    owner_token: str | None = None,
 ) -> dict[str, Any]:
     """Start the workspace's target with the knobs, run one scenario, stop the target.
 
-    ``scenario`` replaces the named one (the CLI uses it for --num-requests etc.).
+    ``scenario`` replaces the named one (the CLI uses it for --num-requests etc.).  The
+    result records the workspace and its git commit (``workspace``).
     """
     name = scenario_name or only_scenario(workspace)
     sc = scenario or workspace.scenario(name)
     knobs = workspace.resolve_knobs(knob_overrides)
-    with open_target(workspace, knobs, Path(log_dir) if log_dir else default_log_dir(workspace)) as target:
-        result = run_on_target(target, sc, scenario_name=name, knobs=knobs, progress=progress, percentiles=percentiles)
+    if requests_path is None and output is not None:
+        requests_path = requests_path_for(output)
+    logs = Path(log_dir) if log_dir else default_log_dir(workspace)
+    with open_target(workspace, knobs, logs, owner_token=owner_token) as target:
+        result = run_on_target(target, sc, scenario_name=name, knobs=knobs, progress=progress, percentiles=percentiles,
+                               requests_path=requests_path, max_failed_fraction=max_failed_fraction)
+    result["workspace"] = workspace_record(workspace)
     if output is not None:
         write_result(result, output)
     return result
+
+
+def workspace_record(workspace: Workspace) -> dict[str, Any]:
+    """Which workspace a result came from: name, path, and its git commit (or None)."""
+    return {"name": workspace.name, "path": str(workspace.root), "git": git_info(workspace.root)}
 
 
 def only_scenario(workspace: Workspace) -> str:

@@ -3,11 +3,18 @@
 URL mode takes the workload from flags.  WORKSPACE mode takes it from a scenario of
 ``infra-agent.yaml`` (flags given on the command line override it) and starts the
 target server itself, with ``--set knob=value`` on top of the knob defaults.
+
+Exit status: 0 for a good run; 1 when the run failed (the server died, its metrics
+stopped answering, or more requests failed than ``--max-failed-fraction`` allows), with
+the result still written; 2 on a user error.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +24,36 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from infra_agent.bench.results import write_result
+from infra_agent.bench.results import (
+    failed_result,
+    requests_path_for,
+    result_filename,
+    unique_path,
+    write_result,
+)
 from infra_agent.bench.runner import (
+    backend_name,
     only_scenario,
     run_benchmark,
     run_workspace_scenario,
+    workspace_record,
 )
 from infra_agent.cli.output import emit, user_errors
-from infra_agent.errors import ConfigError
+from infra_agent.errors import ConfigError, InfraAgentError, ServerStartError
+from infra_agent.target.auth import parse_header, request_headers
 from infra_agent.workspace import load_workspace
 from infra_agent.workspace.models import Scenario
 
-_URL = re.compile(r"^https?://")
+_URL = re.compile(r"^https?://", re.IGNORECASE)
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def check_target_text(target: str) -> None:
+    """A URL with another scheme than http(s) is an error, not a workspace path."""
+    m = _SCHEME.match(target)
+    if m and not _URL.match(target):
+        raise ConfigError(None, "TARGET", f"an http:// or https:// base URL, or a workspace folder (the scheme "
+                          f"'{m.group(1)}://' is not supported)", target)
 
 
 def parse_sets(pairs: list[str]) -> dict[str, str]:
@@ -75,11 +100,22 @@ def _url_dataset(kind: str, input_len: int, output_len: int, range_ratio: float,
 
 
 def render_result(result: dict[str, Any], console: Console, output: Path | None = None) -> None:
+    if "completed" in result:
+        _render_table(result, console)
     if not result.get("ok", True):
-        console.print(f"[bold red]run failed:[/] {result.get('error')}")
+        console.print(Text.assemble(("run failed: ", "bold red"), str(result.get("error"))))
+        if result.get("log_path"):
+            console.print(f"log: {result['log_path']}", markup=False, highlight=False)
         if result.get("log_tail"):
-            console.print(result["log_tail"], markup=False, highlight=False)
-        return
+            console.print("--- log tail ---", markup=False, highlight=False)
+            console.print(result["log_tail"].rstrip(), markup=False, highlight=False)
+    if output is not None:
+        console.print(f"result written to {output}", markup=False, highlight=False)
+    if result.get("requests_file"):
+        console.print(f"per-request records in {result['requests_file']}", markup=False, highlight=False)
+
+
+def _render_table(result: dict[str, Any], console: Console) -> None:
     table = Table(title=f"serving benchmark: {result.get('url')} ({result.get('endpoint')})", show_header=True)
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -105,9 +141,18 @@ def render_result(result: dict[str, Any], console: Console, output: Path | None 
     console.print(table)
     errors = [e for e in result.get("errors", []) if e]
     if errors:
-        console.print(f"[yellow]{len(errors)} failed request(s); first: {errors[0]}[/]")
-    if output is not None:
-        console.print(f"result written to {output}")
+        console.print(Text(f"{len(errors)} failed request(s); first: {errors[0]}", style="yellow"))
+    if result.get("server_metrics_error"):
+        console.print(Text(f"server metrics: {result['server_metrics_error']}", style="yellow"))
+
+
+def _result_path(output: Path | None, result_dir: Path | None, sc: Scenario | None, model: str | None) -> Path | None:
+    """-o FILE as given, or under --result-dir a vLLM-style name from the run."""
+    if result_dir is None:
+        return output
+    backend = backend_name(sc.endpoint) if sc is not None else "openai"
+    rate = sc.request_rate if sc is not None else math.inf
+    return unique_path(result_dir / result_filename(backend, rate, sc.max_concurrency if sc is not None else None, model))
 
 
 def register(app: typer.Typer) -> None:
@@ -137,13 +182,25 @@ def register(app: typer.Typer) -> None:
         slo_tpot_ms: float | None = typer.Option(None, "--slo-tpot-ms"),
         slo_e2el_ms: float | None = typer.Option(None, "--slo-e2el-ms"),
         percentiles: str = typer.Option("99", "--percentiles", help="Comma-separated, e.g. 50,90,95,99."),
-        output: Path | None = typer.Option(None, "--output", "-o", help="Write the result JSON here."),
+        output: Path | None = typer.Option(None, "--output", "-o", help="Write the result JSON here (and FILE.requests.jsonl)."),
+        result_dir: Path | None = typer.Option(None, "--result-dir",
+                                               help="Write the result here, named {backend}-{rate}qps-{model}-{timestamp}.json."),
+        max_failed_fraction: float = typer.Option(0.0, "--max-failed-fraction",
+                                                  help="Fail the run (exit 1) when more of its requests fail than this (0 to 1)."),
+        api_key_env: str | None = typer.Option(None, "--api-key-env",
+                                               help="URL mode: NAME of the environment variable holding the API key (sent as a bearer token)."),
+        header: list[str] = typer.Option([], "--header", help="URL mode: an extra request header 'Name: value'; repeatable."),
         no_progress: bool = typer.Option(False, "--no-progress"),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     ) -> None:
         """Run one serving benchmark and print vLLM-style metrics (+ server phases)."""
         with user_errors(as_json):
+            check_target_text(target)
             pcts = parse_percentiles(percentiles)
+            if not 0.0 <= max_failed_fraction <= 1.0:
+                raise ConfigError(None, "--max-failed-fraction", "a fraction in [0, 1]", max_failed_fraction)
+            if output is not None and result_dir is not None:
+                raise ConfigError(None, "--output, --result-dir", "one of them (a file, or a folder to name the file in)", "both")
             load = {k: v for k, v in (("num_requests", num_requests), ("max_concurrency", max_concurrency),
                                        ("request_rate", request_rate), ("burstiness", burstiness),
                                        ("endpoint", endpoint), ("warmup_requests", warmup),
@@ -151,29 +208,62 @@ def register(app: typer.Typer) -> None:
             slo = {k: v for k, v in (("ttft_ms", slo_ttft_ms), ("tpot_ms", slo_tpot_ms), ("e2el_ms", slo_e2el_ms)) if v is not None}
             url_only = {"--dataset": dataset, "--input-len": input_len, "--output-len": output_len,
                         "--range-ratio": range_ratio, "--dataset-path": dataset_path, "--prefix-len": prefix_len,
-                        "--num-prefixes": num_prefixes, "--seed": seed, "--model": model, "--metrics-url": metrics_url}
-            if _URL.match(target):
-                ds = _url_dataset(dataset or "random", input_len or 128, output_len or 64, range_ratio or 0.0,
-                                  dataset_path, prefix_len or 256, num_prefixes or 1, seed or 0)
-                sc = _scenario({"dataset": ds, "num_requests": load.pop("num_requests", 100), "endpoint": "completions",
-                                "warmup_requests": 1, "temperature": 0.0, **load, "slo": slo or None})
-                result = run_benchmark(target.rstrip("/"), sc, model=model, metrics_url=metrics_url, progress=not no_progress,
-                                       percentiles=pcts)
-            else:
-                given = sorted(flag for flag, v in url_only.items() if v is not None)
-                if given:
-                    # The workspace scenario and target own these; silently ignoring them
-                    # would benchmark something other than what the user asked for.
-                    raise ConfigError(target, ", ".join(given), "no dataset/model/metrics flags in workspace mode "
-                                      "(edit the scenario or target in infra-agent.yaml)", "given")
-                ws = load_workspace(target)
-                name = scenario or only_scenario(ws)
-                base = ws.scenario(name)
-                merged = {**base.model_dump(), **load, **({"slo": slo} if slo else {})}
-                sc = _scenario(merged) if (load or slo) else base
-                result = run_workspace_scenario(ws, name, parse_sets(set_), scenario=sc, progress=not no_progress, percentiles=pcts)
-            if output is not None:
-                write_result(result, output)
-            emit(result, as_json, lambda console: render_result(result, console, output))
+                        "--num-prefixes": num_prefixes, "--seed": seed, "--model": model, "--metrics-url": metrics_url,
+                        "--api-key-env": api_key_env, "--header": header or None}
+            # Known before the run, so a killed run leaves its per-request records; under
+            # --result-dir they get a provisional name until the model is known.
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            requests_path = (requests_path_for(output) if output is not None else
+                             result_dir / f"bench-{stamp}-{os.getpid()}.requests.jsonl" if result_dir is not None else None)
+            sc: Scenario | None = None
+            run_model = model
+            extra: dict[str, Any] = {}
+            try:
+                if _URL.match(target):
+                    ds = _url_dataset(dataset or "random", input_len or 128, output_len or 64, range_ratio or 0.0,
+                                      dataset_path, prefix_len or 256, num_prefixes or 1, seed or 0)
+                    sc = _scenario({"dataset": ds, "num_requests": load.pop("num_requests", 100), "endpoint": "completions",
+                                    "warmup_requests": 1, "temperature": 0.0, **load, "slo": slo or None})
+                    headers = dict(parse_header(h) for h in header)
+                    headers = request_headers(api_key_env, headers, field="--api-key-env")
+                    if api_key_env:
+                        extra["api_key_env"] = api_key_env  # the name only
+                    result = run_benchmark(target.rstrip("/"), sc, model=model, metrics_url=metrics_url, progress=not no_progress,
+                                           percentiles=pcts, headers=headers, requests_path=requests_path,
+                                           max_failed_fraction=max_failed_fraction)
+                else:
+                    given = sorted(flag for flag, v in url_only.items() if v is not None)
+                    if given:
+                        # The workspace scenario and target own these; silently ignoring them
+                        # would benchmark something other than what the user asked for.
+                        raise ConfigError(target, ", ".join(given), "no dataset/model/metrics/auth flags in workspace mode "
+                                          "(edit the scenario or target in infra-agent.yaml)", "given")
+                    ws = load_workspace(target)
+                    name = scenario or only_scenario(ws)
+                    base = ws.scenario(name)
+                    merged = {**base.model_dump(), **load, **({"slo": slo} if slo else {})}
+                    sc = _scenario(merged) if (load or slo) else base
+                    run_model = ws.target.model
+                    extra["workspace"] = workspace_record(ws)
+                    result = run_workspace_scenario(ws, name, parse_sets(set_), scenario=sc, progress=not no_progress,
+                                                    percentiles=pcts, requests_path=requests_path,
+                                                    max_failed_fraction=max_failed_fraction)
+            except InfraAgentError as exc:
+                # No run: still leave a result saying why, where one was asked for.
+                path = _result_path(output, result_dir, sc, run_model)
+                if path is not None and sc is not None:
+                    tail = exc.log_tail if isinstance(exc, ServerStartError) else ""
+                    log = exc.log_path if isinstance(exc, ServerStartError) else None
+                    write_result({**failed_result(str(exc).split("\n", 1)[0], tail, log), **extra}, path)
+                raise
+            result = {**extra, **result}
+            path = _result_path(output, result_dir, sc, result.get("model_id") or run_model)
+            if result_dir is not None and path is not None and requests_path is not None and requests_path.exists():
+                final = requests_path_for(path)
+                os.replace(requests_path, final)
+                result["requests_file"] = str(final)
+            if path is not None:
+                write_result(result, path)
+            emit(result, as_json, lambda console: render_result(result, console, path))
             if not result.get("ok", True):
                 raise typer.Exit(code=1)

@@ -5,6 +5,11 @@ refuses an entry (speed is never reported for those) or an entry raises while ti
 2 on a user error (broken spec, unknown ``--precision``/``--variant``); 3 when nothing
 was checked at all (every case skipped: ``--device cuda`` without a GPU, a GPU-only
 spec on the CPU), so a run that judged nothing is never mistaken for a pass.
+
+Checks run in a worker process with ``--timeout-s`` per kernel call: a kernel that
+hangs or crashes its process is a failed row (``TIMEOUT`` / ``CRASHED``), and the other
+calls still run.  Progress goes to stderr: a live bar on a terminal, a plain line
+every few seconds otherwise (CI, log files).
 """
 
 from __future__ import annotations
@@ -18,10 +23,25 @@ from rich.table import Table
 from infra_agent.cli.output import emit, err_console, user_errors
 
 NOTHING_CHECKED_EXIT = 3
+TIMEOUT_HELP = (
+    "Seconds each kernel call may take in the check worker before it is killed and recorded as a timeout "
+    "(default: the spec's timeout_s, else 60); 0 runs the calls in this process without a timeout."
+)
 
 
 def _fmt(x: float | None, spec: str = ".3g") -> str:
     return "-" if x is None else format(x, spec)
+
+
+def _ulp_note(report: Any) -> str | None:
+    if not any(r.stats is not None for r in report.rows()):
+        return None
+    from infra_agent.kernels.spec import DEFAULT_ULP_FLOOR
+
+    return (
+        f"  ULP: max over elements with |ref| >= ulp_floor x RMS of the reference (default {DEFAULT_ULP_FLOOR:g}); "
+        "near zero a tiny ULP turns any absolute error into millions of ULP (max_ulp_all in the JSON counts every element)"
+    )
 
 
 def _render_check(console: Console, report: Any, show_skipped: bool = True) -> None:
@@ -34,7 +54,7 @@ def _render_check(console: Console, report: Any, show_skipped: bool = True) -> N
         table.add_column(col, overflow="fold")
     for r in report.rows():
         s = r.stats
-        verdict = "[green]pass[/]" if r.status == "passed" else "[bold red]FAIL[/]"
+        verdict = "[green]pass[/]" if r.status == "passed" else "[bold red]" + {"timeout": "TIMEOUT", "crashed": "CRASHED"}.get(r.fault or "", "FAIL") + "[/]"
         cond = f"{r.shape} {r.dtype} seed={r.seed}"
         table.add_row(
             r.variant, r.against, r.precision, r.output,
@@ -44,9 +64,15 @@ def _render_check(console: Console, report: Any, show_skipped: bool = True) -> N
         )
     if report.rows():  # an all-skipped report has no table, only its reasons
         console.print(table)
+        note = _ulp_note(report)
+        if note:
+            console.print(note, highlight=False, style="dim")
     for r in report.rows():
-        if r.status == "failed" and r.stats is not None and r.stats.reason:
-            console.print(f"  [red]FAIL[/] {r.condition.label() if r.condition else ''}: {r.message}", highlight=False)
+        if r.status == "failed" and (r.fault in ("timeout", "crashed") or (r.stats is not None and r.stats.reason)):
+            label = {"timeout": "TIMEOUT", "crashed": "CRASHED"}.get(r.fault or "", "FAIL")
+            console.print(f"  [red]{label}[/] {r.condition.label() if r.condition else ''}: {r.message}", highlight=False)
+    for msg in report.notes:
+        console.print(f"  [yellow]note[/] {msg}", highlight=False)
     for msg in report.skipped if show_skipped else ():
         console.print(f"  [yellow]skipped[/] {msg}", highlight=False)
 
@@ -94,14 +120,13 @@ def _render_bench(console: Console, report: Any) -> None:
 def _run(mode: str, spec_path: str, spec_name: str | None, config: dict[str, Any], as_json: bool) -> None:
     from infra_agent.kernels.loader import load_specs, select
     from infra_agent.kernels.probe import run_lab
+    from infra_agent.kernels.progress import LabProgress
 
     with user_errors(as_json):
         specs = select(load_specs(spec_path), spec_name)
-        if as_json:
-            fb, reports = run_lab(specs, mode, config)
-        else:
-            with err_console.status(f"kernel {mode}: {', '.join(s.name for s in specs)}"):
-                fb, reports = run_lab(specs, mode, config)
+        # stderr: a live bar on a terminal, plain periodic lines in CI and log files.
+        with LabProgress(mode, console=err_console) as progress:
+            fb, reports = run_lab(specs, mode, config, progress=progress)
     checked = int(fb.meta["checked"])
     result = {
         "ok": fb.ok, "mode": mode, "checked": checked, "skipped": fb.meta["skipped"],
@@ -135,10 +160,11 @@ def register(app: typer.Typer) -> None:
         device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)."),
         precision: Optional[list[str]] = typer.Option(None, "--precision", help="Only these precision modes (repeatable)."),
         variant: Optional[list[str]] = typer.Option(None, "--variant", help="Only these partition variants (repeatable)."),
+        timeout_s: Optional[float] = typer.Option(None, "--timeout-s", min=0, help=TIMEOUT_HELP),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Candidate vs reference and every partition variant vs the unpartitioned kernel."""
-        config = {"seeds": seeds, "device": device, "precisions": precision or None, "variants": variant or None}
+        config = {"seeds": seeds, "device": device, "precisions": precision or None, "variants": variant or None, "timeout_s": timeout_s}
         _run("check", spec, spec_name, config, as_json)
 
     @kernel.command("bench")
@@ -152,11 +178,12 @@ def register(app: typer.Typer) -> None:
         budget_s: float = typer.Option(0.3, "--budget-s", help="CPU timing budget per entry, seconds."),
         copy_mib: Optional[int] = typer.Option(None, "--copy-mib", help="Size of the bandwidth-ceiling copy (default 256 CPU / 1024 GPU)."),
         matmul_n: Optional[int] = typer.Option(None, "--matmul-n", help="n of the n^3 compute-ceiling matmul (default 1024 CPU / 8192 GPU)."),
+        timeout_s: Optional[float] = typer.Option(None, "--timeout-s", min=0, help=TIMEOUT_HELP),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Check first, then time every passing (variant, precision) against ceilings measured now."""
         config = {
-            "seeds": seeds, "device": device, "precisions": precision or None, "variants": variant or None,
+            "seeds": seeds, "device": device, "precisions": precision or None, "variants": variant or None, "timeout_s": timeout_s,
             "budget_s": budget_s, "copy_bytes": copy_mib * 2**20 if copy_mib else None, "matmul_n": matmul_n,
         }
         _run("bench", spec, spec_name, config, as_json)

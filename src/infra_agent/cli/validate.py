@@ -1,9 +1,18 @@
-"""``infra-agent validate [WORKSPACE]``: load a workspace and show what it declares."""
+"""``infra-agent validate [WORKSPACE]``: load a workspace and show what it declares.
+
+Secrets never reach the output: the value of a ``target.env`` (or ``target.headers``)
+entry whose name looks secret (``HF_TOKEN``, ``*_KEY``, ``*PASSWORD*``:
+``infra_agent.safety.secret_name``) is shown as ``***``, in the human summary and in
+``--json``, and so is any place where such a value, or a secret of the environment
+infra-agent runs in, recurs (a command line that repeats the token).
+
+The workspace models (pydantic) are imported inside the command: see ``infra_agent.cli.main``.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -11,22 +20,51 @@ from rich.markup import escape
 from rich.table import Table
 
 from infra_agent.cli.output import emit, user_errors
-from infra_agent.workspace import (
-    Criterion,
-    EndpointTargetSpec,
-    JsonlDataset,
-    RandomDataset,
-    Scenario,
-    SharedPrefixDataset,
-    Workspace,
-    load_workspace,
-    parse_assignments,
-    render_value,
-)
+
+if TYPE_CHECKING:
+    from infra_agent.workspace import Criterion, Scenario, Workspace
 
 
 def register(app: typer.Typer) -> None:
     app.command("validate")(validate)
+
+
+# Target fields that map names to values: a value under a secret-looking name is masked.
+_NAMED_VALUES = ("env", "headers")
+
+
+def _secrets(ws: Workspace) -> list[str]:
+    """The values to mask: the target's secret-named env (and header) values, and the process's."""
+    from infra_agent.safety import secret_name, secret_values
+
+    named = [v for f in _NAMED_VALUES for k, v in (getattr(ws.target, f, None) or {}).items() if secret_name(k)]
+    return secret_values(extra=named)
+
+
+def masked(value: Any, secrets: list[str]) -> Any:
+    """``value`` with every recurrence of a secret value replaced by ``***``."""
+    from infra_agent.safety import MASK
+
+    if isinstance(value, str):
+        for s in secrets:  # longest first (secret_values sorts them)
+            value = value.replace(s, MASK)
+        return value
+    if isinstance(value, dict):
+        return {k: masked(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v, secrets) for v in value]
+    return value
+
+
+def _masked_workspace(data: dict[str, Any], secrets: list[str]) -> dict[str, Any]:
+    from infra_agent.safety import scrub
+
+    target = dict(data.get("target") or {})
+    for f in _NAMED_VALUES:
+        if isinstance(target.get(f), dict):
+            # scrub masks the values under secret-looking names, whatever they are
+            target[f] = scrub(target[f], secrets)
+    return masked({**data, "target": target}, secrets)
 
 
 def validate(
@@ -36,32 +74,48 @@ def validate(
 ) -> None:
     """Check infra-agent.yaml: target, knobs, scenarios, criteria. Exit 2 on any problem."""
     with user_errors(as_json):
+        from infra_agent.workspace import load_workspace, parse_assignments
+
         ws = load_workspace(workspace)
         values = ws.resolve_knobs(parse_assignments(set_))
+    secrets = _secrets(ws)
     # model_dump_json writes request_rate=inf as "Infinity" (valid JSON); a plain
     # json.dumps of model_dump() would write a bare Infinity token.
     result: dict[str, Any] = {
         "source": str(ws.source),
-        "workspace": json.loads(ws.model_dump_json()),
-        "knob_values": values,
+        "workspace": _masked_workspace(json.loads(ws.model_dump_json()), secrets),
+        "knob_values": masked(values, secrets),
     }
-    emit(result, as_json, lambda console: _render(console, ws, values))
+    emit(result, as_json, lambda console: _render(console, ws, values, secrets))
 
 
-def _render(console: Console, ws: Workspace, values: dict[str, Any]) -> None:
-    # User text goes through escape(): a `[x]` in a command or help line is not markup.
+def _render(console: Console, ws: Workspace, values: dict[str, Any], secrets: list[str] | None = None) -> None:
+    from infra_agent.safety import MASK, secret_name
+    from infra_agent.workspace import EndpointTargetSpec, render_value
+
+    secrets = secrets or []
+
+    def show(text: str) -> str:
+        # User text goes through escape(): a `[x]` in a command or help line is not markup.
+        return escape(masked(text, secrets))
+
     console.print(f"[bold]workspace[/] {escape(str(ws.source))}" + (f"  ({escape(ws.name)})" if ws.name else ""))
     target = ws.target
     if isinstance(target, EndpointTargetSpec):
-        console.print(f"[bold]target[/] endpoint {escape(target.url)}  metrics={escape(target.metrics_url or '-')}  model={escape(target.model or '-')}")
+        console.print(f"[bold]target[/] endpoint {show(target.url)}  metrics={show(target.metrics_url or '-')}  model={show(target.model or '-')}")
     else:
         command = target.command if isinstance(target.command, str) else " ".join(target.command)
-        console.print(f"[bold]target[/] server: {escape(command)}", highlight=False)
+        console.print(f"[bold]target[/] server: {show(command)}", highlight=False)
         console.print(
-            f"  ready={escape(target.ready_url)}  metrics={escape(target.metrics_url or '-')}"
-            f"  timeout={target.ready_timeout_s:g}s  model={escape(target.model or '-')}",
+            f"  ready={show(target.ready_url)}  metrics={show(target.metrics_url or '-')}"
+            f"  timeout={target.ready_timeout_s:g}s  model={show(target.model or '-')}",
             highlight=False,
         )
+    for f in _NAMED_VALUES:
+        named = getattr(target, f, None) or {}
+        if named:
+            shown = "  ".join(f"{k}={MASK if secret_name(k) else masked(v, secrets)}" for k, v in named.items())
+            console.print(f"  {f}: {escape(shown)}", highlight=False)
 
     knobs = Table(title="knobs", title_justify="left")
     for col in ("knob", "domain", "default", "value", "components", "help"):
@@ -69,7 +123,7 @@ def _render(console: Console, ws: Workspace, values: dict[str, Any]) -> None:
     for name, knob in ws.knobs.items():
         default = "-" if knob.default is None else render_value(knob.default)
         value = "-" if name not in values else render_value(values[name])
-        knobs.add_row(*(escape(c) for c in (name, knob.domain(), default, value, ", ".join(knob.components), knob.help)))
+        knobs.add_row(*(show(c) for c in (name, knob.domain(), default, value, ", ".join(knob.components), knob.help)))
     console.print(knobs)
 
     scenarios = Table(title="scenarios", title_justify="left")
@@ -90,6 +144,8 @@ def _render(console: Console, ws: Workspace, values: dict[str, Any]) -> None:
 
 
 def _dataset(sc: Scenario) -> str:
+    from infra_agent.workspace import JsonlDataset, RandomDataset, SharedPrefixDataset
+
     ds = sc.dataset
     if isinstance(ds, RandomDataset):
         spread = f" ±{ds.range_ratio:.0%}" if ds.range_ratio else ""

@@ -146,3 +146,36 @@ def bootstrap_ratio(
         n_candidate=int(c.size), n_baseline=int(b.size), paired=paired, n_boot=n_boot,
         process_noise=process_noise, restarts=restarts,
     )
+
+
+@dataclass(frozen=True)
+class StatCI:
+    """A bootstrap interval of one statistic of one sample (same method as ``bootstrap_ratio``)."""
+
+    value: float
+    low: float
+    high: float
+    confidence: float
+    stat: str
+    n: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.confidence:.0%} bootstrap CI of the {self.stat}"
+
+
+def bootstrap_ci(samples: Sequence[float], *, stat: str = "median", confidence: float = 0.95, n_boot: int = 1000,
+                 seed: int = 0) -> StatCI:
+    """Expanded-percentile bootstrap interval of ``stat(samples)``; with one sample it is that sample."""
+    x = np.asarray(samples, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("need at least one sample")
+    fn = stat_function(stat)
+    value = float(fn(x[None, :])[0])
+    if x.size == 1:
+        return StatCI(value, value, value, confidence, stat, 1)
+    rng = np.random.default_rng(seed)
+    boots = _boot_stats(rng, x, lambda k: rng.integers(0, x.size, size=(k, x.size)), fn, n_boot)
+    alpha = expanded_alpha(int(x.size), confidence)
+    low, high = np.quantile(boots, [alpha / 2, 1 - alpha / 2])
+    return StatCI(value, float(low), float(high), confidence, stat, int(x.size))

@@ -6,12 +6,18 @@ kernel cannot pass by memorising one input.  A kernel that raises, returns NaN/I
 the wrong shape or dtype gives a FAILED result carrying the input condition; the lab
 itself does not crash.  A broken *spec* (its input factory or reference throws) is a
 ``KernelSpecError`` instead, because then there is nothing to judge the kernel by.
+
+With ``timeout_s``, the checks of a spec run in a worker process
+(:mod:`infra_agent.kernels.worker`) and every call gets that many seconds: a kernel
+that hangs or kills its process is a failed result (``fault`` "timeout" or
+"crashed") for its variant, precision and input, the worker is replaced, and the
+remaining calls still run.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -20,6 +26,7 @@ import torch
 from infra_agent.kernels.loader import require_declared, spec_error
 from infra_agent.kernels.numerics import Condition, ErrorStats, compare
 from infra_agent.kernels.spec import (
+    DEFAULT_TIMEOUT_S,
     KERNEL,
     KernelSpec,
     Shape,
@@ -27,8 +34,16 @@ from infra_agent.kernels.spec import (
     Variant,
     shape_label,
 )
+from infra_agent.kernels.worker import CheckWorker, NotIsolatable, WorkerDied, WorkerTimeout
 
 Status = Literal["passed", "failed", "skipped"]
+# Why a call gave no output to judge: it raised, ran past its timeout, or took its
+# worker process down with it.
+Fault = Literal["raised", "timeout", "crashed"]
+# progress(spec name, calls done, calls in all, unit): called as each call finishes.
+ProgressFn = Callable[[str, int, int, str], None]
+# A step of a check: ("inputs", case), ("reference", case), ("call", case, precision, variant).
+StepKey = tuple[Any, ...]
 
 
 @dataclass
@@ -47,6 +62,7 @@ class CheckResult:
     stats: ErrorStats | None = None
     message: str = ""
     condition: Condition | None = None
+    fault: Fault | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -63,6 +79,9 @@ class CheckReport:
     seeds: list[int]
     results: list[CheckResult] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    # Seconds each call had in a worker process; None: the calls ran in this process.
+    timeout_s: float | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -98,6 +117,8 @@ class CheckReport:
             "passed": self.passed,
             "checked": self.checked,
             "skipped": self.skipped,
+            "timeout_s": self.timeout_s,
+            "notes": self.notes,
             "results": [r.to_dict() for r in self.results],
         }
 
@@ -196,7 +217,7 @@ def _judge(
             torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001 - a faulty kernel is a finding, not a crash
         msg = f"raised {type(exc).__name__}: {exc}"
-        return [case.result(variant, against, precision, "*", "failed", message=msg, tolerance=tol.describe())], None
+        return [case.result(variant, against, precision, "*", "failed", message=msg, tolerance=tol.describe(), fault="raised")], None
     if sorted(got) != sorted(truth):
         msg = f"returned outputs {sorted(got)}, expected {sorted(truth)}"
         return [case.result(variant, against, precision, "*", "failed", message=msg, tolerance=tol.describe())], None
@@ -235,11 +256,23 @@ def check_spec(
     device: str | None = None,
     precisions: Sequence[str] | None = None,
     variants: Sequence[str] | None = None,
+    *,
+    timeout_s: float | None = None,
+    worker: CheckWorker | None = None,
+    progress: ProgressFn | None = None,
+    unit: str = "calls",
 ) -> CheckReport:
     """Check ``spec`` on fresh inputs; seeds pinned by the spec or the caller win.
 
     A precision or variant name the spec does not declare raises ``KernelSpecError``:
     a typo must not turn into a run that checks nothing and reports success.
+
+    ``timeout_s`` (seconds per call) runs the calls in a worker process that is killed
+    when a call overruns; ``worker`` reuses one (every spec of a file, both checks of
+    ``bench``), with ``timeout_s`` or ``DEFAULT_TIMEOUT_S``.  Without either, the calls
+    run in this process with no timeout.  A spec that cannot be
+    loaded again in another process (built in code, or with callables replaced after
+    loading) runs here as well, and ``notes`` says so.
     """
     require_declared(spec, precisions, variants)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -265,50 +298,187 @@ def check_spec(
             report.skipped.append(f"variant {v.name} is GPU-only; skipped on {dev}")
     chosen = [v for v in chosen if not (v.gpu_only and not _gpu_ready(dev))]
 
-    for shape in spec.shapes:
-        for dtype in spec.dtypes:
-            for seed in used_seeds:
-                case = _Case(spec, shape, dtype, seed, dev)
-                report.results.extend(_check_case(case, runnable, chosen))
+    cases = [_Case(spec, shape, dtype, seed, dev) for shape in spec.shapes for dtype in spec.dtypes for seed in used_seeds]
+    plan = _Plan(report, cases, runnable, chosen, progress, unit)
+    if worker is not None or timeout_s:
+        try:
+            if worker is not None:
+                return _check_isolated(plan, worker, timeout_s or DEFAULT_TIMEOUT_S)
+            assert timeout_s is not None
+            with CheckWorker(spec) as own:
+                return _check_isolated(plan, own, timeout_s)
+        except NotIsolatable as exc:  # raised before any call ran
+            report.notes.append(f"not isolated ({exc}): the calls ran in the lab's process without a timeout")
+    plan.tick()
+    for ci, case in enumerate(cases):
+        for _key, results in _run_case(case, ci, runnable, chosen):
+            plan.record(results)
     return report
 
 
-def _check_case(case: _Case, precisions: Sequence[str], variants: Sequence[Variant]) -> list[CheckResult]:
+@dataclass
+class _Plan:
+    """The calls of one check, and the count of those done (for progress)."""
+
+    report: CheckReport
+    cases: list[_Case]
+    precisions: list[str]
+    variants: list[Variant]
+    progress: ProgressFn | None
+    unit: str
+    done: int = 0
+
+    @property
+    def total(self) -> int:
+        per_case = [1 + sum(1 for v in self.variants if v.supports(c.shape)) for c in self.cases]
+        return len(self.precisions) * sum(per_case)
+
+    def tick(self) -> None:
+        if self.progress is not None:
+            self.progress(self.report.spec, self.done, self.total, self.unit)
+
+    def record(self, results: list[CheckResult]) -> None:
+        self.report.results.extend(results)
+        self.done += 1
+        self.tick()
+
+
+def _no_begin(key: StepKey, replay: bool) -> None:
+    return None
+
+
+def _run_case(
+    case: _Case,
+    ci: int,
+    precisions: Sequence[str],
+    variants: Sequence[Variant],
+    *,
+    begin: Callable[[StepKey, bool], None] = _no_begin,
+    done: frozenset[StepKey] | set[StepKey] = frozenset(),
+    no_baseline: Mapping[tuple[int, str], str] | None = None,
+) -> Iterator[tuple[StepKey, list[CheckResult]]]:
+    """The calls of one input case, yielding ``(key, results)`` as each finishes.
+
+    ``begin(key, replay)`` is called before each step that runs spec code, so a worker
+    can tell its parent what is running.  ``done`` holds calls already recorded (by a
+    worker that was killed): they are not yielded again, but the unpartitioned kernel
+    is re-run (``replay``) when a variant still needs it as the baseline.
+    ``no_baseline`` maps (case, precision) to why there is no kernel output to compare
+    variants with.
+    """
     spec = case.spec
+    no_baseline = no_baseline or {}
+    shaped = [v for v in variants if v.supports(case.shape)]
+    pending = [("call", ci, p, name) for p in precisions for name in [KERNEL, *(v.name for v in shaped)]]
+    if all(k in done for k in pending):
+        return
+    begin(("inputs", ci), False)
     try:
         inputs = spec.inputs(case.shape, case.dtype, case.seed, case.device)
     except Exception as exc:  # noqa: BLE001
         raise spec_error(spec, "input factory", f"raised {type(exc).__name__}: {exc} [{case.input_label()}]") from exc
+    begin(("reference", ci), False)
     try:
         assert spec.reference is not None
         truth = as_outputs(spec.reference(**_clone(inputs)))
     except Exception as exc:  # noqa: BLE001
         raise spec_error(spec, "reference", f"raised {type(exc).__name__}: {exc} [{case.input_label()}]") from exc
 
-    results: list[CheckResult] = []
     for precision in precisions:
         expected = _expected_dtypes(spec, case.dtype, precision, list(truth))
-        kernel_results, kernel_out = _judge(
-            case, KERNEL, "reference", precision,
-            lambda: spec.kernel(**_clone(inputs), precision=precision),
-            truth, expected, spec.tolerance(precision),
-        )
-        results.extend(kernel_results)
-        for v in variants:
-            if not v.supports(case.shape):
-                continue
+        kkey = ("call", ci, precision, KERNEL)
+        todo = [v for v in shaped if ("call", ci, precision, v.name) not in done]
+
+        def run_kernel(precision: str = precision) -> Any:
+            return spec.kernel(**_clone(inputs), precision=precision)
+
+        kernel_out: dict[str, torch.Tensor] | None = None
+        reason = no_baseline.get((ci, precision))
+        if reason is None and kkey not in done:
+            begin(kkey, False)
+            kernel_results, kernel_out = _judge(case, KERNEL, "reference", precision, run_kernel, truth, expected, spec.tolerance(precision))
+            yield kkey, kernel_results
+        elif reason is None and todo:
+            begin(kkey, True)  # recorded by an earlier worker; needed again as the baseline
+            _, kernel_out = _judge(case, KERNEL, "reference", precision, run_kernel, truth, expected, spec.tolerance(precision))
+        for v in todo:
+            vkey = ("call", ci, precision, v.name)
             tol = spec.partition_tolerance(v, precision)
             if kernel_out is None:
-                msg = "unpartitioned kernel failed on this input; nothing to compare against"
-                results.append(case.result(v.name, KERNEL, precision, "*", "skipped", message=msg, tolerance=tol.describe()))
+                msg = reason or "unpartitioned kernel failed on this input; nothing to compare against"
+                yield vkey, [case.result(v.name, KERNEL, precision, "*", "skipped", message=msg, tolerance=tol.describe())]
                 continue
             # The variant must reproduce the unpartitioned result, in its dtypes.
             kernel_dtypes = {n: t.dtype for n, t in kernel_out.items()}
             fn = v.fn
-            var_results, _ = _judge(
-                case, v.name, KERNEL, precision,
-                lambda: fn(**_clone(inputs), precision=precision),
-                kernel_out, kernel_dtypes, tol,
-            )
-            results.extend(var_results)
-    return results
+
+            def run_variant(fn: Callable[..., Any] = fn, precision: str = precision) -> Any:
+                return fn(**_clone(inputs), precision=precision)
+
+            begin(vkey, False)
+            var_results, _ = _judge(case, v.name, KERNEL, precision, run_variant, kernel_out, kernel_dtypes, tol)
+            yield vkey, var_results
+
+
+def _check_isolated(plan: _Plan, worker: CheckWorker, timeout_s: float) -> CheckReport:
+    """Run the plan in ``worker``, ``timeout_s`` per call; a call that overruns or kills
+    the worker is recorded, and a fresh worker continues with the calls after it."""
+    report = plan.report
+    spec = plan.cases[0].spec if plan.cases else None
+    if spec is None or not plan.precisions:
+        return report
+    job = worker.job_for(spec)  # NotIsolatable before anything ran
+    report.timeout_s = timeout_s
+    done: set[StepKey] = set()
+    no_baseline: dict[tuple[int, str], str] = {}
+    job |= {
+        "variants": [v.name for v in plan.variants],
+        "device": report.device,
+        "cases": [(c.shape, c.dtype, c.seed) for c in plan.cases],
+        "precisions": plan.precisions,
+    }
+    plan.tick()
+    progress_at_spawn = -1
+    while True:
+        current: tuple[StepKey, bool] | None = None
+        try:
+            if not worker.alive:
+                progress_at_spawn = plan.done
+            worker.send({**job, "done": set(done), "no_baseline": dict(no_baseline)})
+            while True:
+                kind, *body = worker.recv(timeout_s)
+                if kind == "begin":
+                    current = (body[0], body[1])
+                elif kind == "results":
+                    done.add(body[0])
+                    current = None
+                    plan.record(body[1])
+                elif kind == "job_done":
+                    return report
+                else:
+                    raise AssertionError(f"unexpected message from the check worker: {kind}")
+        except (WorkerTimeout, WorkerDied) as exc:
+            worker.kill()
+            what = exc.describe()
+            if current is None:
+                if isinstance(exc, WorkerDied) and plan.done > progress_at_spawn:
+                    continue  # it died between calls after finishing some: go on
+                raise spec_error(spec, None, f"the check worker {what} outside any kernel call") from None
+            key, replay = current
+            if key[0] in ("inputs", "reference"):
+                case = plan.cases[key[1]]
+                part = "input factory" if key[0] == "inputs" else "reference"
+                raise spec_error(spec, part, f"{what} [{case.input_label()}]") from None
+            _, ci, precision, name = key
+            if replay:
+                no_baseline[(ci, precision)] = f"the unpartitioned kernel, run again as the baseline, {what}; nothing to compare against"
+                continue
+            case = plan.cases[ci]
+            if name == KERNEL:
+                against, tol = "reference", spec.tolerance(precision)
+                no_baseline[(ci, precision)] = f"the unpartitioned kernel {what} on this input; nothing to compare against"
+            else:
+                against, tol = KERNEL, spec.partition_tolerance(spec.variant(name), precision)
+            fault: Fault = "timeout" if isinstance(exc, WorkerTimeout) else "crashed"
+            done.add(key)
+            plan.record([case.result(name, against, precision, "*", "failed", message=what, tolerance=tol.describe(), fault=fault)])

@@ -13,6 +13,7 @@ from typing import Any
 
 from infra_agent.feedback import Finding, Location, Measurement
 from infra_agent.kernels.correctness import KERNEL, CheckReport, CheckResult
+from infra_agent.vocabulary import FindingKind
 from infra_agent.kernels.microbench import BenchReport
 from infra_agent.kernels.work import OpWork, describe_repeat
 
@@ -43,15 +44,10 @@ def check_feedback_parts(report: CheckReport) -> tuple[list[Measurement], list[F
 def error_measurement(name: str, unit: str, samples: list[float], **tags: str) -> Measurement:
     """An error metric (max abs, max ULP, rel. Frobenius) over seeds x shapes x dtypes.
 
-    These are >= 0, but the summary's 95% t-interval of the mean is symmetric and with
-    two seeds (t = 12.7) it reaches below zero.  We clamp its low end at 0 -- the
-    interval intersected with the metric's domain -- rather than switch to min/max, so
-    ci_low/ci_high mean the same thing here as in every other measurement.
+    Lower is better.  The summary's interval is a bootstrap interval of the median, so
+    it stays within the samples and needs no clamping to the metric's domain (>= 0).
     """
-    m = Measurement.from_samples(name, unit, samples, better="lower", **tags)
-    if m.summary is not None and m.summary.ci_low < 0:
-        m.summary = m.summary.model_copy(update={"ci_low": 0.0})
-    return m
+    return Measurement.from_samples(name, unit, samples, better="lower", **tags)
 
 
 def _worst_failures(report: CheckReport) -> list[CheckResult]:
@@ -60,18 +56,32 @@ def _worst_failures(report: CheckReport) -> list[CheckResult]:
 
 
 def _mismatch_finding(report: CheckReport, r: CheckResult) -> Finding:
-    loc = Location(file=report.origin or None, kernel=report.spec, component=f"variant={r.variant}")
+    loc = Location(file=report.origin or None, kernel=report.spec, variant=r.variant, precision=r.precision)
     cond = r.condition.label() if r.condition else ""
-    ev: dict[str, Any] = {"against": r.against, "precision": r.precision, "tolerance": r.tolerance, "condition": cond, "seeds": report.seeds}
+    ev: dict[str, Any] = {
+        "variant": r.variant, "against": r.against, "precision": r.precision, "shape": r.shape, "dtype": r.dtype,
+        "seed": r.seed, "tolerance": r.tolerance, "condition": cond, "seeds": report.seeds,
+    }
     passing = sorted({x.precision for x in report.results if x.variant == r.variant and x.status == "passed"} - {r.precision})
-    if r.stats is None:
-        kind = "kernel_error" if r.message.startswith("raised") else "wrong_output"
+    if r.fault == "timeout":
+        kind = FindingKind.KERNEL_TIMEOUT
+        ev["timeout_s"] = report.timeout_s
+        question = (
+            f"Does {r.variant} hang or only run slowly at [{r.shape}] under {r.precision}? Rerun {cond} with a larger "
+            "--timeout-s; if it still does not return, look for a wait that never completes (a spin on a flag, a "
+            "barrier or collective some rank never reaches, a lock)."
+        )
+    elif r.fault == "crashed":
+        kind = FindingKind.KERNEL_ERROR
+        question = f"Reproduce with {cond} in a process of its own: what ends it (an out-of-bounds access, an abort or exit in an extension)?"
+    elif r.stats is None:
+        kind = FindingKind.KERNEL_ERROR if r.fault == "raised" else FindingKind.WRONG_OUTPUT
         question = f"Reproduce with {cond}: why does {r.variant} {r.message.split(':')[0]}?"
     else:
         s = r.stats
-        kind = "nonfinite_output" if s.n_nonfinite else "mismatch"
+        kind = FindingKind.NONFINITE_OUTPUT if s.n_nonfinite else FindingKind.MISMATCH
         ev.update(
-            max_abs=s.max_abs, max_rel=s.max_rel, max_ulp=s.max_ulp, rel_fro=s.rel_fro,
+            max_abs=s.max_abs, max_rel=s.max_rel, max_ulp=s.max_ulp, max_ulp_all=s.max_ulp_all, ulp_floor=s.ulp_floor, rel_fro=s.rel_fro,
             worst_index=list(s.worst_index), worst_value=s.worst_value, worst_ref=s.worst_ref,
             n_violations=s.n_violations, n_elements=s.n_elements,
             # n_violations counts elements only; a rel_fro-only failure has 0 there.
@@ -107,7 +117,7 @@ def work_findings(spec: str, origin: str, work: dict[str, dict[str, Any]]) -> tu
                     kind="repeated_work",
                     message=f"{variant}: {describe_repeat(w, counted['total_flops'])}",
                     severity="warning",
-                    location=Location(file=origin or None, kernel=spec, component=f"variant={variant}", span=w.op),
+                    location=Location(file=origin or None, kernel=spec, variant=variant, span=w.op),
                     evidence={**w.to_dict(), "shape": counted["shape"]},
                     next_question=f"Compute {w.op} once per key (a prologue, or one tile covering the key): does removing the {w.repeat_factor:.3g}x repeat raise achieved bandwidth?",
                 )
@@ -125,7 +135,7 @@ def bench_feedback_parts(report: BenchReport) -> tuple[list[Measurement], list[F
             ms.append(Measurement.from_samples("ceiling_matmul", "GFLOP/s", [rate / 1e9], better="higher", kernel=report.spec, knob=f"precision={p}", component=f"device={c.device}"))
     for e in report.entries:
         tags = _tags(report.spec, e.variant, e.shape, e.dtype, e.precision)
-        loc = Location(file=report.origin or None, kernel=report.spec, component=f"variant={e.variant}")
+        loc = Location(file=report.origin or None, kernel=report.spec, variant=e.variant, precision=e.precision)
         if e.status in ("refused", "failed"):
             fs.append(Finding(kind=f"bench_{e.status}", message=f"{e.variant} {e.precision} [{e.shape}]: {e.message}", severity="error", location=loc))
             continue

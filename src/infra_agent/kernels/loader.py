@@ -11,6 +11,7 @@ factory, reference, variant).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import itertools
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 from infra_agent.errors import KernelSpecError
-from infra_agent.kernels.spec import KERNEL, KernelSpec, Shape, shape_label
+from infra_agent.kernels.spec import CALLABLE_FIELDS, KERNEL, KernelSpec, Shape, SpecSource, shape_label
 
 _counter = itertools.count()
 
@@ -136,8 +137,15 @@ def load_specs(path: str | Path, check_inputs: bool = True) -> list[KernelSpec]:
     p = Path(path).resolve()
     if not p.is_file():
         raise KernelSpecError(f"{path}: no such spec file")
+    digest = hashlib.sha256(p.read_bytes()).hexdigest()
     module = _exec_file(p)
-    specs = [dataclasses.replace(s, origin=str(p)) for s in _collect(module, p)]
+    specs = [
+        dataclasses.replace(
+            s, origin=str(p),
+            source=SpecSource(str(p), s.name, digest, {f: getattr(s, f) for f in CALLABLE_FIELDS}, tuple(s.variants)),
+        )
+        for s in _collect(module, p)
+    ]
     if not specs:
         raise KernelSpecError(f"{p}: defines no KernelSpec (expected a module-level KernelSpec, a list of them, or specs())")
     names = [s.name for s in specs]

@@ -18,12 +18,13 @@ from typing import Any, Literal
 
 import torch
 
-from infra_agent.kernels.correctness import KERNEL, CheckReport, check_spec, draw_seeds
+from infra_agent.kernels.correctness import KERNEL, CheckReport, ProgressFn, check_spec, draw_seeds
 from infra_agent.kernels.loader import spec_error, variant_part
 from infra_agent.kernels.roofline import Ceilings, RooflinePoint, classify, measure_ceilings, merge
 from infra_agent.kernels.spec import KernelSpec, Variant, shape_label
 from infra_agent.kernels.timing import Method, Timing, time_call
 from infra_agent.kernels.work import WorkCounter
+from infra_agent.kernels.worker import CheckWorker, NotIsolatable
 
 EntryStatus = Literal["timed", "refused", "failed", "skipped"]
 
@@ -147,15 +148,35 @@ def bench_spec(
     copy_bytes: int | None = None,
     matmul_n: int | None = None,
     method: Method | None = None,
+    *,
+    timeout_s: float | None = None,
+    worker: CheckWorker | None = None,
+    progress: ProgressFn | None = None,
 ) -> BenchReport:
+    """Check, then time every passing (variant, precision) against ceilings measured now.
+
+    ``timeout_s``/``worker`` isolate the correctness gate as in ``check_spec`` (a kernel
+    that hangs there is refused); the timing itself runs in this process.
+    """
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    checks = [check_spec(spec, n_seeds=n_seeds, device=dev, precisions=precisions, variants=variants)]
-    bench_shapes = list(spec.bench_shapes or spec.shapes)
-    # One fresh seed for the timed inputs; on bench shapes the same inputs are checked.
-    seed = (spec.seeds or draw_seeds(1))[0]
-    if spec.bench_shapes:
-        on_bench = dataclasses.replace(spec, shapes=bench_shapes, seeds=[seed])
-        checks.append(check_spec(on_bench, device=dev, precisions=precisions, variants=variants))
+    own: CheckWorker | None = None
+    if worker is None and timeout_s:
+        try:
+            worker = own = CheckWorker(spec)  # one worker for both checks
+        except NotIsolatable:
+            pass  # check_spec notes why and runs the calls here
+    try:
+        gate = {"device": dev, "precisions": precisions, "variants": variants, "timeout_s": timeout_s, "worker": worker, "progress": progress}
+        checks = [check_spec(spec, n_seeds=n_seeds, **gate)]
+        bench_shapes = list(spec.bench_shapes or spec.shapes)
+        # One fresh seed for the timed inputs; on bench shapes the same inputs are checked.
+        seed = (spec.seeds or draw_seeds(1))[0]
+        if spec.bench_shapes:
+            on_bench = dataclasses.replace(spec, shapes=bench_shapes, seeds=[seed])
+            checks.append(check_spec(on_bench, unit="calls on bench shapes", **gate))
+    finally:
+        if own is not None:
+            own.close()
     report = BenchReport(spec=spec.name, origin=spec.origin, device=dev, checks=checks)
     report.skipped = list(dict.fromkeys(s for c in checks for s in c.skipped))
     if not any(c.results for c in checks):
@@ -167,6 +188,13 @@ def bench_spec(
     chosen += [(v.name, v) for v in spec.variants if (variants is None or v.name in variants) and (gpu or not v.gpu_only)]
     refused = _failed_pairs(checks)
 
+    n_entries = len(bench_shapes) * len(spec.dtypes) * len(modes) * len(chosen)
+
+    def tick() -> None:
+        if progress is not None:
+            progress(spec.name, len(report.entries), n_entries, "bench entries")
+
+    tick()
     measured_here = ceilings is None
     report.ceilings = ceilings or measure_ceilings(dev, modes, copy_bytes=copy_bytes, matmul_n=matmul_n, budget_s=budget_s)
     for shape in bench_shapes:
@@ -186,6 +214,7 @@ def bench_spec(
                         fn = target.fn if isinstance(target, Variant) else target
                         _time_entry(entry, fn, inputs, precision, dev, budget_s, method)
                     report.entries.append(entry)
+                    tick()
     if measured_here:
         after = measure_ceilings(dev, modes, copy_bytes=copy_bytes, matmul_n=matmul_n, budget_s=budget_s)
         report.ceilings = merge(report.ceilings, after)

@@ -3,6 +3,9 @@ Frobenius, with the worst element's index and the input condition that produced 
 
 ULP distances come from integer views of the bit patterns, so they are exact and
 dtype-aware (fp64/fp32/bf16/fp16): ``ulp_distance(x, nextafter(x, inf)) == 1``.
+The reported max ULP (and the ``ulp`` criterion) covers only elements whose reference
+magnitude is at least ``Tolerance.ulp_floor`` times the reference's RMS: near zero a
+tiny ULP turns an ordinary absolute error into millions of ULP.
 ``tf32_truncate`` emulates TF32 inputs on any device, for tolerance reasoning and tests.
 """
 
@@ -117,6 +120,11 @@ class ErrorStats:
     violated: list[str] = field(default_factory=list)
     condition: Condition | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # ``max_ulp`` is over elements with |ref| >= ulp_floor (an absolute magnitude:
+    # the tolerance's relative floor times the reference's RMS); ``max_ulp_all`` is
+    # over every element, huge wherever a reference sits at or across zero.
+    max_ulp_all: float = 0.0
+    ulp_floor: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -159,6 +167,13 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, condition: Con
     ref_norm = float(torch.linalg.vector_norm(finite_r))
     err_norm = float(torch.linalg.vector_norm(diff))
     rel_fro = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    # ULP only where it means something: |ref| at or above a floor relative to the
+    # reference's RMS.  Non-finite values stay in, so an inf still shows.
+    n_finite = int(torch.isfinite(r).sum())
+    ulp_floor = tol.ulp_floor_rel * (ref_norm / math.sqrt(n_finite) if n_finite else 0.0)
+    ulp_counted = (absref >= ulp_floor) | ~torch.isfinite(ulp)
+    ulp_all = float(ulp.max())
+    max_ulp = float(torch.where(ulp_counted, ulp, 0.0).max())
 
     if tol.elementwise:
         bound = (tol.atol or 0.0) + (tol.rtol or 0.0) * absref
@@ -169,7 +184,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, condition: Con
         violation = torch.zeros_like(diff, dtype=torch.bool)
         score = diff
     if tol.ulp is not None:
-        violation = violation | (ulp > tol.ulp)
+        violation = violation | ((ulp > tol.ulp) & ulp_counted)
     violation = violation | nonfinite
     flat = int(torch.argmax(torch.where(nonfinite, math.inf, score).reshape(-1)))
     worst = _unravel(flat, x.shape)
@@ -184,8 +199,9 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, condition: Con
     if tol.elementwise and n_viol > n_nonfinite:
         reasons.append(f"{n_viol} element(s) beyond atol={tol.atol or 0:g} rtol={tol.rtol or 0:g}")
         violated.append("atol/rtol")
-    if tol.ulp is not None and float(ulp.max()) > tol.ulp:
-        reasons.append(f"max ULP {float(ulp.max()):g} > {tol.ulp}")
+    if tol.ulp is not None and max_ulp > tol.ulp:
+        where = f" over elements with |ref| >= {ulp_floor:.3g} ({tol.ulp_floor_rel:g} x RMS of the reference)" if ulp_floor > 0 else ""
+        reasons.append(f"max ULP {max_ulp:g} > {tol.ulp}{where}")
         violated.append("ulp")
     if tol.rel_fro is not None and not rel_fro <= tol.rel_fro:
         reasons.append(f"relative Frobenius error {rel_fro:.3e} > {tol.rel_fro:g}")
@@ -194,7 +210,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, condition: Con
     return ErrorStats(
         max_abs=float(diff.max()),
         max_rel=float(rel.max()),
-        max_ulp=float(ulp.max()),
+        max_ulp=max_ulp,
         rel_fro=rel_fro,
         worst_index=worst,
         worst_value=float(x.reshape(-1)[flat]),
@@ -206,4 +222,6 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, condition: Con
         reason="; ".join(reasons),
         violated=violated,
         condition=condition,
+        max_ulp_all=ulp_all,
+        ulp_floor=ulp_floor,
     )

@@ -1,11 +1,12 @@
 """``KernelProbe``: the kernel lab as Feedback.
 
-Config keys: ``spec`` (path, required), ``spec_name``, ``mode`` ("check" -> tier
-check, "bench" -> tier micro: see ``KernelProbe.tier_for``), ``seeds`` (how many to
-draw, shared by every shape and dtype), ``device``,
-``precisions``, ``variants``, ``budget_s`` (CPU timing budget per entry),
-``copy_bytes`` and ``matmul_n`` (ceiling sizes).  The measurements and findings are
-built in :mod:`infra_agent.kernels.findings`.
+Config (``KernelConfig``): ``spec`` (path, required), ``spec_name``, ``mode`` ("check"
+-> tier check, "bench" -> tier micro: see ``KernelProbe.tier``), ``seeds`` (how many
+to draw, shared by every shape and dtype), ``device``, ``precisions``, ``variants``,
+``timeout_s`` (seconds per kernel call in the check worker; 0 runs the calls in this
+process without a timeout), ``budget_s`` (CPU timing budget per entry), ``copy_bytes``
+and ``matmul_n`` (ceiling sizes).  The measurements and findings are built in
+:mod:`infra_agent.kernels.findings`.
 
 ``ok`` is False when a check failed, bench refused an entry or an entry raised while
 timed, and also when nothing was checked at all (every case skipped: no GPU for a
@@ -15,11 +16,14 @@ GPU-only spec, ``device=cuda`` without one); ``meta["checked"]`` counts comparis
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from contextlib import ExitStack
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
 
 from infra_agent.errors import ConfigError
 from infra_agent.feedback import Artifact, Feedback, Finding, Measurement, Tier
-from infra_agent.kernels.correctness import CheckReport, check_spec
+from infra_agent.kernels.correctness import CheckReport, ProgressFn, check_spec
 from infra_agent.kernels.findings import (  # re-exported: callers import them from here
     bench_feedback_parts,
     check_feedback_parts,
@@ -28,8 +32,10 @@ from infra_agent.kernels.findings import (  # re-exported: callers import them f
 )
 from infra_agent.kernels.loader import load_specs, narrow, select
 from infra_agent.kernels.microbench import BenchReport, account_work, bench_spec
-from infra_agent.kernels.spec import KernelSpec
-from infra_agent.probes.base import Probe, ProbeContext
+from infra_agent.kernels.progress import LabProgress
+from infra_agent.kernels.spec import DEFAULT_TIMEOUT_S, KernelSpec
+from infra_agent.kernels.worker import CheckWorker, NotIsolatable
+from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
 
 __all__ = ["KernelProbe", "bench_feedback_parts", "check_feedback_parts", "error_measurement", "run_lab", "work_findings"]
 
@@ -44,34 +50,52 @@ def _mode(config: dict[str, Any]) -> str:
     return str(mode)
 
 
+class KernelConfig(ProbeConfig):
+    """One kernel-lab run: which spec, which mode, which cases."""
+
+    spec: str = Field(min_length=1, description="path to a kernel spec file")
+    spec_name: str | None = Field(None, description="one spec of a file that declares several")
+    mode: Literal["check", "bench"] = Field("check", description="check: correctness (tier check); bench: timing (tier micro)")
+    seeds: int = Field(2, ge=1, le=1000, description="random seeds drawn, shared by every shape and dtype")
+    device: str | None = None
+    precisions: list[str] | str | None = Field(None, description="precision modes to run, e.g. ['tf32'] or 'tf32,3xtf32'")
+    variants: list[str] | str | None = None
+    timeout_s: float | None = Field(
+        None, ge=0,
+        description=f"seconds each kernel call may take in the check worker (default: the spec's timeout_s, else {DEFAULT_TIMEOUT_S:g}); 0 runs the calls in this process without a timeout",
+    )
+    budget_s: float = Field(0.3, gt=0, description="CPU timing budget per bench entry")
+    copy_bytes: int | None = Field(None, gt=0)
+    matmul_n: int | None = Field(None, gt=0)
+
+
 class KernelProbe(Probe):
     """The kernel lab as a probe.
 
-    ``tier`` is the cheapest tier it runs at (``check``: correctness only), which is
-    what a planner ordering probes by cost should see.  What one run costs depends on
-    its config: ``tier_for(config)`` is ``micro`` for ``mode="bench"`` (kernels are
-    timed against measured ceilings), and the Feedback's ``tier`` always equals it.
+    ``base_tier`` is the cheapest tier it runs at (``check``: correctness only), which
+    is what a planner ordering probes by cost should see.  ``tier(config)`` is ``micro``
+    for ``mode="bench"`` (kernels are timed against measured ceilings), and the
+    Feedback's ``tier`` always equals it.
     """
 
     name: ClassVar[str] = "kernel"
-    tier: ClassVar[Tier] = Tier.check
+    base_tier: ClassVar[Tier] = Tier.check
+    Config: ClassVar[type[ProbeConfig]] = KernelConfig
+    components: ClassVar[tuple[str, ...]] = ("kernel", "model")
+    locality: ClassVar[tuple[str, ...]] = ("kernel", "variant", "precision", "span")
 
     @classmethod
-    def tier_for(cls, config: dict[str, Any]) -> Tier:
-        """The tier a run with ``config`` returns Feedback at; ConfigError for a bad mode."""
-        return MODE_TIERS[_mode(config)]
+    def tier(cls, config: ProbeConfig | None = None) -> Tier:
+        if config is None:
+            return cls.base_tier
+        return MODE_TIERS[config.mode]  # type: ignore[attr-defined]
 
-    @property
-    def scope(self) -> list[str]:
-        return ["kernel", "variant", "precision"]
-
-    def run(self, config: dict[str, Any], ctx: ProbeContext) -> Feedback:
-        path = config.get("spec")
-        if not path:
-            raise ConfigError(None, "spec", "a path to a kernel spec file", path)
-        mode = _mode(config)
-        specs = select(load_specs(path), config.get("spec_name"))
-        fb, reports = run_lab(specs, mode, config)
+    def run(self, config: Any, ctx: ProbeContext) -> Feedback:
+        cfg: KernelConfig = self.parse_config(config)  # type: ignore[assignment]
+        mode = cfg.mode
+        specs = select(load_specs(cfg.spec), cfg.spec_name)
+        with LabProgress(mode, enabled=ctx.progress) as progress:
+            fb, reports = run_lab(specs, mode, cfg.model_dump(exclude_none=True), progress=progress)
         ctx.workdir.mkdir(parents=True, exist_ok=True)
         out = ctx.workdir / f"kernel-{mode}-{'_'.join(s.name for s in specs)[:80]}.json"
         out.write_text(json.dumps([r.to_dict() for r in reports], indent=2, default=str))
@@ -105,11 +129,41 @@ def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any]) -> tuple[Feedback, list[CheckReport | BenchReport]]:
+def timeout_for(spec: KernelSpec, configured: float | None) -> float | None:
+    """Seconds per call: the configured value, else the spec's, else the default.
+
+    None (from a configured 0) means no worker and no timeout.
+    """
+    if configured is not None:
+        return float(configured) or None
+    return spec.timeout_s or DEFAULT_TIMEOUT_S
+
+
+def run_lab(
+    specs: list[KernelSpec], mode: str, config: dict[str, Any], progress: ProgressFn | None = None
+) -> tuple[Feedback, list[CheckReport | BenchReport]]:
     """Check or bench every spec; the Feedback plus the reports it was built from.
 
-    Raises ``KernelSpecError`` for a precision or variant name no selected spec declares.
+    Each spec file's checks run in one worker process, every call bounded by
+    ``timeout_for(spec, config["timeout_s"])``.  Raises ``KernelSpecError`` for a
+    precision or variant name no selected spec declares.
     """
+    with ExitStack() as stack:
+        workers: dict[str, CheckWorker | None] = {}
+
+        def worker_for(spec: KernelSpec) -> CheckWorker | None:
+            if spec.origin not in workers:
+                try:
+                    workers[spec.origin] = stack.enter_context(CheckWorker(spec))
+                except NotIsolatable:
+                    workers[spec.origin] = None  # check_spec says why, and runs it here
+            w = workers[spec.origin]
+            return w if w is not None and spec.source is not None and spec.source.origin == w.origin else None
+
+        return _run_lab(specs, mode, config, progress, worker_for)
+
+
+def _run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any], progress: ProgressFn | None, worker_for: Any) -> tuple[Feedback, list[CheckReport | BenchReport]]:
     mode = _mode({"mode": mode})
     ms: list[Measurement] = []
     fs: list[Finding] = []
@@ -119,9 +173,14 @@ def run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any]) -> tuple
     # number twice; a failed check is one table row (variant, vs, precision, output),
     # the same row on check and bench shapes counting once.
     failed: set[tuple[str, str, str, str, str]] = set()
+    faults: dict[str, set[tuple[str, str, str, str, str]]] = {"timeout": set(), "crashed": set()}
     refused = timing_failed = checked = 0
     for spec, precisions, variants, notes in narrow(specs, _names(config.get("precisions")), _names(config.get("variants"))):
-        common: dict[str, Any] = {"device": config.get("device"), "precisions": precisions, "variants": variants}
+        timeout_s = timeout_for(spec, config.get("timeout_s"))
+        common: dict[str, Any] = {
+            "device": config.get("device"), "precisions": precisions, "variants": variants,
+            "timeout_s": timeout_s, "worker": worker_for(spec) if timeout_s else None, "progress": progress,
+        }
         if precisions == []:  # declares none of the requested modes: nothing to run
             dev = config.get("device") or "-"
             placeholder = CheckReport(spec.name, spec.origin, dev, [], skipped=notes)
@@ -151,7 +210,11 @@ def run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any]) -> tuple
             ms += cm
             fs += cf
             checked += check.checked
-            failed |= {(spec.name, r.variant, r.against, r.precision, r.output) for r in check.rows() if r.status == "failed"}
+            for r in check.rows():
+                if r.status == "failed":
+                    failed.add((spec.name, r.variant, r.against, r.precision, r.output))
+                    if r.fault in ("timeout", "crashed"):
+                        faults[r.fault].add((spec.name, r.variant, r.against, r.precision, r.output))
         ms += m
         fs += f
         m, f = work_findings(spec.name, spec.origin, work)
@@ -159,8 +222,9 @@ def run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any]) -> tuple
         fs += f
     fs = _unique_skips(fs)
     skipped = [f.message for f in fs if f.kind == "skipped"]
+    how = ", ".join(f"{len(keys)} {'timed out' if fault == 'timeout' else 'crashed'}" for fault, keys in faults.items() if keys)
     problems = [
-        _plural(len(failed), "failed check", "failed checks") if failed else "",
+        _plural(len(failed), "failed check", "failed checks") + (f" ({how})" if how else "") if failed else "",
         _plural(refused, "refused bench entry", "refused bench entries") if refused else "",
         _plural(timing_failed, "bench entry", "bench entries") + " raised while timed" if timing_failed else "",
     ]
@@ -181,6 +245,7 @@ def run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any]) -> tuple
             "mode": mode, "specs": [s.name for s in specs], "origin": specs[0].origin if specs else None,
             "checked": checked, "skipped": skipped,
             "failed_checks": len(failed), "refused_entries": refused, "timing_failures": timing_failed,
+            "timed_out": len(faults["timeout"]), "crashed": len(faults["crashed"]),
         },
     )
     return fb, reports

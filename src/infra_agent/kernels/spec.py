@@ -92,6 +92,16 @@ InputFactory = Callable[[Shape, torch.dtype, int, str], dict[str, Any]]
 # The variant name of the unpartitioned kernel itself (rows "kernel vs reference").
 KERNEL = "kernel"
 
+# Seconds one call (a kernel or variant with the comparison of its outputs, the input
+# factory, the reference) may take in an isolated check before its worker is killed.
+DEFAULT_TIMEOUT_S = 60.0
+
+# ULP figures are taken over elements whose reference magnitude is at least this
+# fraction of the reference's RMS.  An element near zero in a result with
+# cancellation (a GEMM, a residual) carries the absolute error of the output's scale
+# in a tiny ULP, so it shows millions of ULP while being as accurate as the rest.
+DEFAULT_ULP_FLOOR = 1e-2
+
 @dataclass(frozen=True)
 class Tolerance:
     """Pass criteria; every criterion that is set must hold.
@@ -99,18 +109,21 @@ class Tolerance:
     ``atol``/``rtol`` are elementwise (``|x - ref| <= atol + rtol * |ref|``, like
     ``torch.allclose``); ``rel_fro`` bounds ``||x - ref||_F / ||ref||_F``, the figure
     that matters for GEMMs where single elements of the reference sit near zero;
-    ``ulp`` bounds the ULP distance in the candidate's dtype.
+    ``ulp`` bounds the ULP distance in the candidate's dtype, over the elements whose
+    reference magnitude is at least ``ulp_floor`` times the reference's RMS (default
+    ``DEFAULT_ULP_FLOOR``; 0 judges every element, right for elementwise kernels).
     """
 
     atol: float | None = None
     rtol: float | None = None
     rel_fro: float | None = None
     ulp: int | None = None
+    ulp_floor: float | None = None
 
     def __post_init__(self) -> None:
         if self.atol is None and self.rtol is None and self.rel_fro is None and self.ulp is None:
             raise KernelSpecError("Tolerance: set at least one of atol, rtol, rel_fro, ulp")
-        for name in ("atol", "rtol", "rel_fro", "ulp"):
+        for name in ("atol", "rtol", "rel_fro", "ulp", "ulp_floor"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise KernelSpecError(f"Tolerance.{name}: expected a number >= 0, got {value!r}")
@@ -119,8 +132,14 @@ class Tolerance:
     def elementwise(self) -> bool:
         return self.atol is not None or self.rtol is not None
 
+    @property
+    def ulp_floor_rel(self) -> float:
+        """The ULP floor as a fraction of the reference's RMS (the default when unset)."""
+        return DEFAULT_ULP_FLOOR if self.ulp_floor is None else self.ulp_floor
+
     def describe(self) -> str:
-        parts = [f"{k}={getattr(self, k):g}" for k in ("atol", "rtol", "rel_fro", "ulp") if getattr(self, k) is not None]
+        keys = ("atol", "rtol", "rel_fro", "ulp", "ulp_floor")
+        parts = [f"{k}={getattr(self, k):g}" for k in keys if getattr(self, k) is not None]
         return " ".join(parts)
 
 
@@ -135,6 +154,32 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "bf16": Tolerance(rel_fro=2e-2),
     "fp16": Tolerance(rel_fro=3e-3),
 }
+
+
+class SpecSource:
+    """Where a loaded spec came from, so that a worker process can load it again.
+
+    ``callables`` and ``variants`` are the objects the file produced.  A spec derived
+    with ``dataclasses.replace`` keeps its source; it can be rebuilt in another process
+    only while its callables are still these objects (its data fields -- shapes,
+    seeds, tolerances -- travel as they are).
+    """
+
+    __slots__ = ("callables", "digest", "name", "origin", "variants")
+
+    def __init__(self, origin: str, name: str, digest: str, callables: dict[str, Any], variants: tuple[Variant, ...]) -> None:
+        self.origin = origin
+        self.name = name
+        self.digest = digest
+        self.callables = callables
+        self.variants = variants
+
+    def __repr__(self) -> str:
+        return f"SpecSource({self.origin!r}, {self.name!r})"
+
+
+# KernelSpec fields that hold code: a worker must find them in the spec file.
+CALLABLE_FIELDS = ("kernel", "reference", "inputs", "flops", "bytes_moved", "work", "out_dtypes")
 
 
 @dataclass(frozen=True)
@@ -184,9 +229,14 @@ class KernelSpec:
     bench_shapes: Sequence[Shape] | None = None
     # Seeds pinned for reproduction; None draws fresh seeds every run.
     seeds: Sequence[int] | None = None
+    # Seconds one call may take in an isolated check (None: DEFAULT_TIMEOUT_S); a
+    # spec with large shapes or a slow CPU reference raises it.
+    timeout_s: float | None = None
     description: str = ""
     # Set by the loader: the file the spec came from, for error messages.
     origin: str = ""
+    # Set by the loader: how a worker process loads this spec again (see SpecSource).
+    source: SpecSource | None = field(default=None, repr=False, compare=False)
 
     def tolerance(self, precision: str) -> Tolerance:
         tol = self.tolerances.get(precision) or DEFAULT_TOLERANCES.get(precision)
@@ -228,6 +278,8 @@ class KernelSpec:
         for p in self.precisions:
             if p not in self.tolerances and p not in DEFAULT_TOLERANCES:
                 out.append(("precisions", f"precision '{p}' needs a tolerance (known defaults: {list(DEFAULT_TOLERANCES)})"))
+        if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
+            out.append(("timeout_s", f"expected seconds > 0, got {self.timeout_s!r}"))
         for p in self.gpu_only_precisions:
             if p not in self.precisions:
                 out.append(("gpu_only_precisions", f"'{p}' is not among precisions {list(self.precisions)}"))

@@ -14,13 +14,15 @@ from urllib.parse import urlsplit
 import httpx
 
 from infra_agent.errors import TargetError
+from infra_agent.target.auth import request_headers
 from infra_agent.workspace.models import EndpointTargetSpec
 
 
 class EndpointTarget:
-    def __init__(self, spec: EndpointTargetSpec, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, spec: EndpointTargetSpec, *, timeout_s: float = 5.0, file: str | None = None) -> None:
         self.spec = spec
         self.timeout_s = timeout_s
+        self._file = file
 
     @property
     def url(self) -> str:
@@ -33,6 +35,11 @@ class EndpointTarget:
     @property
     def model(self) -> str | None:
         return self.spec.model
+
+    @property
+    def request_headers(self) -> dict[str, str]:
+        """Headers every request carries (``headers`` and the bearer key from ``api_key_env``)."""
+        return request_headers(self.spec.api_key_env, self.spec.headers, file=self._file)
 
     @property
     def log_path(self) -> Path | None:
@@ -52,8 +59,10 @@ class EndpointTarget:
         probe = self._absolute(self.spec.ready_url) or f"{self.url}/v1/models"
         # A proxy from the environment must not intercept a loopback endpoint.
         loopback = urlsplit(probe).hostname in ("127.0.0.1", "localhost", "::1")
+        # The key goes only to the endpoint's own origin.
+        headers = self.request_headers if urlsplit(probe).netloc == urlsplit(self.url).netloc else {}
         try:
-            resp = httpx.get(probe, timeout=self.timeout_s, trust_env=not loopback)
+            resp = httpx.get(probe, timeout=self.timeout_s, trust_env=not loopback, headers=headers)
         except httpx.HTTPError as exc:
             raise TargetError(f"endpoint {self.url} is unreachable: GET {probe} failed ({type(exc).__name__}: {exc})") from None
         if self.spec.ready_url is not None and resp.status_code != 200:

@@ -5,25 +5,55 @@ process group holds everything it spawns and a terminal's Ctrl-C reaches only us
 Stopping sends SIGTERM to the group, then SIGKILL after a grace period.  It runs on
 every way out of the ``with`` block: normal exit, exceptions, Ctrl-C, and SIGTERM or
 SIGHUP to this process (handlers are installed only while the block is active).
+
+Two more ways out are covered, for a launcher that dies without running any code
+(SIGKILL, an OOM kill, a crash):
+
+- **parent-death signal** (Linux): the server gets SIGTERM from the kernel when the
+  thread that launched it exits (``prctl(PR_SET_PDEATHSIG)``).  It is tied to the
+  *thread*, not the process: start servers from the main thread or another thread that
+  lives as long as the server (not from a short-lived worker), or pass
+  ``parent_death_signal=False``.  It reaches only the direct child.
+- **lifeline**: a small watchdog (``lifeline.py``) in its own session holds the read
+  end of a pipe whose write end only this process holds; on EOF it stops the whole
+  group, TERM then KILL.  It covers a shell's children and non-Linux systems.  A child
+  made with a bare ``os.fork()`` (no exec) inherits the write end and keeps the
+  lifeline armed until it exits too.
+
+Every server's environment carries ``INFRA_AGENT_OWNER=<launcher pid>:<token>`` (see
+``procgroup.find_owned_groups``), so a later process can find and stop what a dead
+launcher left.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from infra_agent.errors import ServerStartError
+from infra_agent.target.auth import request_headers
 from infra_agent.target.launch import LaunchPlan, plan_launch
 from infra_agent.target.ports import LOOPBACK, free_port
-from infra_agent.target.procgroup import group_alive, signal_group
+from infra_agent.target.procgroup import (
+    OWNER_ENV,
+    default_owner_token,
+    group_alive,
+    owner_mark,
+    signal_group,
+)
+from infra_agent.workspace import template
 from infra_agent.workspace.knobs import KnobValue
 from infra_agent.workspace.models import ServerTargetSpec
 
@@ -37,6 +67,38 @@ class _Terminated(SystemExit):
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     raise _Terminated(128 + signum)
+
+
+_PR_SET_PDEATHSIG = 1
+_LIFELINE = Path(__file__).with_name("lifeline.py")
+_ADDRESS_IN_USE = "address already in use"
+
+
+def _parent_death_preexec() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking the kernel to SIGTERM the child when our thread exits.
+
+    Everything is looked up before the fork: between fork and exec the child only
+    makes one foreign call and one system call.  None where prctl does not exist.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+    term = int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, term, 0, 0, 0)
+        if os.getppid() != parent:  # we died between fork and prctl: no signal will come
+            os._exit(128 + term)
+
+    return preexec
 
 
 class ServerProcess:
@@ -53,6 +115,9 @@ class ServerProcess:
         name: str = "server",
         ready_timeout_s: float | None = None,
         file: str | None = None,
+        owner_token: str | None = None,
+        parent_death_signal: bool = True,
+        lifeline: bool = True,
     ) -> None:
         self.spec = spec
         self.knobs = dict(knobs)
@@ -62,6 +127,13 @@ class ServerProcess:
         self.name = name
         self.ready_timeout_s = spec.ready_timeout_s if ready_timeout_s is None else ready_timeout_s
         self._file = file
+        # INFRA_AGENT_OWNER=<our pid>:<token> in the server's environment.
+        self.owner_token = owner_token or default_owner_token()
+        owner_mark(self.owner_token)  # checks the token now, not at launch
+        self.parent_death_signal = parent_death_signal
+        self.lifeline = lifeline
+        self._lifeline: subprocess.Popen[bytes] | None = None
+        self._lifeline_fd: int | None = None  # write end of its pipe; only we hold it
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopped = False  # the group has been stopped; _proc is kept for pid/returncode
         self._plan: LaunchPlan | None = None
@@ -93,6 +165,11 @@ class ServerProcess:
     @property
     def model(self) -> str | None:
         return self.spec.model
+
+    @property
+    def request_headers(self) -> dict[str, str]:
+        """Headers every request carries (``headers`` and the bearer key from ``api_key_env``)."""
+        return request_headers(self.spec.api_key_env, self.spec.headers, file=self._file)
 
     @property
     def argv(self) -> list[str]:
@@ -150,6 +227,7 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         """Launch and wait for readiness; on failure the group is stopped before raising."""
+        self.request_headers  # noqa: B018 -- a missing api_key_env variable fails before the launch
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for attempt in range(_PORT_RETRIES):
             self._launch(free_port(self.host))
@@ -158,7 +236,14 @@ class ServerProcess:
                 return self
             except ServerStartError as exc:
                 self.stop()
-                lost_port = exc.exit_code is not None and "address already in use" in exc.log_tail.lower()
+                lost_port = exc.exit_code is not None and _ADDRESS_IN_USE in exc.log_tail.lower()
+                if lost_port and not self._command_uses_port():
+                    # A fixed port in the command: another port from us cannot help.
+                    raise ServerStartError(
+                        f"{self.name} could not bind its port: its log says the address is already in use, and the "
+                        "command names a fixed port; stop the process holding it, or put {port} in the command",
+                        exc.exit_code, exc.log_tail, exc.log_path,
+                    ) from None
                 if not lost_port or attempt == _PORT_RETRIES - 1:
                     raise
             except BaseException:
@@ -166,9 +251,37 @@ class ServerProcess:
                 raise
         raise AssertionError("unreachable")
 
+    def _command_uses_port(self) -> bool:
+        parts = [self.spec.command] if isinstance(self.spec.command, str) else self.spec.command
+        return any("port" in template.placeholders(p) for p in parts)
+
+    def _check_ready_url_free(self, port: int) -> None:
+        """Refuse to launch when ``ready_url`` points at a loopback port someone already serves.
+
+        Readiness would then be read from the other process, and our server would die
+        on its bind in the middle of the run.
+        """
+        assert self._plan is not None
+        parts = urlsplit(self._plan.ready_url)
+        if parts.hostname not in ("127.0.0.1", "localhost", "::1") or parts.port in (None, port):
+            return
+        try:
+            with socket.create_connection((parts.hostname, parts.port), timeout=1.0):
+                pass
+        except OSError:
+            return  # nothing listens: free
+        raise ServerStartError(
+            f"port {parts.port} is already in use: {self._plan.ready_url} answers before {self.name} was started, "
+            "so readiness would be read from another process; stop it, or use {port} in the command and ready_url",
+            None, "",
+        )
+
     def _launch(self, port: int) -> None:
         self._port = port
         self._plan = plan_launch(self.spec, self.knobs, port, root=self.root, host=self.host, file=self._file)
+        self._check_ready_url_free(port)
+        env = {**self._plan.env, OWNER_ENV: owner_mark(self.owner_token)}
+        preexec = _parent_death_preexec() if self.parent_death_signal else None
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self._log_path = self.log_dir / f"{self.name}-{stamp}-{port}.log"
         with self._log_path.open("wb") as log:
@@ -180,21 +293,58 @@ class ServerProcess:
                 self._proc = subprocess.Popen(
                     self._plan.argv,
                     cwd=self._plan.cwd,
-                    env=self._plan.env,
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=preexec,  # noqa: PLW1509 -- one prctl call, nothing imported or locked (see _parent_death_preexec)
                 )
             except OSError as exc:
                 raise ServerStartError(f"cannot launch {self._plan.argv[0]!r}: {exc.strerror}", None, "", str(self._log_path)) from None
+            if self.lifeline:
+                self._start_lifeline(self._proc.pid, log)
+
+    def _start_lifeline(self, pgid: int, log: Any) -> None:
+        read_fd, write_fd = os.pipe()  # both close-on-exec; Popen dup2s the read end to 0
+        try:
+            self._lifeline = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(_LIFELINE), str(pgid), f"{self.spec.stop_grace_s:g}"],
+                stdin=read_fd,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,  # a signal to our group must not take it along
+            )
+        except OSError:
+            os.close(write_fd)
+            self._lifeline = None  # the parent-death signal and stop() still cover it
+            return
+        finally:
+            os.close(read_fd)
+        self._lifeline_fd = write_fd
+
+    def _disarm_lifeline(self) -> None:
+        if self._lifeline_fd is not None:
+            try:
+                os.write(self._lifeline_fd, b"x")
+            except OSError:
+                pass
+            os.close(self._lifeline_fd)
+            self._lifeline_fd = None
+        if self._lifeline is not None:
+            try:
+                self._lifeline.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                self._lifeline.kill()
+                self._lifeline.wait()
+            self._lifeline = None
 
     def _wait_ready(self) -> None:
         assert self._proc is not None and self._plan is not None
         deadline = time.monotonic() + self.ready_timeout_s
         last = "no answer yet"
         # trust_env=False: a proxy from the environment must not intercept loopback.
-        with httpx.Client(trust_env=False, timeout=2.0) as client:
+        with httpx.Client(trust_env=False, timeout=2.0, headers=self._ready_headers()) as client:
             while True:
                 code = self._proc.poll()
                 if code is not None:
@@ -215,6 +365,13 @@ class ServerProcess:
                     )
                 time.sleep(_POLL_S)
 
+    def _ready_headers(self) -> dict[str, str]:
+        # The auth headers go only to the server's own origin.
+        assert self._plan is not None
+        if urlsplit(self._plan.ready_url).netloc != urlsplit(self.url).netloc:
+            return {}
+        return self.request_headers
+
     def stop(self) -> int | None:
         """TERM the group, KILL it after ``stop_grace_s``; returns the leader's exit code.
 
@@ -234,6 +391,7 @@ class ServerProcess:
             except (KeyboardInterrupt, SystemExit) as exc:
                 pending, sig = exc, signal.SIGKILL
         self._stopped = True
+        self._disarm_lifeline()
         if pending is not None:
             raise pending
         return self._proc.returncode

@@ -90,6 +90,12 @@ class Knob(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Knob:
+        from infra_agent.vocabulary import check_component
+
+        for i, component in enumerate(self.components):
+            problem = check_component(component)
+            if problem:
+                raise DomainError(("components", i), problem, component)
         numeric = self.type in ("int", "float")
         if not numeric and (self.min is not None or self.max is not None):
             raise DomainError(("min" if self.min is not None else "max",), "min/max only on int or float knobs", self.type)

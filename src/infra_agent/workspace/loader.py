@@ -8,6 +8,7 @@ expected and what was found.  No pydantic text dump reaches the user.
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from pathlib import Path
@@ -76,16 +77,49 @@ def parse_workspace(text: str, file: Path) -> Workspace:
         workspace = Workspace.model_validate(data, context={"root": root})
     except ValidationError as exc:
         raise _translate(exc, file, text) from None
-    return workspace.bind(root, file.resolve())
+    workspace.bind(root, file.resolve())
+    _check_probe_configs(workspace, file, text)
+    return workspace
+
+
+def _check_probe_configs(workspace: Workspace, file: Path, text: str) -> None:
+    """Each check's config against its probe's typed config, rendered with the knob defaults.
+
+    The probe module is imported only when the workspace declares checks.
+    """
+    if not workspace.checks:
+        return
+    from infra_agent.probes.base import get_probe
+
+    defaults = {k: knob.default for k, knob in workspace.knobs.items() if knob.default is not None}
+    for i, check in enumerate(workspace.checks):
+        try:
+            probe = get_probe(check.probe)
+        except ConfigError as exc:
+            raise ConfigError(_where(file, text, ("checks", i, "probe")), f"checks.{i}.probe", exc.expected, check.probe) from None
+        if set(check.placeholder_names()) - set(defaults):
+            continue  # a knob without a default: checked when the run gives it a value
+        probe.parse_config(check.render(defaults), where=str(file), text=text, prefix=("checks", i, "config"))
 
 
 # ---------------------------------------------------------------- error translation
 
 
-def _translate(exc: ValidationError, file: Path, text: str) -> ConfigError:
+def translate_validation_error(exc: ValidationError, file: str | Path, text: str = "", *,
+                               root: type[BaseModel] = Workspace, prefix: Loc = ()) -> ConfigError:
+    """A pydantic error on any model as one ``ConfigError`` (file, field, expected, got).
+
+    ``root`` is the model that was validated; ``prefix`` is where its data sits in the
+    file (``steps.2.config`` for a probe config inside a YAML step).  ``text``, when
+    given, is the file's YAML, for ``file:line:col``.
+    """
+    return _translate(exc, Path(file), text, root, prefix)
+
+
+def _translate(exc: ValidationError, file: Path, text: str, root: type[BaseModel] = Workspace, prefix: Loc = ()) -> ConfigError:
     problems: list[ConfigError] = []
     for err in exc.errors(include_url=False):
-        problem = _one(err, file, text)
+        problem = _one(err, file, text, root, prefix)
         same = next((p for p in problems if p.field == problem.field), None)
         if same is None:
             problems.append(problem)
@@ -100,11 +134,12 @@ def _translate(exc: ValidationError, file: Path, text: str) -> ConfigError:
     return first
 
 
-def _one(err: Any, file: Path, text: str) -> ConfigError:
+def _one(err: Any, file: Path, text: str, root: type[BaseModel] = Workspace, prefix: Loc = ()) -> ConfigError:
     loc: Loc = tuple(err["loc"])
     kind: str = err["type"]
     cause = (err.get("ctx") or {}).get("error")
-    path, model = _display_path(loc)
+    path, model = _display_path(loc, root)
+    path = prefix + path
     got: object = err.get("input")
     if isinstance(cause, DomainError):
         path = path + cause.subpath
@@ -125,21 +160,59 @@ def _one(err: Any, file: Path, text: str) -> ConfigError:
         path = path + (disc,)
         expected, got = f"a `{disc}` key", MISSING
     else:
-        msg: str = err["msg"]
-        for prefix in ("Input should be ", "Value error, ", "Assertion failed, "):
-            msg = msg.removeprefix(prefix)
-        expected = msg
+        expected = expected_text(err)
     field = ".".join(str(p) for p in path) or None
-    return ConfigError(_where(file, text, path), field, expected, got)
+    return ConfigError(_where(file, text, path) if text else str(file), field, expected, got)
 
 
-def _display_path(loc: Loc) -> tuple[Loc, type[BaseModel] | None]:
+# Bounds as pydantic reports them (``ctx`` key, words); pydantic's own text lacks the noun.
+_BOUNDS = {"greater_than": ("gt", "greater than"), "greater_than_equal": ("ge", "greater than or equal to"),
+           "less_than": ("lt", "less than"), "less_than_equal": ("le", "less than or equal to")}
+_LENGTHS = {"too_short": ("min_length", "at least"), "too_long": ("max_length", "at most"),
+            "string_too_short": ("min_length", "at least"), "string_too_long": ("max_length", "at most")}
+# Pydantic's sentences open with these; what follows is what was expected.
+_NOISE = ("Input should be ", "Value error, ", "Assertion failed, ")
+# ... and some end with what came ("got a number with a fractional part") or how parsing
+# failed ("unable to parse string as an integer"): the message says what came itself.
+_TAIL = re.compile(r", (?:got|unable to|not) .*$")
+
+
+def expected_text(err: Any) -> str:
+    """What a pydantic error says was expected, as the words after "expected" in our messages.
+
+    ``greater than 0`` becomes ``a number greater than 0``; ``String should have at least
+    1 character`` becomes ``text of at least 1 character``; ``Input should be``, ``Value
+    error,`` and a trailing ``got ...`` (the message names what came once, at its end)
+    are dropped, also from a validator's own ``expected X, got Y``.
+    """
+    kind: str = err.get("type", "")
+    ctx: dict[str, Any] = err.get("ctx") or {}
+    if kind in _BOUNDS and _BOUNDS[kind][0] in ctx:
+        key, words = _BOUNDS[kind]
+        bound = ctx[key]
+        return f"a number {words} {bound:g}" if isinstance(bound, (int, float)) else f"a value {words} {bound}"
+    if kind in _LENGTHS and _LENGTHS[kind][0] in ctx:
+        key, words = _LENGTHS[kind]
+        n = ctx[key]
+        if kind.startswith("string"):
+            return f"text of {words} {n} character{'s' if n != 1 else ''}"
+        return f"a {str(ctx.get('field_type') or 'value').lower()} of {words} {n} item{'s' if n != 1 else ''}"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return "a mapping (key: value lines, or {key: value})"
+    msg = str(err.get("msg", ""))
+    for noise in _NOISE:
+        msg = msg.removeprefix(noise)
+    msg = msg.removeprefix("expected ")
+    return _TAIL.sub("", msg) or msg
+
+
+def _display_path(loc: Loc, root: type[BaseModel] = Workspace) -> tuple[Loc, type[BaseModel] | None]:
     """Drop the discriminator tags pydantic inserts into ``loc`` by walking the model types.
 
     Returns the path as written in the YAML and the model class that owns its last key
     (used to list the allowed keys for an unknown one).
     """
-    tp: Any = Workspace
+    tp: Any = root
     owner: type[BaseModel] | None = None
     out: list[str | int] = []
     for part in loc:

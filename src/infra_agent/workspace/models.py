@@ -46,6 +46,27 @@ class ServerTargetSpec(_Strict):
     ready_timeout_s: float = Field(300.0, gt=0)
     stop_grace_s: float = Field(10.0, gt=0)
     model: str | None = None  # the model name sent in requests
+    # The NAME of an environment variable holding the server's API key (e.g. for
+    # vLLM's --api-key); sent as ``Authorization: Bearer``, never stored.
+    api_key_env: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)  # extra headers on every request
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_var_name(cls, name: str | None) -> str | None:
+        if name is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise DomainError((), "the NAME of an environment variable holding the key (letters, digits, _), not the key", "a value that is not a name")
+        return name
+
+    @field_validator("headers")
+    @classmethod
+    def _header_names(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name in headers:
+            if not re.match(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$", name):
+                raise DomainError((name,), "an HTTP header name", name)
+            if name.lower() == "authorization":
+                raise DomainError((name,), "no Authorization header in the file (name the key's variable in api_key_env)", name)
+        return headers
 
     @field_validator("env", mode="before")
     @classmethod
@@ -83,6 +104,10 @@ class EndpointTargetSpec(_Strict):
     ready_url: str | None = None  # if set, must answer 200 before a run
     metrics_url: str | None = None  # a path on ``url`` or a full URL
     model: str | None = None
+    # The NAME of an environment variable holding the API key; sent as
+    # ``Authorization: Bearer``, never stored.
+    api_key_env: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)  # extra headers on every request
 
     @field_validator("url")
     @classmethod
@@ -90,6 +115,23 @@ class EndpointTargetSpec(_Strict):
         if not re.match(r"^https?://[^/\s]+", url):
             raise DomainError((), "an http:// or https:// base URL", url)
         return url.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_var_name(cls, name: str | None) -> str | None:
+        if name is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise DomainError((), "the NAME of an environment variable holding the key (letters, digits, _), not the key", "a value that is not a name")
+        return name
+
+    @field_validator("headers")
+    @classmethod
+    def _header_names(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name in headers:
+            if not re.match(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$", name):
+                raise DomainError((name,), "an HTTP header name", name)
+            if name.lower() == "authorization":
+                raise DomainError((name,), "no Authorization header in the file (name the key's variable in api_key_env)", name)
+        return headers
 
 
 # A `python` kind (kernels) joins this union later.
@@ -181,6 +223,14 @@ _LOWER_BETTER = frozenset({"duration", "failed"})
 _LATENCY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 
 
+_COUNTS = frozenset({"total_input_tokens", "total_output_tokens"})  # result keys with no better direction
+# Concrete latency keys offered as corrections (any pNN in (0, 100] is known).
+_LATENCY_EXAMPLES = tuple(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
+                          for s in ("mean", "median", "std", "p50", "p90", "p95", "p99"))
+METRIC_FORMS = ("request_throughput, output_throughput, total_token_throughput, request_goodput, completed, failed, "
+                "duration, total_input_tokens, total_output_tokens, (mean|median|std|pNN)_(ttft|tpot|itl|e2el)_ms")
+
+
 def metric_direction(metric: str) -> Literal["higher", "lower"] | None:
     """Which way is better for a vLLM-style result key; None when unknown."""
     if metric in _HIGHER_BETTER:
@@ -188,6 +238,25 @@ def metric_direction(metric: str) -> Literal["higher", "lower"] | None:
     if metric in _LOWER_BETTER or _LATENCY.match(metric):
         return "lower"
     return None
+
+
+def known_metric(metric: str) -> bool:
+    """Whether a serving benchmark result holds ``metric`` (``pNN`` with 0 < NN <= 100)."""
+    if metric in _HIGHER_BETTER or metric in _LOWER_BETTER or metric in _COUNTS:
+        return True
+    m = _LATENCY.match(metric)
+    if m is None:
+        return False
+    stat = m.group(1)
+    return not stat.startswith("p") or 0 < float(stat[1:]) <= 100
+
+
+def metric_suggestions(metric: str, n: int = 3) -> list[str]:
+    """Known result keys close to a misspelled ``metric`` (best first)."""
+    import difflib
+
+    names = sorted(_HIGHER_BETTER | _LOWER_BETTER | _COUNTS) + list(_LATENCY_EXAMPLES)
+    return difflib.get_close_matches(metric, names, n=n, cutoff=0.6)
 
 
 class Criterion(_Strict):
@@ -199,6 +268,18 @@ class Criterion(_Strict):
     op: Literal[">=", "<=", ">", "<"] | None = None  # defaults from the metric's direction
     ratio: float | None = Field(None, gt=0)
     value: float | None = None
+    # A metric that no benchmark result holds (a probe's own measurement): its name is
+    # not checked, and ``op`` must be given.
+    custom: bool = False
+
+    @model_validator(mode="after")
+    def _known_metric(self) -> Criterion:
+        if not self.custom and not known_metric(self.metric):
+            close = metric_suggestions(self.metric)
+            known = f"did you mean {close[0]!r}?" if close else f"one of {METRIC_FORMS}"
+            raise DomainError(("metric",), f"a metric a benchmark result holds ({known}), or `custom: true` on the "
+                              "criterion for a metric of your own", self.metric)
+        return self
 
     @model_validator(mode="after")
     def _one_threshold(self) -> Criterion:
@@ -217,6 +298,76 @@ class Criterion(_Strict):
         return self.ratio is not None
 
 
+# ---------------------------------------------------------------- checks and guards
+
+
+class CheckSpec(_Strict):
+    """A cheap gate run before (and beside) end-to-end experiments.
+
+    ``probe`` is a registered probe (``kernel``, ``command``) or a dotted path; its
+    ``config`` is that probe's typed config, where any string may hold ``{knob}``
+    placeholders, rendered with the configuration under test (so a kernel check can
+    follow ``lm_head_precision``).  ``components`` say what it guards: the planner
+    runs a check first when a change touches code or a related knob.
+    """
+
+    name: str = Field(min_length=1)
+    probe: str = Field(min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
+    components: list[str] = Field(default_factory=list)
+
+    @field_validator("components")
+    @classmethod
+    def _known_components(cls, components: list[str]) -> list[str]:
+        from infra_agent.vocabulary import check_component
+
+        for i, component in enumerate(components):
+            problem = check_component(component)
+            if problem:
+                raise DomainError((i,), problem, component)
+        return components
+
+    def placeholder_names(self) -> list[str]:
+        return [n for _, text in _strings(self.config) for n in template.placeholders(text)]
+
+    def render(self, knobs: Mapping[str, Any]) -> dict[str, Any]:
+        """The config with every ``{knob}`` replaced by its value in ``knobs``."""
+        from infra_agent.workspace.knobs import render_value
+
+        values = {k: render_value(v) for k, v in knobs.items()}
+        return _render_strings(self.config, values)
+
+
+def _strings(value: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...], str]]:
+    if isinstance(value, str):
+        return [(path, value)]
+    if isinstance(value, Mapping):
+        return [x for k, v in value.items() for x in _strings(v, (*path, k))]
+    if isinstance(value, list):
+        return [x for i, v in enumerate(value) for x in _strings(v, (*path, i))]
+    return []
+
+
+def _render_strings(value: Any, values: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+        return template.render(value, values)
+    if isinstance(value, Mapping):
+        return {k: _render_strings(v, values) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_render_strings(v, values) for v in value]
+    return value
+
+
+# Paths a change may never touch, whatever the workspace adds: the tests, the
+# criteria and the harness that measure it.  This is the guard against an agent that
+# "improves" a number by editing what measures it.
+DEFAULT_PROTECTED: tuple[str, ...] = (
+    "infra-agent.yaml", "infra-agent.yml", ".infra-agent/**", ".git/**",
+    "tests/**", "test/**", "**/test_*.py", "**/*_test.py", "**/conftest.py",
+    "bench/**", "benchmarks/**", "**/spec.py",
+)
+
+
 # ---------------------------------------------------------------- workspace
 
 
@@ -228,6 +379,10 @@ class Workspace(_Strict):
     knobs: dict[str, Knob] = Field(default_factory=dict)
     scenarios: dict[str, Scenario] = Field(default_factory=dict)
     criteria: list[Criterion] = Field(default_factory=list)
+    checks: list[CheckSpec] = Field(default_factory=list)
+    # Glob patterns (relative to the workspace root) a change may not touch, added to
+    # DEFAULT_PROTECTED.
+    protected: list[str] = Field(default_factory=list)
 
     _root: Path = PrivateAttr(default_factory=Path.cwd)
     _source: Path | None = PrivateAttr(default=None)
@@ -247,6 +402,18 @@ class Workspace(_Strict):
                 for name in names:
                     if name not in known:
                         raise DomainError(("target", *subpath), f"placeholders among {{port}} and the declared knobs ({', '.join(sorted(self.knobs)) or 'none'})", "{" + name + "}")
+        names = [c.name for c in self.checks]
+        for i, check in enumerate(self.checks):
+            if names.count(check.name) > 1:
+                raise DomainError(("checks", i, "name"), "a check name used once", check.name)
+            for sub, text in _strings(check.config):
+                try:
+                    used = template.placeholders(text)
+                except ValueError as exc:
+                    raise DomainError(("checks", i, "config", *sub), "a template with {knob} placeholders", str(exc)) from None
+                for name in used:
+                    if name not in self.knobs:
+                        raise DomainError(("checks", i, "config", *sub), f"placeholders among the declared knobs ({', '.join(sorted(self.knobs)) or 'none'})", "{" + name + "}")
         for i, crit in enumerate(self.criteria):
             if crit.scenario is None:
                 if len(self.scenarios) != 1:
@@ -302,3 +469,13 @@ class Workspace(_Strict):
 
     def _file(self) -> str:
         return str(self._source) if self._source else "<workspace>"
+
+    @property
+    def protected_patterns(self) -> list[str]:
+        return [*DEFAULT_PROTECTED, *self.protected]
+
+    def check(self, name: str) -> CheckSpec:
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise ConfigError(self._file(), "checks", f"one of {[c.name for c in self.checks]}", name)

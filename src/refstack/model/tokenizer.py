@@ -1,7 +1,10 @@
 """Byte-level tokenizer: ids 0-255 are bytes, a few special tokens follow.
 
 Byte-level keeps the tokenizer exact and dependency-free: any text round-trips, and
-the model's random weights do not care about a learned vocabulary.
+the model's random weights do not care about a learned vocabulary.  "Any text" means
+valid Unicode: a lone surrogate (U+D800-U+DFFF outside a pair, which JSON can spell as
+``"\\ud800"``) has no UTF-8 bytes, and ``encode`` refuses it with ``UnencodableTextError``
+rather than inventing a replacement.
 """
 
 from __future__ import annotations
@@ -11,6 +14,16 @@ from collections.abc import Iterable, Mapping, Sequence
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|bos|>", "<|eos|>", "<|pad|>", "<|im_start|>", "<|im_end|>")
 NUM_BYTES = 256
+
+
+class UnencodableTextError(ValueError):
+    """Text with a character UTF-8 cannot encode (a lone surrogate); ``index`` is its position."""
+
+    def __init__(self, text: str, index: int) -> None:
+        self.index = index
+        self.char = text[index]
+        super().__init__(f"lone surrogate U+{ord(self.char):04X} at index {index} is not valid Unicode "
+                         "and has no UTF-8 encoding")
 
 
 class StreamDecoder:
@@ -68,7 +81,10 @@ class ByteTokenizer:
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         # Special-token strings inside text stay plain bytes, so user text can never
         # forge a turn boundary.
-        ids = list(text.encode("utf-8"))
+        try:
+            ids = list(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise UnencodableTextError(text, exc.start) from None
         return [self.bos_id, *ids] if add_bos else ids
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -81,6 +97,23 @@ class ByteTokenizer:
         if token_id < self.vocab_size:
             return SPECIAL_TOKENS[token_id - NUM_BYTES]
         return f"<|unused_{token_id}|>"
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The bytes a token stands for; None for special and unused ids."""
+        return bytes((token_id,)) if 0 <= token_id < NUM_BYTES else None
+
+    def token_text(self, token_id: int) -> str:
+        """A token as one string, the way OpenAI's logprobs name tokens.
+
+        An ASCII byte is its character; any other byte is only part of a UTF-8
+        character, so it reads ``bytes:\\xNN`` (OpenAI's spelling for a partial
+        character); special and unused ids read as their names.
+        """
+        if 0 <= token_id < 0x80:
+            return chr(token_id)
+        if token_id < NUM_BYTES:
+            return f"bytes:\\x{token_id:02x}"
+        return self.id_to_piece(token_id)
 
     def stream_decoder(self) -> StreamDecoder:
         return StreamDecoder()

@@ -2,6 +2,8 @@
 
 ``create_app`` builds everything (the model too) but starts nothing; the engine
 thread starts and stops with the app's lifespan.  There is no module-level app.
+The server-only knobs (``max_request_bytes``) are its keyword arguments; the engine's
+are in ``config``.
 """
 
 from __future__ import annotations
@@ -14,19 +16,25 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from infra_agent import tracing
-from refstack.engine import Engine, EngineConfig
+from refstack.engine import EngineConfig
+from refstack.knobs import knob
 from refstack.server.errors import APIError, api_error_handler
+from refstack.server.limits import BodySizeLimit
+from refstack.server.logprobs import LogprobEngine
 from refstack.server.metrics import EngineMetrics
 from refstack.server.openai_routes import register_openai_routes
 
+DEFAULT_MAX_REQUEST_BYTES: int = knob("max_request_bytes").default
 
-def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None) -> FastAPI:
+
+def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None,
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
     """Build a server app; ``model``/``tokenizer`` default to the config's preset."""
     if config.trace and not tracing.is_enabled():
         tracing.enable()  # in memory only: /debug/trace serves it; INFRA_AGENT_TRACE adds the file
     model_name = f"refstack-{config.preset}"
     metrics = EngineMetrics(model_name)
-    engine = Engine(config, model=model, tokenizer=tokenizer, observer=metrics)
+    engine = LogprobEngine(config, model=model, tokenizer=tokenizer, observer=metrics)
     metrics.bind(engine)
 
     @asynccontextmanager
@@ -42,6 +50,7 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
     app.state.metrics = metrics
     app.state.model_name = model_name
     app.add_exception_handler(APIError, api_error_handler)
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
     register_openai_routes(app, engine, model_name)
 
     @app.get("/health")
@@ -56,7 +65,12 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
 
     @app.get("/debug/trace")
     async def debug_trace(reset: bool = False) -> JSONResponse:
-        """The Chrome trace so far (empty unless tracing is on); ``?reset=true`` clears it."""
+        """The Chrome trace so far; ``?reset=true`` clears it.  409 while tracing is off."""
+        if not tracing.is_enabled():
+            # 409: the endpoint exists, but the server's state (tracing off) keeps it from answering.
+            raise APIError(409, "tracing is off, so there is no trace to serve: start the server with "
+                           "--trace true (or INFRA_AGENT_TRACE=path, which also writes the trace at exit)",
+                           code="tracing_disabled")
         snap = tracing.snapshot()
         if reset:
             tracing.reset()
@@ -74,6 +88,7 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
             "num_slots_used": engine.num_slots_used,
             "num_slots": config.slots,
             "max_seq_len": engine.max_seq_len,
+            "server": {"max_request_bytes": max_request_bytes},
         })
 
     return app

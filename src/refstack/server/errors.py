@@ -1,7 +1,9 @@
 """OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}``.
 
 Handlers raise ``APIError``; one exception handler turns it into the body, so every
-bad request gets the same shape whatever part of the server noticed it.
+bad request gets the same shape whatever part of the server noticed it.  Types are
+snake_case like OpenAI's (``invalid_request_error``, ``not_found_error``,
+``server_overloaded``, ``server_error``); codes are strings.
 """
 
 from __future__ import annotations
@@ -31,6 +33,19 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def model_not_found(name: str) -> APIError:
+    """vLLM's 404 for a model it does not serve (its message; this module's body shape)."""
+    return APIError(404, f"The model `{name}` does not exist.", type="not_found_error", param="model",
+                    code="model_not_found")
+
+
+def request_too_large(limit: int) -> APIError:
+    """413 for a body over ``--max-request-bytes``; the connection closes after it, since
+    the rest of the body is never read."""
+    return APIError(413, f"request body is larger than this server's limit of {limit} bytes "
+                    "(--max-request-bytes)", code="request_too_large", headers={"Connection": "close"})
 
 
 def from_validation_error(err: ValidationError) -> APIError:

@@ -1,7 +1,8 @@
 """OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
 
 Streaming answers are server-sent events ending in ``data: [DONE]``.  A client that
-goes away aborts its request: the engine frees its slot at the next step.
+goes away aborts its request: the engine frees its slot at the next step.  A ``model``
+other than the served one is a 404; logprobs ride with the text of each chunk.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from infra_agent import tracing
 from refstack.engine import Engine, QueueFullError, RequestOutput, SamplingParams
 from refstack.engine.consumers import RequestStream
-from refstack.server.errors import APIError, bad_request
+from refstack.model.tokenizer import UnencodableTextError
+from refstack.server.errors import APIError, bad_request, model_not_found
+from refstack.server.logprobs import ChatLogprobs, CompletionLogprobs, Entry, LogprobCursor
 from refstack.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body, sampling_params
 
 # How often a request with nothing to send checks whether its client is still there.
@@ -28,12 +31,23 @@ DISCONNECT_POLL_S = 0.25
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 RETRY_AFTER_S = 1
 
-Chunk = Callable[[str, str | None, dict[str, int] | None], dict[str, Any]]
+# A response chunk of the endpoint's shape: (text, finish_reason, usage, logprobs entries or None).
+Chunk = Callable[[str, str | None, dict[str, int] | None, list[Entry] | None], dict[str, Any]]
 
 
 def register_openai_routes(app: FastAPI, engine: Engine, model_name: str) -> None:
     tok = engine.tokenizer
     vocab = engine.model.config.vocab_size
+
+    def check_model(body: CompletionRequest | ChatCompletionRequest) -> None:
+        if body.model is not None and body.model != model_name:
+            raise model_not_found(body.model)
+
+    def encode(text: str, param: str, **kw: Any) -> list[int]:
+        try:
+            return tok.encode(text, **kw)
+        except UnencodableTextError as exc:  # parse_body refuses these first; this is the backstop
+            raise bad_request(f"'{param}': {exc}", param=param, code="invalid_value") from None
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -44,18 +58,23 @@ def register_openai_routes(app: FastAPI, engine: Engine, model_name: str) -> Non
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         body = parse_body(await request.body(), CompletionRequest)
+        check_model(body)
         if isinstance(body.prompt, str):
-            prompt_ids = tok.encode(body.prompt, add_bos=True)
+            prompt_ids = encode(body.prompt, "prompt", add_bos=True)
         else:
             if any(not 0 <= t < vocab for t in body.prompt):
                 raise bad_request(f"token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
             prompt_ids = list(body.prompt)
         params = sampling_params(body, len(prompt_ids), engine.max_seq_len, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        logprobs = CompletionLogprobs(tok)
 
-        def chunk(text: str, finish: str | None, usage: dict[str, int] | None) -> dict[str, Any]:
+        def chunk(text: str, finish: str | None, usage: dict[str, int] | None,
+                  entries: list[Entry] | None) -> dict[str, Any]:
             out: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                                   "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+                                   "choices": [{"index": 0, "text": text,
+                                                "logprobs": None if entries is None else logprobs.render(entries),
+                                                "finish_reason": finish}]}
             if usage is not None:
                 out["usage"] = usage
             return out
@@ -65,18 +84,25 @@ def register_openai_routes(app: FastAPI, engine: Engine, model_name: str) -> Non
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         body = parse_body(await request.body(), ChatCompletionRequest)
-        prompt_ids = tok.apply_chat_template([m.model_dump() for m in body.messages])
+        check_model(body)
+        try:
+            prompt_ids = tok.apply_chat_template([m.model_dump() for m in body.messages])
+        except UnencodableTextError as exc:
+            raise bad_request(f"'messages': {exc}", param="messages", code="invalid_value") from None
         params = sampling_params(body, len(prompt_ids), engine.max_seq_len, None, "messages")
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        logprobs = ChatLogprobs(tok)
 
-        def chunk(text: str, finish: str | None, usage: dict[str, int] | None) -> dict[str, Any]:
+        def chunk(text: str, finish: str | None, usage: dict[str, int] | None,
+                  entries: list[Entry] | None) -> dict[str, Any]:
+            rendered = None if entries is None else logprobs.render(entries)
             if body.stream:
                 choice: dict[str, Any] = {"index": 0, "delta": {} if finish else {"content": text},
-                                          "logprobs": None, "finish_reason": finish}
+                                          "logprobs": rendered, "finish_reason": finish}
                 obj = "chat.completion.chunk"
             else:
                 choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                          "logprobs": None, "finish_reason": finish}
+                          "logprobs": rendered, "finish_reason": finish}
                 obj = "chat.completion"
             out: dict[str, Any] = {"id": cid, "object": obj, "created": created, "model": model_name,
                                    "choices": [choice]}
@@ -108,8 +134,10 @@ async def _respond(engine: Engine, request: Request, stream: bool, include_usage
         raise APIError(503, f"server busy: {exc}; retry later", type="server_overloaded", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     tracing.instant("http.submit", cat="server", request_id=rs.request_id, path=request.url.path)
+    cursor = LogprobCursor(params)
     if stream:
-        return StreamingResponse(_sse(rs, request, include_usage, chunk, first), media_type="text/event-stream",
+        return StreamingResponse(_sse(rs, request, include_usage, chunk, first, cursor),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Request-Id": rs.request_id})
     text: list[str] = []
     last: RequestOutput | None = None
@@ -120,11 +148,12 @@ async def _respond(engine: Engine, request: Request, stream: bool, include_usage
         return JSONResponse({}, status_code=499)  # the client is gone; nobody reads this
     if last.finish_reason == "error":
         raise APIError(500, "the engine failed while running this request", type="server_error")
-    return JSONResponse(chunk("".join(text), last.finish_reason, _usage(last)))
+    entries = cursor.take(last.completion_tokens) if cursor.enabled else None
+    return JSONResponse(chunk("".join(text), last.finish_reason, _usage(last), entries))
 
 
 async def _sse(rs: RequestStream, request: Request, include_usage: bool, chunk: Chunk,
-               first: dict[str, Any] | None) -> AsyncIterator[str]:
+               first: dict[str, Any] | None, cursor: LogprobCursor) -> AsyncIterator[str]:
     try:
         if first is not None:
             yield _event(first)
@@ -132,12 +161,14 @@ async def _sse(rs: RequestStream, request: Request, include_usage: bool, chunk: 
             if out.finished and out.finish_reason == "error":
                 yield _event(APIError(500, "the engine failed while running this request", type="server_error").body())
                 break
+            # A delta's logprobs ride with its text: one entry per token id it carries.
+            entries = cursor.take(len(out.token_ids)) if cursor.enabled else None
             if out.finished:
                 if out.text or out.token_ids:
-                    yield _event(chunk(out.text, None, None))
+                    yield _event(chunk(out.text, None, None, entries))
                 # As OpenAI's API: usage travels only in its own last chunk, and only
                 # when the client asked for it with stream_options.include_usage.
-                final = chunk("", out.finish_reason, None)
+                final = chunk("", out.finish_reason, None, None)
                 yield _event(final)
                 if include_usage:
                     yield _event({**final, "choices": [], "usage": _usage(out)})
@@ -146,7 +177,7 @@ async def _sse(rs: RequestStream, request: Request, include_usage: bool, chunk: 
                 # UTF-8 character, text held back for a stop string), so a client that
                 # times every event sees every step.  Clients that follow vLLM's
                 # benchmark convention time content-bearing events only.
-                yield _event(chunk(out.text, None, None))
+                yield _event(chunk(out.text, None, None, entries))
         yield "data: [DONE]\n\n"
     finally:
         rs.abort()  # a write to a gone client closes this generator; free the slot now, not at GC

@@ -30,7 +30,8 @@ def _start(*args: str) -> FakeServer:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url + "/v1/models", timeout=1.0, trust_env=False).status_code == 200:
+            # Any answer but a server error: with --api-key-env, /v1/models says 401.
+            if httpx.get(url + "/v1/models", timeout=1.0, trust_env=False).status_code < 500:
                 return FakeServer(proc, url)
         except httpx.HTTPError:
             time.sleep(0.05)

@@ -1,9 +1,12 @@
 """A tiny real OpenAI-compatible streaming server for client tests (run as a subprocess).
 
-``python fake_openai_server.py [--token-delay-ms D] [--mode stream|json|die-after|empty] [--die-after N] [--no-usage] [--nagle] [--port P]``
+``python fake_openai_server.py [--token-delay-ms D] [--mode stream|json|die-after|empty] [--die-after N] [--no-usage] [--nagle]
+[--api-key-env NAME] [--require-header 'Name: value'] [--port P]``
 binds a free loopback port itself and prints ``READY http://127.0.0.1:PORT`` once serving.
 It exposes vLLM-named histograms under the ``refstack:`` prefix on /metrics so the
-Prometheus delta can be checked against what it served.
+Prometheus delta can be checked against what it served.  With ``--api-key-env NAME`` it
+answers every ``/v1`` request without ``Authorization: Bearer $NAME`` with 401, as vLLM's
+``--api-key`` does (``/metrics`` stays open, as there).
 """
 
 from __future__ import annotations
@@ -22,8 +25,20 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 
-def build_app(token_delay_s: float, mode: str, die_after: int, usage: bool = True) -> FastAPI:
+def build_app(token_delay_s: float, mode: str, die_after: int, usage: bool = True, api_key: str | None = None,
+              required: dict[str, str] | None = None) -> FastAPI:
     app = FastAPI()
+
+    @app.middleware("http")
+    async def check_auth(request: Request, call_next):  # type: ignore[no-untyped-def]
+        if request.url.path.startswith("/v1"):
+            if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+                return JSONResponse({"error": "Unauthorized"}, status_code=401)
+            for name, value in (required or {}).items():
+                if request.headers.get(name) != value:
+                    return JSONResponse({"error": f"missing header {name}"}, status_code=403)
+        return await call_next(request)
+
     registry = CollectorRegistry()
     e2e = Histogram("refstack:e2e_request_latency_seconds", "e2e", registry=registry)
     queue = Histogram("refstack:request_queue_time_seconds", "queue", registry=registry)
@@ -86,6 +101,8 @@ def main() -> None:
     ap.add_argument("--die-after", type=int, default=0)
     ap.add_argument("--no-usage", action="store_true", help="never send a usage chunk")
     ap.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    ap.add_argument("--api-key-env", help="require 'Authorization: Bearer $NAME' on /v1 requests")
+    ap.add_argument("--require-header", action="append", default=[], help="'Name: value' every /v1 request must carry")
     ap.add_argument("--nagle", action="store_true",
                     help="listen on a proto-0 socket, so Nagle's algorithm stays on for accepted connections "
                          "(reproduces a real server bug: streamed chunks held behind delayed ACKs)")
@@ -95,7 +112,9 @@ def main() -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))  # 0: the OS picks a free port
     port = sock.getsockname()[1]
-    app = build_app(args.token_delay_ms / 1e3, args.mode, args.die_after, usage=not args.no_usage)
+    api_key = os.environ[args.api_key_env] if args.api_key_env else None
+    required = dict((p.strip() for p in h.split(":", 1)) for h in args.require_header)
+    app = build_app(args.token_delay_ms / 1e3, args.mode, args.die_after, usage=not args.no_usage, api_key=api_key, required=required)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     print(f"READY http://127.0.0.1:{port}", flush=True)
     server.run(sockets=[sock])

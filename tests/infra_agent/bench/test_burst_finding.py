@@ -24,7 +24,7 @@ def _findings(url: str, tmp_path: Path) -> dict[str, dict]:
 def test_nagle_on_the_server_is_reported(fake_server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # 6 tokens 3 ms apart: the whole stream is shorter than one delayed ACK (~40 ms).
     found = _findings(fake_server_factory("--token-delay-ms", "3", "--nagle").url, tmp_path)
-    burst = found.get("streamed tokens arrive in bursts")
+    burst = found.get("bursty_stream")
     assert burst is not None, sorted(found)
     assert burst["evidence"]["short_share"] >= 0.3
     assert "TCP_NODELAY" in burst["next_question"]
@@ -32,4 +32,4 @@ def test_nagle_on_the_server_is_reported(fake_server_factory, tmp_path: Path) ->
 
 def test_a_streaming_server_is_not_reported(fake_server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     found = _findings(fake_server_factory("--token-delay-ms", "3").url, tmp_path)
-    assert "streamed tokens arrive in bursts" not in found
+    assert "bursty_stream" not in found

@@ -33,6 +33,14 @@ def test_check_text_table(specs_dir: Path) -> None:
     assert "FAIL" in res.stdout and "wrong shape" in res.stdout
 
 
+def test_check_text_says_what_ulp_covers(specs_dir: Path) -> None:
+    res = runner.invoke(app, ["kernel", "check", str(specs_dir / "matmul_spec.py"), "--seeds", "1", "--device", "cpu", "--precision", "tf32", "--timeout-s", "0"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    assert "ULP: max over elements with |ref| >= ulp_floor x RMS of the reference (default 0.01)" in text
+    assert "max_ulp_all" in text
+
+
 def test_bench_json(specs_dir: Path) -> None:
     res = runner.invoke(app, ["kernel", "bench", str(specs_dir / "matmul_spec.py"), "--device", "cpu", "--precision", "fp32", "--variant", "split_k4", *FAST, "--json"])
     assert res.exit_code == 0, res.output

@@ -65,3 +65,18 @@ def test_triton_kda_on_gpu_matches_and_counts(specs_dir: Path) -> None:
     kda_decode_triton(**inputs, BV=32, counter=counter)
     ops = {w.op: w for w in counter.ops()}
     assert ops["l2norm_qk"].repeat_factor == 4 and ops["l2norm_qk"].unique_keys == 16
+
+
+def test_isolated_check_on_cuda_survives_a_hung_variant(specs_dir: Path) -> None:
+    # The worker is started fresh (not forked), so it can use CUDA; a worker killed
+    # while it holds a CUDA context does not keep the next one from using the GPU.
+    from infra_agent.kernels.loader import select
+    from infra_agent.kernels.probe import run_lab
+
+    fb, (report,) = run_lab(load_specs(specs_dir / "matmul_spec.py"), "check", {"device": "cuda", "seeds": 1})
+    assert fb.ok and report.timeout_s == 60 and report.device == "cuda"  # type: ignore[union-attr]
+    hang = select(load_specs(specs_dir / "hang_spec.py"), "hang")
+    fb, (report,) = run_lab(hang, "check", {"device": "cuda", "timeout_s": 5})
+    status = {r.variant: (r.status, r.fault) for r in report.results}  # type: ignore[union-attr]
+    assert status["sleeps"] == ("failed", "timeout") and status["exits"] == ("failed", "crashed")
+    assert status["ok_before"] == status["ok_after"] == status["kernel"] == ("passed", None)

@@ -110,3 +110,27 @@ def test_violated_names_the_failed_criteria() -> None:
     assert both.violated == ["atol/rtol", "rel_fro"] and both.n_violations == 8
     assert compare(ref, ref, Tolerance(rel_fro=1e-5)).violated == []
     assert compare(out, ref, Tolerance(atol=1e-2, rel_fro=1e-5)).to_dict()["violated"] == ["rel_fro"]
+
+
+def test_max_ulp_leaves_out_references_near_zero() -> None:
+    # A GEMM-like result: every element carries an absolute error of about 1e-6, the
+    # output's scale times roundoff.  One reference sits at 1e-9 and one result
+    # crosses zero: in ULP of their own tiny magnitudes those errors are enormous.
+    ref = torch.tensor([3.0, -2.0, 1.5, 1e-9, -1e-10, 4.0], dtype=torch.float64)
+    out = (ref + torch.tensor([1e-6, -1e-6, 1e-6, 1e-6, 2e-10, 0.0], dtype=torch.float64)).float()
+    st = compare(out, ref, Tolerance(rel_fro=1e-5))
+    assert st.max_ulp_all > 1e6  # every element, as before
+    rms = float(ref.pow(2).mean().sqrt())
+    assert st.ulp_floor == pytest.approx(1e-2 * rms)  # DEFAULT_ULP_FLOOR x RMS
+    assert 1 <= st.max_ulp <= 16  # over |ref| >= the floor: ULP at the output's scale
+    # The ulp criterion judges the elements the figure covers ...
+    assert compare(out, ref, Tolerance(ulp=16)).passed
+    failing = compare(out, ref, Tolerance(ulp=1))
+    assert failing.violated == ["ulp"] and f"over elements with |ref| >= {st.ulp_floor:.3g} (0.01 x RMS of the reference)" in failing.reason
+    # ... and ulp_floor=0 judges every element (elementwise kernels, whose small
+    # outputs are as exact as their large ones).
+    every = compare(out, ref, Tolerance(ulp=16, ulp_floor=0.0))
+    assert not every.passed and every.max_ulp == every.max_ulp_all and every.n_violations == 2
+    # A non-finite value below the floor still shows.
+    out[3] = float("inf")
+    assert compare(out, ref, Tolerance(rel_fro=1.0)).max_ulp == math.inf

@@ -10,7 +10,7 @@ from infra_agent.feedback import Feedback, Tier
 from infra_agent.kernels.correctness import CheckReport, CheckResult
 from infra_agent.kernels.loader import load_specs
 from infra_agent.kernels.numerics import ErrorStats
-from infra_agent.kernels.probe import KernelProbe, check_feedback_parts, run_lab
+from infra_agent.kernels.probe import KernelConfig, KernelProbe, check_feedback_parts, run_lab
 from infra_agent.probes import ProbeContext, get_probe
 
 FAST_BENCH = {"mode": "bench", "budget_s": 0.02, "copy_bytes": 4 * 2**20, "matmul_n": 128, "seeds": 1}
@@ -22,6 +22,10 @@ def test_check_feedback_names_worst_element_and_round_trips(specs_dir: Path, tmp
     assert fb.tier == Tier.check and not fb.ok
     (mismatch,) = [f for f in fb.findings if f.kind == "mismatch"]
     assert mismatch.evidence["precision"] == "tf32" and mismatch.evidence["against"] == "kernel"
+    assert mismatch.location is not None and mismatch.location.component is None
+    assert (mismatch.location.variant, mismatch.location.precision) == ("split_k4_gemm_reduce", "tf32")
+    # ULP over elements near the output's scale; the figure over every element is kept.
+    assert 0 < mismatch.evidence["max_ulp"] <= mismatch.evidence["max_ulp_all"] and mismatch.evidence["ulp_floor"] > 0
     assert len(mismatch.evidence["worst_index"]) == 2
     assert "seed=" in mismatch.evidence["condition"] and "variant=split_k4_gemm_reduce" in mismatch.evidence["condition"]
     assert mismatch.next_question and "fp32" in mismatch.next_question  # it passes there
@@ -40,11 +44,12 @@ def test_bench_feedback_has_roofline_and_repeated_work(specs_dir: Path, tmp_path
     assert t.unit == "s" and t.value > 0 and t.better == "lower"
     assert fb.measurement("ceiling_copy_bandwidth").value > 0
     roofline = [f for f in fb.findings if f.kind == "roofline"]
-    assert {f.location.component for f in roofline if f.location} == {"variant=kernel", "variant=BV=16", "variant=BV=64", "variant=BV=128"}
-    repeated = {(f.location.component, f.evidence["op"]): f.evidence["repeat_factor"] for f in fb.findings if f.kind == "repeated_work" and f.location}
+    assert {f.location.variant for f in roofline if f.location} == {"kernel", "BV=16", "BV=64", "BV=128"}
+    assert all(f.location and f.location.precision == "fp32" and f.location.component is None for f in roofline)
+    repeated = {(f.location.variant, f.evidence["op"]): f.evidence["repeat_factor"] for f in fb.findings if f.kind == "repeated_work" and f.location}
     # V=128: BV=16 -> 8x, shipped BV=32 -> 4x, BV=64 -> 2x, BV=128 -> no repeat (no finding).
-    assert repeated[("variant=BV=16", "l2norm_qk")] == 8 and repeated[("variant=kernel", "gate")] == 4
-    assert repeated[("variant=BV=64", "l2norm_qk")] == 2 and ("variant=BV=128", "l2norm_qk") not in repeated
+    assert repeated[("BV=16", "l2norm_qk")] == 8 and repeated[("kernel", "gate")] == 4
+    assert repeated[("BV=64", "l2norm_qk")] == 2 and ("BV=128", "l2norm_qk") not in repeated
     assert Feedback.from_json(fb.to_json()) == fb
 
 
@@ -59,15 +64,22 @@ def test_bench_refuses_speed_for_failing_combination(specs_dir: Path, tmp_path: 
     assert timed == {("kernel", "precision=fp32"), ("kernel", "precision=tf32"), ("split_k4_gemm_reduce", "precision=fp32")}
 
 
-def test_tier_declares_cheapest_and_tier_for_matches_feedback(specs_dir: Path, tmp_path: Path) -> None:
-    assert KernelProbe.tier == Tier.check
-    assert KernelProbe.tier_for({}) == Tier.check and KernelProbe.tier_for({"mode": "bench"}) == Tier.micro
-    assert all(KernelProbe.tier.rank <= KernelProbe.tier_for({"mode": m}).rank for m in ("check", "bench"))
-    with pytest.raises(ConfigError):
-        KernelProbe.tier_for({"mode": "profile"})
+def test_base_tier_is_cheapest_and_tier_of_config_matches_feedback(specs_dir: Path, tmp_path: Path) -> None:
+    assert KernelProbe.base_tier == Tier.check and KernelProbe.tier() == Tier.check
+    check = KernelProbe.parse_config({"spec": "s.py"})
+    bench = KernelProbe.parse_config({"spec": "s.py", "mode": "bench"})
+    assert isinstance(check, KernelConfig) and KernelProbe.tier(check) == Tier.check and KernelProbe.tier(bench) == Tier.micro
+    assert all(KernelProbe.base_tier.rank <= KernelProbe.tier(c).rank for c in (check, bench))
+    for bad in ({"spec": "s.py", "mode": "profile"}, {"spec": "s.py", "timeout_s": -1}, {"spec": "s.py", "seed": 3}):
+        with pytest.raises(ConfigError):
+            KernelProbe.parse_config(bad)
     config = {"spec": str(specs_dir / "bench_raises_spec.py"), **FAST_BENCH}
     fb = KernelProbe().run(config, ProbeContext(workdir=tmp_path))
-    assert fb.tier == KernelProbe.tier_for(config)
+    assert fb.tier == KernelProbe.tier(KernelProbe.parse_config(config)) == Tier.micro
+    # run() takes the typed config as well as a mapping.
+    typed = KernelConfig(spec=str(specs_dir / "matmul_spec.py"), seeds=1, precisions="fp32", variants=["kernel"], device="cpu")
+    fb = KernelProbe().run(typed, ProbeContext(workdir=tmp_path, progress=False))
+    assert fb.ok and fb.tier == Tier.check and fb.meta["checked"] > 0
 
 
 def test_bench_entry_raising_while_timed_fails_the_run(specs_dir: Path, tmp_path: Path) -> None:
@@ -77,17 +89,21 @@ def test_bench_entry_raising_while_timed_fails_the_run(specs_dir: Path, tmp_path
     assert fb.meta["checked"] > 0 and fb.meta["timing_failures"] == 1
 
 
-def test_error_metric_interval_is_clamped_at_zero() -> None:
+def test_error_metric_interval_stays_within_the_samples() -> None:
     def result(seed: int, err: float) -> CheckResult:
         stats = ErrorStats(err, err, err * 1e6, err, (0,), 0.0, 0.0, 4)
         return CheckResult("kernel", "reference", "fp32", "N=4", "float32", seed, "out", "passed", stats=stats)
 
-    # Two seeds an order of magnitude apart: the t-interval (t=12.7) would reach -6e-5.
+    # Two seeds two orders of magnitude apart.  The interval is a bootstrap interval of
+    # the median: it lies within the observed errors, so it is never negative and
+    # needs no clamping (a t-interval of the mean would reach -6e-5 here).
     report = CheckReport("s", "", "cpu", [1, 2], results=[result(1, 1e-7), result(2, 1e-5)])
     ms, _ = check_feedback_parts(report)
     assert {m.name for m in ms} == {"rel_fro_error_vs_reference", "max_abs_error_vs_reference", "max_ulp_vs_reference"}
     for m in ms:
-        assert m.summary is not None and m.summary.ci_low == 0.0 and m.summary.ci_high > m.summary.max
+        s = m.summary
+        assert s is not None and s.ci_stat == "median" and m.better == "lower"
+        assert 0 < s.min <= s.ci_low <= s.median <= s.ci_high <= s.max
 
 
 def test_names_several_specs_declare_apply_where_declared(specs_dir: Path) -> None:

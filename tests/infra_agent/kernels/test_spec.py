@@ -31,6 +31,9 @@ def test_tolerance_needs_a_criterion() -> None:
     with pytest.raises(KernelSpecError, match="rtol"):
         Tolerance(rtol=-1.0)
     assert Tolerance(atol=1e-3, ulp=4).describe() == "atol=0.001 ulp=4"
+    assert Tolerance(ulp=4, ulp_floor=0).describe() == "ulp=4 ulp_floor=0"
+    with pytest.raises(KernelSpecError, match="ulp_floor"):
+        Tolerance(ulp=4, ulp_floor=-1.0)
 
 
 def _noop(x, *, precision="fp32"):  # type: ignore[no-untyped-def]
@@ -62,4 +65,6 @@ def test_problems_and_decorator() -> None:
     assert my_kernel.name == "my_kernel" and my_kernel.kernel.__name__ == "my_kernel"
     fields = [f for f, _ in my_kernel.problems()]
     assert fields == ["reference", "shapes", "precisions", "a"]
+    slow = KernelSpec(name="s", kernel=_noop, reference=_noop, inputs=lambda s, d, seed, dev: {}, shapes=[{"N": 1}], timeout_s=0)
+    assert [f for f, _ in slow.problems()] == ["timeout_s"]
     assert shape_label({"M": 1, "K": 2}) == "M=1,K=2"

@@ -48,13 +48,13 @@ def test_example_workspace_validates() -> None:
 
 # (description, edit of GOOD, field path, fragment of expected, got)
 BAD_CASES = [
-    ("unknown top key", lambda t: t + "colour: red\n", "colour", "one of the keys criteria, knobs, name, scenarios, target", "colour"),
+    ("unknown top key", lambda t: t + "colour: red\n", "colour", "one of the keys checks, criteria, knobs, name, protected, scenarios, target", "colour"),
     ("unknown nested key", lambda t: t.replace("input_len: 128,", "input_len: 128, inptu_len: 3,"),
      "scenarios.short.dataset.inptu_len", "one of the keys input_len, kind, output_len", "inptu_len"),
     ("wrong type", lambda t: t.replace("input_len: 128", "input_len: lots"),
      "scenarios.short.dataset.input_len", "valid integer", "lots"),
     ("out of range", lambda t: t.replace("num_requests: 50", "num_requests: 0"),
-     "scenarios.short.num_requests", "greater than 0", 0),
+     "scenarios.short.num_requests", "a number greater than 0", 0),
     ("missing field", lambda t: t.replace("    num_requests: 10\n", ""),
      "scenarios.long.num_requests", "required", None),
     ("knob default outside domain", lambda t: t.replace("default: 16", "default: 999"),
@@ -73,7 +73,15 @@ BAD_CASES = [
      "criteria.0.scenario", "one of the scenarios ['long', 'short']", "lng"),
     ("criterion with ratio and value", lambda t: t.replace("ratio: 0.95", "ratio: 0.95, value: 3"),
      "criteria.0", "exactly one of `ratio`", "both"),
-    ("criterion on a metric of unknown direction", lambda t: t.replace("metric: total_token_throughput", "metric: zap"),
+    ("criterion on an unknown metric", lambda t: t.replace("metric: total_token_throughput", "metric: zap"),
+     "criteria.0.metric", "a metric a benchmark result holds (one of request_throughput", "zap"),
+    ("misspelled criterion metric with an op", lambda t: t.replace("metric: total_token_throughput", 'metric: total_token_throughputt, op: ">="'),
+     "criteria.0.metric", "did you mean 'total_token_throughput'?", "total_token_throughputt"),
+    ("misspelled latency metric", lambda t: t.replace("metric: p99_ttft_ms", "metric: p99_ttf_ms"),
+     "criteria.1.metric", "did you mean 'p99_ttft_ms'?", "p99_ttf_ms"),
+    ("percentile above 100", lambda t: t.replace("metric: p99_ttft_ms", "metric: p999_ttft_ms"),
+     "criteria.1.metric", "a metric a benchmark result holds", "p999_ttft_ms"),
+    ("custom metric of unknown direction", lambda t: t.replace("metric: total_token_throughput", "metric: zap, custom: true"),
      "criteria.0.op", "an explicit op", None),
     ("jsonl file missing", lambda t: t.replace("{kind: random, input_len: 128, output_len: 32}", "{kind: jsonl, path: prompts.jsonl, output_len: 8}"),
      "scenarios.short.dataset.path", "an existing file", "prompts.jsonl"),
@@ -189,3 +197,70 @@ def test_metric_directions_follow_vllm_keys() -> None:
     assert metric_direction("median_e2el_ms") == "lower"
     assert metric_direction("failed") == "lower"
     assert metric_direction("something_else") is None
+
+
+def test_custom_metric_is_accepted_with_an_op(write_ws, good: str) -> None:
+    ws = load_workspace(write_ws(good.replace("metric: total_token_throughput", 'metric: server_prefill_mean_ms, custom: true, op: "<="')))
+    assert (ws.criteria[0].metric, ws.criteria[0].custom, ws.criteria[0].op) == ("server_prefill_mean_ms", True, "<=")
+    assert ws.criteria[1].custom is False
+    # known metrics, every percentile form included, need no flag
+    for metric in ("p99.9_itl_ms", "std_e2el_ms", "p100_tpot_ms", "total_output_tokens", "request_goodput"):
+        assert load_workspace(write_ws(good.replace("metric: p99_ttft_ms", f"metric: {metric}, op: '<='"))).criteria[1].metric == metric
+
+
+# (edit of GOOD, the whole message after "file:line:col: ") -- how a person reads it
+MESSAGES = [
+    (lambda t: t.replace("num_requests: 50", "num_requests: -1"), "scenarios.short.num_requests: expected a number greater than 0, got -1"),
+    (lambda t: t.replace("num_requests: 50", "num_requests: 1.5"), "scenarios.short.num_requests: expected a valid integer, got 1.5"),
+    (lambda t: t.replace("num_requests: 50", "num_requests: many"), "scenarios.short.num_requests: expected a valid integer, got 'many'"),
+    (lambda t: t.replace("request_rate: inf", "request_rate: fast"), "scenarios.short.request_rate: expected a valid number, got 'fast'"),
+    (lambda t: t.replace("request_rate: inf", "request_rate: 0"), "scenarios.short.request_rate: expected a number greater than 0, got 0"),
+    (lambda t: t.replace("output_len: 32}", "output_len: 32, range_ratio: 1.5}"),
+     "scenarios.short.dataset.range_ratio: expected a number less than 1, got 1.5"),
+    (lambda t: t.replace("request_rate: inf", "request_rate: inf\n    warmup_requests: -1"),
+     "scenarios.short.warmup_requests: expected a number greater than or equal to 0, got -1"),
+    (lambda t: t.replace("slo: {ttft_ms: 500}", "slo: 5"), "scenarios.long.slo: expected a mapping (key: value lines, or {key: value}), got 5"),
+    (lambda t: t.replace("endpoint: chat", "endpoint: chatt"), "scenarios.long.endpoint: expected 'completions' or 'chat', got 'chatt'"),
+    (lambda t: t.replace("command: python -m http.server {port} --bind 127.0.0.1 --directory {root_dir}", "command: []"),
+     "target.command: expected a valid string or a list of at least 1 item, got []"),
+]
+
+
+@pytest.mark.parametrize(("edit", "message"), MESSAGES, ids=[m[1].split(":")[0] + "-" + str(i) for i, m in enumerate(MESSAGES)])
+def test_messages_read_as_one_sentence(write_ws, good: str, edit, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_workspace(write_ws(edit(good)))
+    text = str(info.value)
+    assert text.split(": ", 1)[1] == message
+    assert "Input should" not in text and "should have" not in text and "Value error" not in text
+    assert text.count("got") == 1
+
+
+def test_translation_of_other_models_and_validator_messages() -> None:
+    from pydantic import BaseModel, Field, ValidationError, field_validator
+
+    from infra_agent.workspace.loader import expected_text, translate_validation_error
+
+    class Step(BaseModel):
+        name: str = Field(min_length=1)
+        kind: str = "x"
+        tries: list[int] = Field(default_factory=list, min_length=1)
+
+        @field_validator("kind")
+        @classmethod
+        def _kind(cls, kind: str) -> str:
+            if kind != "x":  # a validator that words its own message, "got" included
+                raise ValueError(f"expected a kind among ['x'], got {kind!r}")
+            return kind
+
+    def problem(data: dict) -> ConfigError:
+        try:
+            Step.model_validate(data)
+        except ValidationError as exc:
+            return translate_validation_error(exc, "steps.yaml", root=Step)
+        raise AssertionError("no error")
+
+    assert str(problem({"name": "a", "kind": "y", "tries": [1]})) == "steps.yaml: kind: expected a kind among ['x'], got 'y'"
+    assert str(problem({"name": "", "tries": [1]})) == "steps.yaml: name: expected text of at least 1 character, got ''"
+    assert str(problem({"name": "a", "tries": []})) == "steps.yaml: tries: expected a list of at least 1 item, got []"
+    assert expected_text({"type": "assertion_error", "msg": "Assertion failed, a positive count"}) == "a positive count"

@@ -46,6 +46,9 @@ BAD = [
     ("malformed-yaml", lambda t: t + "knobs: [\n", [], "expected valid YAML"),
     ("unknown-key", lambda t: t + "colour: red\n", [], "colour: expected one of the keys"),
     ("wrong-type", lambda t: t.replace("input_len: 128", "input_len: lots"), [], "scenarios.short.dataset.input_len: expected a valid integer"),
+    ("out-of-range", lambda t: t.replace("num_requests: 50", "num_requests: 0"), [], "scenarios.short.num_requests: expected a number greater than 0, got 0"),
+    ("misspelled-metric", lambda t: t.replace("metric: total_token_throughput", 'metric: total_token_throughputt, op: ">="'), [],
+     "criteria.0.metric: expected a metric a benchmark result holds (did you mean 'total_token_throughput'?), or `custom: true` on the criterion for a metric of your own, got 'total_token_throughputt'"),
     ("default-outside-domain", lambda t: t.replace("default: 16", "default: 0"), [], "knobs.max_running.default: expected int in [1, 256], got 0"),
     ("unknown-placeholder", lambda t: t.replace("{root_dir}", "{nope}"), [], "target.command: expected placeholders among {port}"),
     ("set-outside-domain", lambda t: t, ["--set", "max_running=1000"], "knobs.max_running: expected int in [1, 256], got '1000'"),
@@ -80,3 +83,32 @@ def test_validate_in_a_real_process(write_ws, good: str) -> None:
     assert proc.returncode == 2
     assert "scenarios.short.num_requests" in proc.stderr and "many" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_validate_masks_secret_env_values_in_every_output(write_ws, good: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    token, key = "hf_aVeryPrivateToken123", "sk-another-secret-456"
+    text = good.replace("env: {OMP_NUM_THREADS: 4}", f"env: {{OMP_NUM_THREADS: 4, HF_TOKEN: {token}, OPENAI_API_KEY: {key}}}")
+    text = text.replace("--directory {root_dir}", f"--directory {{root_dir}} --hf-token {token}")
+    file = write_ws(text)
+    monkeypatch.setenv("MY_SERVICE_PASSWORD", "process-level-secret")
+    human = runner.invoke(app, ["validate", str(file.parent)])
+    assert human.exit_code == 0, human.output
+    flat = " ".join(human.stdout.split())
+    assert "HF_TOKEN=*** OPENAI_API_KEY=***" in flat and "OMP_NUM_THREADS=4" in flat
+    assert "--hf-token ***" in flat
+    js = runner.invoke(app, ["validate", str(file.parent), "--json"])
+    assert js.exit_code == 0, js.output
+    data = json.loads(js.stdout)
+    assert data["workspace"]["target"]["env"] == {"OMP_NUM_THREADS": "4", "HF_TOKEN": "***", "OPENAI_API_KEY": "***"}
+    assert data["workspace"]["target"]["command"].endswith("--hf-token ***")
+    for out in (human.output, js.output):
+        assert token not in out and key not in out
+    # a secret of the environment validate runs in is masked where it recurs too
+    file = write_ws(good.replace("--directory {root_dir}", "--directory {root_dir} --password process-level-secret"))
+    for args in ([], ["--json"]):
+        res = runner.invoke(app, ["validate", str(file.parent), *args])
+        assert res.exit_code == 0 and "process-level-secret" not in res.output
+    # a knob whose name only looks secret keeps its value
+    file = write_ws(good.replace("knobs:\n", "knobs:\n  max_num_batched_tokens: {type: int, min: 1, default: 8192}\n"))
+    data = json.loads(runner.invoke(app, ["validate", str(file.parent), "--json"]).stdout)
+    assert data["knob_values"]["max_num_batched_tokens"] == 8192

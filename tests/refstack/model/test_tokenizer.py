@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from refstack.model import ByteTokenizer, HybridConfig
+from refstack.model.tokenizer import UnencodableTextError
 
 
 def test_round_trip_with_multibyte_text() -> None:
@@ -59,3 +62,22 @@ def test_model_vocab_covers_tokenizer() -> None:
     tok = ByteTokenizer()
     for name in ("tiny", "small"):
         assert HybridConfig.preset(name).vocab_size >= tok.vocab_size
+
+
+def test_lone_surrogate_is_refused_with_its_position() -> None:
+    tok = ByteTokenizer()
+    with pytest.raises(UnencodableTextError, match=r"lone surrogate U\+D800 at index 2") as err:
+        tok.encode("ok\ud800!")
+    assert isinstance(err.value, ValueError) and err.value.index == 2
+    with pytest.raises(UnencodableTextError, match=r"U\+DFFF"):
+        tok.apply_chat_template([{"role": "user", "content": "\udfff"}])
+    # A proper pair is one character (U+1F600) and encodes as its 4 UTF-8 bytes.
+    assert tok.encode("\U0001F600") == list("\U0001F600".encode())
+
+
+def test_token_text_and_bytes_name_every_id() -> None:
+    tok = ByteTokenizer()
+    assert (tok.token_text(ord("a")), tok.token_bytes(ord("a"))) == ("a", b"a")
+    assert (tok.token_text(0xE6), tok.token_bytes(0xE6)) == ("bytes:\\xe6", b"\xe6")
+    assert (tok.token_text(tok.eos_id), tok.token_bytes(tok.eos_id)) == ("<|eos|>", None)
+    assert len({tok.token_text(i) for i in range(tok.vocab_size)}) == tok.vocab_size  # distinct names

@@ -15,7 +15,8 @@ from refstack.engine.config import EngineConfig
 from refstack.knobs import KNOBS, KnobError, engine_config, knob, parse_knobs
 
 REQUIRED = {"preset", "host", "port", "max_running", "max_batch_tokens", "prefill_chunk", "max_waiting", "num_slots",
-            "max_seq_len", "seed", "lm_head_precision", "dtype", "torch_threads", "step_delay_ms"}
+            "max_seq_len", "seed", "lm_head_precision", "dtype", "torch_threads", "step_delay_ms",
+            "max_request_bytes"}
 
 
 def refstack(*args: str) -> subprocess.CompletedProcess[str]:
@@ -34,6 +35,7 @@ def test_knobs_json_lists_every_knob_with_its_domain() -> None:
     assert listed["dtype"]["domain"] == {"choices": ["auto", "float32", "bfloat16"]} and listed["dtype"]["default"] == "auto"
     assert listed["step_delay_ms"]["domain"]["min"] == 0.0 and "calibration" in listed["step_delay_ms"]["help"].lower()
     assert listed["max_running"]["domain"]["min"] == 1
+    assert listed["max_request_bytes"]["default"] == 1 << 20 and listed["max_request_bytes"]["components"] == ["server"]
 
 
 def test_serve_help_shows_every_knob() -> None:
@@ -51,6 +53,7 @@ def test_serve_help_shows_every_knob() -> None:
     ["serve", "--dtype", "float16"],
     ["serve", "--step-delay-ms", "-1"],
     ["serve", "--port", "70000"],
+    ["serve", "--max-request-bytes", "10"],
     ["frobnicate"],
 ])
 def test_bad_flags_exit_non_zero_with_one_line(args: list[str]) -> None:
@@ -62,7 +65,7 @@ def test_bad_flags_exit_non_zero_with_one_line(args: list[str]) -> None:
 
 
 def test_engine_knobs_are_exactly_the_engine_config_fields() -> None:
-    server_only = {"host", "port", "log_level"}
+    server_only = {"host", "port", "log_level", "max_request_bytes"}
     assert {k.name for k in KNOBS} - server_only == {f.name for f in dataclasses.fields(EngineConfig)}
     cfg = engine_config(parse_knobs({"max_running": "4", "lm_head_precision": "bf16", "trace": "yes"}))
     assert (cfg.max_running, cfg.lm_head_precision, cfg.trace, cfg.max_batch_tokens) == (4, "bf16", True, 512)

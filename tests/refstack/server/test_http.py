@@ -129,8 +129,3 @@ def test_bad_requests_get_an_openai_error_body(refstack_server: Any, path: str, 
     # ... and the server is still up and serving.
     assert httpx.get(refstack_server.url + "/health").status_code == 200
 
-
-def test_trace_endpoint_is_empty_when_tracing_is_off(refstack_server: Any) -> None:
-    trace = httpx.get(refstack_server.url + "/debug/trace").json()
-    assert isinstance(trace["traceEvents"], list)
-    assert not [e for e in trace["traceEvents"] if e["ph"] == "X"]

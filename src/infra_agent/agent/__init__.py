@@ -1,0 +1,1 @@
+"""The agent loop: experiments, planner, executors, proposers (see DESIGN.md)."""

@@ -1,0 +1,54 @@
+"""The executor interface: run a planned experiment, return what it measured.
+
+The loop talks to an executor only through ``execute`` / ``finalize`` / ``cleanup``,
+so a distributed executor (experiments as tasks on other machines) can replace the
+local one without the loop changing.  An executor never judges: it returns the
+Feedback of each side and the cheap gates it ran, and the loop's judge decides.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from infra_agent.agent.experiment import Experiment
+from infra_agent.agent.planner import Plan
+from infra_agent.feedback import Feedback
+
+OnEvent = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Execution:
+    status: Literal["done", "error", "timeout", "rejected"]
+    error: str | None = None
+    # scenario (ab) or check name (pair) -> one Feedback per run, index-paired across sides
+    candidate: dict[str, list[Feedback]] = field(default_factory=dict)
+    baseline: dict[str, list[Feedback]] = field(default_factory=dict)
+    checks: dict[str, Feedback] = field(default_factory=dict)  # cheap gates run on the candidate first
+    wall_s: float = 0.0
+    e2e_runs: int = 0
+    probe_runs: int = 0
+
+
+class Executor(ABC):
+    name: str = "executor"
+
+    @abstractmethod
+    def execute(self, exp: Experiment, plan: Plan, best: Experiment, on_event: OnEvent | None = None) -> Execution:
+        """Run the plan for ``exp`` against ``best`` (the A side)."""
+
+    @abstractmethod
+    def measure(self, exp: Experiment, scenarios: list[str], repeats: int, checks: list[str],
+                on_event: OnEvent | None = None, result_metrics: list[str] | None = None) -> Execution:
+        """Measure one configuration alone (the baseline): serving windows and checks."""
+
+    @abstractmethod
+    def finalize(self, exp: Experiment, accepted: bool, message: str) -> str | None:
+        """Keep (commit) or discard the experiment's code; returns the commit of an accepted code change."""
+
+    @abstractmethod
+    def cleanup(self, exp_ids: list[str] | None = None) -> list[str]:
+        """Kill leftover processes and remove leftover worktrees (of ``exp_ids``, or of the whole run)."""

@@ -1,0 +1,201 @@
+"""The experiment model: what the agent proposes, runs and records.
+
+- ``Hypothesis``: one stated, falsifiable claim: the metric it predicts, the direction
+  and the minimum effect, and the locality it is about (a ``Location``, the same
+  vocabulary findings use).
+- ``Change``: knob values and/or a unified diff against the workspace's code.
+- ``ProbeCall``: the probe the planner chose, with its typed config (as JSON) and tier.
+- ``Verdict``: supported / refuted / inconclusive, with the effect, its interval, and
+  the outcome of every gate (the workspace's criteria and checks).
+- ``Cost``: wall seconds, probe tier, e2e runs, LLM tokens.
+- ``Experiment``: all of the above plus identity (id, parent) and status.
+
+Accepted experiments form the path from the baseline to the current best (each one's
+parent is the best at the time it was proposed); the others stay in the tree as
+evidence.  Everything here is plain pydantic, JSON-serialisable, stored whole in the
+ledger.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from infra_agent.feedback import Feedback, Location, Tier
+
+Direction = Literal["higher", "lower"]
+VerdictOutcome = Literal["supported", "refuted", "inconclusive"]
+# The baseline and the final confirmation are measurements, not claims.
+RecordOutcome = Literal["supported", "refuted", "inconclusive", "baseline", "confirmed", "not_confirmed"]
+GateOutcome = Literal["pass", "fail", "inconclusive", "error", "skipped"]
+Status = Literal["proposed", "running", "done", "rejected", "error", "timeout", "interrupted"]
+# Statuses after which an experiment is never run again (resume skips them).
+FINISHED: frozenset[str] = frozenset({"done", "rejected", "error", "timeout"})
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Hypothesis(_Model):
+    """A claim one experiment can support or refute."""
+
+    statement: str = Field(min_length=1, description="the claim, in one sentence")
+    metric: str = Field(min_length=1, description="the metric it predicts (a result key, e.g. output_throughput, "
+                                                   "p99_ttft_ms, or a kernel metric such as failed_checks)")
+    direction: Direction = Field(description="which way the metric moves if the claim holds")
+    min_effect: float = Field(0.0, ge=0, description="smallest relative change that counts (0.05 = 5%); "
+                                                     "for a count metric such as failed_checks, the absolute change")
+    scenario: str | None = Field(None, description="the workspace scenario it is about (e2e metrics)")
+    locality: Location = Field(default_factory=Location, description="what it is about: component, knob, kernel, "
+                                                                     "variant, precision, thread or span")
+
+    def gate_text(self) -> str:
+        """The hypothesis as a ratio gate on candidate/baseline (``metric>=1.2``)."""
+        op = ">=" if self.direction == "higher" else "<="
+        ratio = 1 + self.min_effect if self.direction == "higher" else 1 / (1 + self.min_effect)
+        return f"{self.metric}{op}{ratio:.6g}"
+
+
+class Change(_Model):
+    """What differs from the parent: knob values and/or a unified diff."""
+
+    knobs: dict[str, bool | int | float | str] = Field(default_factory=dict)
+    diff: str | None = Field(None, description="a unified diff against the parent's code (git apply format)")
+    description: str = ""
+
+    @property
+    def empty(self) -> bool:
+        return not self.knobs and not (self.diff and self.diff.strip())
+
+    def key(self) -> str:
+        """A stable identity for de-duplicating proposals."""
+        import hashlib
+
+        knobs = ",".join(f"{k}={v!r}" for k, v in sorted(self.knobs.items()))
+        # A content hash, stable across processes (resume compares keys from the ledger).
+        diff = hashlib.sha256(self.diff.strip().encode()).hexdigest()[:16] if self.diff and self.diff.strip() else ""
+        return f"{knobs}|{diff}"
+
+
+class ProbeCall(_Model):
+    name: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    tier: Tier
+    reason: str = Field("", description="why the planner chose it (scope, cost)")
+
+
+class GateResult(_Model):
+    """One gate (a criterion or a check) evaluated on one configuration."""
+
+    name: str
+    gate: str  # e.g. "output_throughput>=300 @chat" or "check lm-head-tp"
+    kind: Literal["absolute", "relative", "check", "hypothesis"]
+    outcome: GateOutcome
+    value: float | None = None  # the estimate (a ratio for relative gates)
+    low: float | None = None
+    high: float | None = None
+    interval: str = ""  # what the interval is: "95% paired bootstrap CI of the mean ratio over 3 runs"
+    message: str = ""
+    more_samples: int | None = None
+    measured_in: str | None = None  # the experiment id whose runs gave this outcome
+
+    @field_validator("value", "low", "high")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        return v if v is None or math.isfinite(v) else None
+
+
+class Verdict(_Model):
+    outcome: RecordOutcome
+    effect: float | None = None  # candidate/baseline ratio of the hypothesis metric (or a difference for counts)
+    low: float | None = None
+    high: float | None = None
+    interval: str = ""
+    gates: list[GateResult] = Field(default_factory=list)
+    accepted: bool = False
+    message: str = ""
+
+    @property
+    def failed_gates(self) -> list[GateResult]:
+        return [g for g in self.gates if g.outcome == "fail"]
+
+
+class Cost(_Model):
+    wall_s: float = 0.0
+    tier: Tier | None = None
+    e2e_runs: int = 0
+    probe_runs: int = 0
+    llm_tokens: int = 0
+
+
+class Experiment(_Model):
+    id: str
+    run_id: str
+    seq: int
+    parent: str | None = None  # None: the baseline itself
+    proposer: str = ""
+    role: Literal["baseline", "experiment", "confirm"] = "experiment"
+    hypothesis: Hypothesis
+    change: Change = Field(default_factory=Change)
+    probe: ProbeCall | None = None
+    status: Status = "proposed"
+    error: str | None = None
+    # Feedback of the candidate side (and the baseline side when the probe ran both).
+    feedback: Feedback | None = None
+    baseline_feedback: Feedback | None = None
+    # The workspace checks run on the candidate (cheap gates, or the check the
+    # experiment was about), by check name.
+    checks: dict[str, Feedback] = Field(default_factory=dict)
+    verdict: Verdict | None = None
+    cost: Cost = Field(default_factory=Cost)
+    # The knob values the candidate ran with (parent's config + this change), and the
+    # code it ran: the parent's commit, and the commit made when it was accepted.
+    knobs: dict[str, Any] = Field(default_factory=dict)
+    base_commit: str | None = None
+    commit: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict is not None and self.verdict.accepted
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+
+class Step(_Model):
+    """What a proposer hands the loop: the question and the change; the planner picks the probe."""
+
+    hypothesis: Hypothesis
+    change: Change = Field(default_factory=Change)
+    probe: str | None = Field(None, description="a probe name to force; None lets the planner choose")
+    probe_config: dict[str, Any] = Field(default_factory=dict)
+    rationale: str = ""
+    llm_tokens: int = 0
+
+
+RunStatus = Literal["running", "done", "interrupted", "error", "budget"]
+
+
+class RunRecord(_Model):
+    """One ``infra-agent run``: its options, where it stands, and its gate tables."""
+
+    id: str
+    workspace: str  # the workspace root
+    proposer: str
+    status: RunStatus = "running"
+    started_at: float
+    finished_at: float | None = None
+    # Everything needed to resume: budgets, pairs, proposer options, scenario choice.
+    options: dict[str, Any] = Field(default_factory=dict)
+    baseline: str | None = None  # the baseline experiment's id
+    best: str | None = None  # the current best experiment's id
+    branch: str | None = None  # the git branch that collects accepted commits
+    gates_before: list[GateResult] = Field(default_factory=list)
+    gates_after: list[GateResult] = Field(default_factory=list)
+    message: str = ""

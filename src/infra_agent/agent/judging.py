@@ -1,0 +1,89 @@
+"""From an execution to a verdict: the hypothesis, the gates, and whether to accept.
+
+An experiment is accepted when its hypothesis is supported and it breaks no gate that
+held on its parent (a criterion, a check).  A gate that failed on the parent may still
+fail: progress on one criterion is not blocked by another that was already red.  The
+best configuration's gate table is the latest outcome of every gate, each labelled
+with the experiment that measured it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infra_agent.agent.executors.base import Execution
+from infra_agent.agent.experiment import Experiment, GateResult, Verdict
+from infra_agent.agent.planner import Plan
+from infra_agent.feedback import Feedback, Measurement
+from infra_agent.judge.gates import check_gate, criteria_gates, hypothesis_outcome
+
+
+def merge_feedback(feedbacks: list[Feedback]) -> Feedback | None:
+    """Runs of one probe as one Feedback: samples pooled per (name, tags), findings de-duplicated."""
+    if not feedbacks:
+        return None
+    first = feedbacks[0]
+    merged: dict[tuple[str, tuple[tuple[str, str], ...]], Measurement] = {}
+    for fb in feedbacks:
+        for m in fb.measurements:
+            key = (m.name, tuple(sorted(m.tags.items())))
+            if key in merged:
+                old = merged[key]
+                merged[key] = Measurement.from_samples(m.name, m.unit, old.samples + m.samples, old.better, **old.tags)
+            else:
+                merged[key] = m
+    seen: set[tuple[str, str]] = set()
+    findings = []
+    for fb in reversed(feedbacks):  # the latest run's wording of a recurring finding
+        for f in fb.findings:
+            key = (f.kind, str(f.location))
+            if key not in seen:
+                seen.add(key)
+                findings.append(f)
+    return Feedback(probe=first.probe, tier=first.tier, scope=first.scope, ok=all(fb.ok for fb in feedbacks),
+                    error=next((fb.error for fb in feedbacks if fb.error), None), measurements=list(merged.values()),
+                    findings=findings, artifacts=[a for fb in feedbacks for a in fb.artifacts],
+                    meta={**first.meta, "runs": len(feedbacks)})
+
+
+def side_feedback(side: dict[str, list[Feedback]]) -> Feedback | None:
+    """All runs of one side (every scenario, or the one check) as one Feedback."""
+    return merge_feedback([fb for runs in side.values() for fb in runs])
+
+
+def gates_of(workspace: Any, ex: Execution, exp_id: str, plan: Plan | None, relative: bool = True) -> list[GateResult]:
+    gates = criteria_gates(workspace, ex.candidate if (plan is None or plan.mode == "ab") else {},
+                           ex.baseline if relative and (plan is None or plan.mode == "ab") else None, exp_id)
+    for name, fb in ex.checks.items():
+        gates.append(check_gate(name, fb, exp_id))
+    if plan is not None and plan.mode == "pair" and plan.check:
+        gates += [check_gate(plan.check, fb, exp_id) for fb in ex.candidate.get(plan.check, [])]
+    return gates
+
+
+def judge(workspace: Any, exp: Experiment, ex: Execution, plan: Plan, best_gates: dict[str, GateResult]) -> Verdict:
+    key = plan.check if plan.mode == "pair" else (exp.hypothesis.scenario or (plan.scenarios[0] if plan.scenarios else ""))
+    outcome, hyp_gate = hypothesis_outcome(exp.hypothesis, ex.candidate.get(key or "", []), ex.baseline.get(key or "", []),
+                                           exp.id)
+    gates = gates_of(workspace, ex, exp.id, plan)
+    broken = [g for g in gates if g.outcome == "fail" and best_gates.get(g.name) is not None
+              and best_gates[g.name].outcome == "pass"]
+    accepted = outcome == "supported" and not broken
+    if outcome != "supported":
+        why = f"not accepted: the hypothesis is {outcome} ({hyp_gate.message})"
+    elif broken:
+        why = "not accepted: it breaks " + ", ".join(f"{g.name} ({g.message})" for g in broken)
+    else:
+        why = f"accepted: {hyp_gate.message}"
+    return Verdict(outcome=outcome, effect=hyp_gate.value, low=hyp_gate.low, high=hyp_gate.high,
+                   interval=hyp_gate.interval, gates=[hyp_gate, *gates], accepted=accepted, message=why)
+
+
+def update_table(table: dict[str, GateResult], gates: list[GateResult]) -> dict[str, GateResult]:
+    out = dict(table)
+    for g in gates:
+        if g.kind != "hypothesis" and g.outcome != "skipped":
+            out[g.name] = g
+        elif g.kind != "hypothesis" and g.name not in out:
+            out[g.name] = g
+    return out

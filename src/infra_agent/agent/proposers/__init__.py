@@ -1,0 +1,1 @@
+"""Proposers: ``rules``, ``search`` and ``llm`` (see ``base.Proposer``)."""

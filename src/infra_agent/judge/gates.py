@@ -1,0 +1,169 @@
+"""Gates and hypothesis verdicts over Feedback.
+
+The judge reads Feedback, never raw result dicts.  A serving probe run is one
+Feedback whose measurements carry one sample per measured window for every result
+key (``output_throughput``, ``p99_ttft_ms`` ...), tagged with the scenario.  An
+interleaved A/B is two lists of such Feedback, index-paired (pair i ran side by side).
+
+- A **relative** criterion (``ratio``) is a gate on candidate/baseline: the 95% paired
+  bootstrap interval of the ratio of means must lie on its side of the threshold.
+- An **absolute** criterion (``value``) is a gate on the candidate alone: the 95%
+  bootstrap interval of its mean over runs must lie on its side.
+- A **check** (a kernel check, a unit test command) passes when its probe's Feedback
+  is ok.
+- The **hypothesis** is a ratio gate (``metric`` moves in ``direction`` by at least
+  ``min_effect``): supported when the interval clears it, refuted when the interval
+  lies wholly on the other side, inconclusive otherwise.  Count metrics reported by a
+  check (``failed_checks``) are exact, and compared exactly.
+
+Every interval is the judge's bootstrap (``infra_agent.judge.bootstrap``), labelled
+with what it is.  Fewer than 3 runs per side give no interval: inconclusive, with the
+number of runs that would decide.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from infra_agent.agent.experiment import GateResult, Hypothesis, VerdictOutcome
+from infra_agent.feedback import Feedback
+from infra_agent.judge.bootstrap import RatioCI, bootstrap_ci, bootstrap_ratio
+from infra_agent.judge.verdict import MIN_SAMPLES, Gate, decide
+
+# Feedback.meta keys that are exact counts (a check's result), compared without statistics.
+COUNT_METRICS = frozenset({"failed_checks", "refused_entries", "timing_failures", "checked"})
+_RUN_STAT = "mean"
+
+
+def side_values(feedbacks: Sequence[Feedback], metric: str, scenario: str | None = None) -> list[float]:
+    """One value per run (or per sample a probe reported) of ``metric`` on one side."""
+    out: list[float] = []
+    for fb in feedbacks:
+        if not fb.ok and metric not in fb.meta:
+            continue
+        if metric in fb.meta and isinstance(fb.meta[metric], (int, float)):
+            out.append(float(fb.meta[metric]))
+            continue
+        for m in fb.measurements:
+            if m.name == metric and (scenario is None or m.tags.get("scenario") in (None, scenario)):
+                out.extend(float(s) for s in m.samples if math.isfinite(s))
+                break
+    return out
+
+
+def gate_label(metric: str, op: str, threshold: float, scenario: str | None) -> str:
+    return f"{metric}{op}{threshold:g}" + (f" @{scenario}" if scenario else "")
+
+
+def _result(name: str, gate: str, kind: Any, ci: RatioCI | None, g: Gate, interval: str, measured_in: str | None,
+            absolute: bool = False) -> GateResult:
+    v = decide(g, ci)
+    message = v.message
+    if absolute and ci is not None:
+        # decide() speaks of ratios; an absolute gate's interval is of the metric itself.
+        message = message.replace("CI", "CI of the mean")
+    return GateResult(name=name, gate=gate, kind=kind, outcome=v.outcome, value=v.ratio, low=v.low, high=v.high,
+                      interval=interval if ci is not None else "", message=message, more_samples=v.more_samples,
+                      measured_in=measured_in)
+
+
+def absolute_gate(name: str, metric: str, op: str, value: float, scenario: str | None, candidate: Sequence[Feedback],
+                  measured_in: str | None = None) -> GateResult:
+    vals = side_values(candidate, metric, scenario)
+    label = gate_label(metric, op, value, scenario)
+    if not vals:
+        return GateResult(name=name, gate=label, kind="absolute", outcome="error", measured_in=measured_in,
+                          message=f"no run measured {metric}" + (f" in scenario {scenario}" if scenario else ""))
+    ci = bootstrap_ci(vals, stat=_RUN_STAT)
+    as_ratio = RatioCI(ratio=ci.value, low=ci.low, high=ci.high, confidence=ci.confidence, stat=_RUN_STAT,
+                       n_candidate=ci.n, n_baseline=ci.n, paired=False, n_boot=1000)
+    interval = f"{ci.confidence:.0%} bootstrap CI of the mean over {ci.n} run(s)"
+    return _result(name, label, "absolute", as_ratio, Gate(metric, op, value), interval, measured_in, absolute=True)  # type: ignore[arg-type]
+
+
+def ratio_ci(candidate: Sequence[Feedback], baseline: Sequence[Feedback], metric: str,
+             scenario: str | None) -> tuple[RatioCI | None, str]:
+    """Paired (when the run counts match) bootstrap CI of candidate/baseline, with its label."""
+    b = side_values(candidate, metric, scenario)
+    a = side_values(baseline, metric, scenario)
+    if not a or not b or min(a + b) <= 0:
+        return None, ""
+    paired = len(a) == len(b)
+    ci = bootstrap_ratio(b, a, stat=_RUN_STAT, paired=paired, seed=0)
+    how = f"{len(a)} interleaved pairs" if paired else f"{len(a)}+{len(b)} runs"
+    return ci, f"{ci.confidence:.0%} {'paired ' if paired else ''}bootstrap CI of the ratio of means over {how}"
+
+
+def relative_gate(name: str, metric: str, op: str, ratio: float, scenario: str | None, candidate: Sequence[Feedback],
+                  baseline: Sequence[Feedback], measured_in: str | None = None) -> GateResult:
+    label = gate_label(metric, op, ratio, scenario) + " x baseline"
+    ci, interval = ratio_ci(candidate, baseline, metric, scenario)
+    if ci is None:
+        return GateResult(name=name, gate=label, kind="relative", outcome="error", measured_in=measured_in,
+                          message=f"{metric} was not measured on both sides")
+    return _result(name, label, "relative", ci, Gate(metric, op, ratio), interval, measured_in)  # type: ignore[arg-type]
+
+
+def criteria_gates(workspace: Any, candidate: dict[str, list[Feedback]], baseline: dict[str, list[Feedback]] | None,
+                   measured_in: str | None = None) -> list[GateResult]:
+    """Every workspace criterion whose scenario was measured; relative ones need a baseline side."""
+    out: list[GateResult] = []
+    for c in workspace.criteria:
+        if c.scenario not in candidate:
+            continue
+        if c.ratio is None:
+            out.append(absolute_gate(c.name, c.metric, c.op, float(c.value), c.scenario, candidate[c.scenario], measured_in))
+        elif baseline is not None and c.scenario in baseline:
+            out.append(relative_gate(c.name, c.metric, c.op, float(c.ratio), c.scenario, candidate[c.scenario],
+                                     baseline[c.scenario], measured_in))
+        else:
+            out.append(GateResult(name=c.name, gate=gate_label(c.metric, c.op, float(c.ratio), c.scenario) + " x baseline",
+                                  kind="relative", outcome="skipped", measured_in=measured_in,
+                                  message="relative to itself: holds by definition on the baseline"))
+    return out
+
+
+def check_gate(name: str, fb: Feedback, measured_in: str | None = None) -> GateResult:
+    first = next((f for f in fb.findings if f.severity == "error"), None)
+    detail = fb.error or ""
+    if first is not None and first.message not in detail:
+        detail = f"{detail}; first: {first.message}" if detail else first.message
+    return GateResult(name=name, gate=f"check {name} ({fb.probe}/{fb.tier.value})", kind="check",
+                      outcome="pass" if fb.ok else "fail", message=detail or "ok", measured_in=measured_in)
+
+
+def hypothesis_outcome(h: Hypothesis, candidate: Sequence[Feedback], baseline: Sequence[Feedback],
+                       measured_in: str | None = None) -> tuple[VerdictOutcome, GateResult]:
+    """Supported / refuted / inconclusive for the hypothesis, with its gate."""
+    if h.metric in COUNT_METRICS:
+        return _count_outcome(h, candidate, baseline, measured_in)
+    label = h.gate_text()
+    ci, interval = ratio_ci(candidate, baseline, h.metric, h.scenario)
+    gate = Gate(h.metric, ">=" if h.direction == "higher" else "<=", float(label.split("=", 1)[1]))  # type: ignore[arg-type]
+    if ci is None:
+        res = GateResult(name="hypothesis", gate=label, kind="hypothesis", outcome="inconclusive", measured_in=measured_in,
+                         message=f"{h.metric} was not measured on both sides"
+                                 + (f" (scenario {h.scenario})" if h.scenario else "") + f": need >= {MIN_SAMPLES} runs each")
+        return "inconclusive", res
+    res = _result("hypothesis", label, "hypothesis", ci, gate, interval, measured_in)
+    outcome: VerdictOutcome = {"pass": "supported", "fail": "refuted"}.get(res.outcome, "inconclusive")  # type: ignore[assignment]
+    return outcome, res
+
+
+def _count_outcome(h: Hypothesis, candidate: Sequence[Feedback], baseline: Sequence[Feedback],
+                   measured_in: str | None) -> tuple[VerdictOutcome, GateResult]:
+    b, a = side_values(candidate, h.metric), side_values(baseline, h.metric)
+    op = "<=" if h.direction == "lower" else ">="
+    label = f"{h.metric} {op} baseline {'-' if h.direction == 'lower' else '+'} {h.min_effect:g}"
+    if not b or not a:
+        return "inconclusive", GateResult(name="hypothesis", gate=label, kind="hypothesis", outcome="inconclusive",
+                                          measured_in=measured_in, message=f"{h.metric} missing on a side")
+    cand, base = sum(b), sum(a)
+    moved = base - cand if h.direction == "lower" else cand - base
+    ok = moved >= max(h.min_effect, 1e-12)
+    msg = f"{h.metric}: baseline {base:g} -> candidate {cand:g} (exact count, no interval needed)"
+    res = GateResult(name="hypothesis", gate=label, kind="hypothesis", outcome="pass" if ok else "fail", value=cand,
+                     low=cand, high=cand, interval="exact count", message=msg, measured_in=measured_in)
+    return ("supported" if ok else "refuted"), res

@@ -1,0 +1,124 @@
+"""How models become ledger rows: one scrubbed JSON dump, and the rows derived from it.
+
+Every value written to the ledger passes through :func:`clean` first, so a secret in a
+hypothesis, a finding's evidence or a run's options never reaches the file (the ledger
+outlives the run and is shared in reports and bug reports).  The derived rows are cut
+from the *cleaned* dump, never from the model, so no path around the scrub exists.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from infra_agent.agent.experiment import Experiment
+from infra_agent.safety import scrub, scrub_text, secret_values
+
+Row = tuple[Any, ...]
+SIDES: tuple[tuple[str, str], ...] = (("candidate", "feedback"), ("baseline", "baseline_feedback"))
+
+
+def clean(value: Any) -> Any:
+    """``value`` (JSON-like data) passed through :func:`scrub`, numbers kept.
+
+    ``scrub`` masks any value under a secret-looking key, and its pattern matches
+    ``*TOKEN*``: ``llm_tokens`` or a knob ``max_num_batched_tokens`` would turn from a
+    number into ``"***"``, which fails validation (the record could never be read back)
+    or silently changes a knob value on resume.  A number is not a credential, so
+    numbers are restored; strings stay masked.  Mapping keys are scrubbed too, since
+    free-form dicts (evidence, state) may be keyed by anything.
+    """
+    values = secret_values()
+    return _restore_numbers(value, scrub(value, values), values)
+
+
+def _restore_numbers(orig: Any, cleaned: Any, values: list[str]) -> Any:
+    if isinstance(orig, (int, float)) and not isinstance(orig, bool):
+        return orig
+    if isinstance(orig, dict) and isinstance(cleaned, dict):
+        return {_key(k, values): _restore_numbers(orig[k], v, values) for k, v in cleaned.items()}
+    if isinstance(orig, (list, tuple)) and isinstance(cleaned, (list, tuple)):
+        return [_restore_numbers(o, c, values) for o, c in zip(orig, cleaned)]
+    return cleaned
+
+
+def _key(key: Any, values: list[str]) -> Any:
+    return scrub_text(key, values) if isinstance(key, str) else key
+
+
+def to_json(value: Any) -> str:
+    """JSON text of already-cleaned data (NaN/inf kept: samples may hold them)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def dumps(value: Any) -> str:
+    """Cleaned JSON text of any JSON-like value."""
+    return to_json(clean(value))
+
+
+def experiment_row(exp: Experiment, data: dict[str, Any]) -> Row:
+    """Values for the ``experiments`` columns, in table order (``data`` is the cleaned dump).
+
+    The identity columns come from the model: ids are generated, not user text, and
+    scrubbing one would make the experiment unreachable by its own id.
+    """
+    probe = data.get("probe")
+    cost = data.get("cost") or {}
+    tier = probe["tier"] if probe else cost.get("tier")
+    return (
+        exp.run_id,
+        exp.id,
+        exp.seq,
+        exp.parent,
+        exp.status,
+        data.get("proposer", ""),
+        probe["name"] if probe else None,
+        tier,
+        float(cost.get("wall_s") or 0.0),
+        int(exp.accepted),
+        exp.started_at,
+        exp.finished_at,
+        to_json(data),
+    )
+
+
+def measurement_rows(run_id: str, exp_id: str, data: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for side, key in SIDES:
+        fb = data.get(key)
+        if not fb:
+            continue
+        for idx, m in enumerate(fb.get("measurements", [])):
+            s = m.get("summary")
+            rows.append((
+                run_id, exp_id, side, idx, m["name"], m["unit"], to_json(m.get("tags", {})),
+                s["median"] if s else None, s["ci_low"] if s else None, s["ci_high"] if s else None,
+                s["n"] if s else 0, to_json(m.get("samples", [])),
+            ))
+    return rows
+
+
+def finding_rows(run_id: str, exp_id: str, data: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for side, key in SIDES:
+        fb = data.get(key)
+        if not fb:
+            continue
+        for idx, f in enumerate(fb.get("findings", [])):
+            loc = f.get("location")
+            rows.append((
+                run_id, exp_id, side, idx, f["kind"], f.get("severity", "info"), f["message"],
+                None if loc is None else to_json(loc), to_json(f.get("evidence", {})), f.get("next_question"),
+            ))
+    return rows
+
+
+def artifact_rows(run_id: str, exp_id: str, data: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for side, key in SIDES:
+        fb = data.get(key)
+        if not fb:
+            continue
+        for idx, a in enumerate(fb.get("artifacts", [])):
+            rows.append((run_id, exp_id, side, idx, a["kind"], a["path"], a.get("description", "")))
+    return rows

@@ -1,0 +1,90 @@
+"""The shared vocabulary: component names and finding kinds.
+
+One set of names is used for knob ``components`` (the workspace), ``Probe.scope`` and
+``Location.component`` (Feedback), so that a finding at a location can be matched to
+the knobs that act there and to the probes that can measure there.
+
+Component names are dotted paths.  The first segment must be one of ``COMPONENTS``'
+top-level names; deeper segments are free (``model.rope``, ``engine.cache.prefix``),
+because every stack names its own parts.  A name covers itself and everything below
+it: ``model`` covers ``model.lm_head``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Final
+
+# Top-level components with what they mean; the documented sub-components are the ones
+# refstack and the shipped probes use.
+COMPONENTS: Final[dict[str, str]] = {
+    "client": "the load generator and the network between it and the server",
+    "server": "the HTTP/API layer: request parsing, tokenisation, streaming",
+    "engine": "the serving engine: scheduler (engine.scheduler), step loop (engine.loop), cache (engine.cache)",
+    "model": "the model's compute: model.attention, model.kda, model.moe, model.lm_head",
+    "kernel": "a single kernel, as the kernel lab sees it",
+    "runtime": "threads, processes and the interpreter (torch threads, the GIL)",
+    "kv_transfer": "moving KV pages and states between workers (disaggregated serving)",
+    "comm": "collective communication between ranks (all-reduce, gather, dispatch/combine)",
+}
+
+KNOWN_SUBCOMPONENTS: Final[tuple[str, ...]] = (
+    "engine.scheduler", "engine.loop", "engine.cache",
+    "model.attention", "model.kda", "model.moe", "model.lm_head",
+)
+
+
+def check_component(name: str) -> str | None:
+    """None when ``name`` is in the vocabulary, else a message with a did-you-mean."""
+    head = name.split(".", 1)[0]
+    if head in COMPONENTS and all(part.isidentifier() for part in name.split(".")):
+        return None
+    known = [*COMPONENTS, *KNOWN_SUBCOMPONENTS]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"a component under one of {sorted(COMPONENTS)}{hint}"
+
+
+def covers(broad: str, narrow: str) -> bool:
+    """``model`` covers ``model.lm_head`` and itself; ``model.lm`` covers nothing else."""
+    return narrow == broad or narrow.startswith(broad + ".")
+
+
+def related(a: str, b: str) -> bool:
+    """Either name covers the other (a knob on ``engine`` acts on ``engine.scheduler``)."""
+    return covers(a, b) or covers(b, a)
+
+
+class FindingKind:
+    """Finding kinds as constants.  Proposers and rules match on these, never on prose."""
+
+    # serving probe
+    QUEUE_DOMINATES_TTFT: Final = "queue_dominates_ttft"
+    PREFILL_DOMINATES_TTFT: Final = "prefill_dominates_ttft"
+    CLIENT_SERVER_TTFT_GAP: Final = "client_server_ttft_gap"
+    BURSTY_STREAM: Final = "bursty_stream"
+    FAILED_REQUESTS: Final = "failed_requests"
+    RUN_FAILED: Final = "run_failed"
+    # kernel lab
+    MISMATCH: Final = "mismatch"
+    NONFINITE_OUTPUT: Final = "nonfinite_output"
+    KERNEL_ERROR: Final = "kernel_error"
+    WRONG_OUTPUT: Final = "wrong_output"
+    KERNEL_TIMEOUT: Final = "kernel_timeout"
+    SKIPPED: Final = "skipped"
+    REPEATED_WORK: Final = "repeated_work"
+    ROOFLINE: Final = "roofline"
+    BENCH_REFUSED: Final = "bench_refused"
+    BENCH_FAILED: Final = "bench_failed"
+    # command checks (unit tests, linters)
+    COMMAND_FAILED: Final = "command_failed"
+    # the loop itself
+    PROBE_TIMEOUT: Final = "probe_timeout"
+    PROBE_ERROR: Final = "probe_error"
+
+    @classmethod
+    def all(cls) -> frozenset[str]:
+        return frozenset(v for k, v in vars(cls).items() if k.isupper() and isinstance(v, str))
+
+    # Kernel findings that mean "the numbers are wrong", not "it is slow".
+    CORRECTNESS: Final = frozenset({"mismatch", "nonfinite_output", "kernel_error", "wrong_output", "kernel_timeout"})

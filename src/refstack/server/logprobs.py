@@ -1,0 +1,158 @@
+"""Log-probabilities of generated tokens: computed on the engine thread, rendered in
+OpenAI's shapes by the routes.
+
+A request that asks for logprobs carries ``LogprobParams`` (``SamplingParams`` plus
+how many alternatives to report, plus the list its entries go to).  ``LogprobEngine``
+hooks the engine's sampling step: for just those rows of the step's logits it takes
+the log-softmax, and as each of their tokens is appended it records the token's
+log-probability and the top alternatives.  A step with no such request does one
+``isinstance`` per sampled row and nothing else, so the default path stays as fast as
+before.
+
+What the numbers are: the log-softmax of the model's logits over the tokens the engine
+can sample (unused padding ids and prompt-only specials are masked, as the sampler
+masks them), before temperature and top-p, like vLLM's default ``raw_logprobs``.  One
+entry per generated token, the EOS that ends a request included, so the entries sum to
+the log-probability of the whole completion under the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from refstack.engine.engine import Engine
+from refstack.engine.request import Request
+from refstack.engine.sampling import SamplingParams
+
+# Most alternatives per token (vLLM's default --max-logprobs, and OpenAI chat's cap).
+MAX_LOGPROBS = 20
+# A log-probability that is -inf (or not a number) does not fit JSON; vLLM sends this.
+FLOOR = -9999.0
+
+# (token id, its log-probability, ((alternative id, log-probability), ...) best first)
+Entry = tuple[int, float, tuple[tuple[int, float], ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobParams(SamplingParams):
+    """Sampling params of a request that wants logprobs; ``entries`` is filled by the engine thread."""
+
+    logprobs: int = 0  # alternatives per token, 0 to MAX_LOGPROBS
+    entries: list[Entry] = field(default_factory=list, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        SamplingParams.__post_init__(self)
+        assert 0 <= self.logprobs <= MAX_LOGPROBS, f"logprobs must be in [0, {MAX_LOGPROBS}]"
+
+
+class LogprobEngine(Engine):
+    """The engine, recording logprob entries for requests whose params are ``LogprobParams``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # This step's log-softmax rows, by request; only on the engine thread, and empty
+        # outside _sample or when no request of the step asked for logprobs.
+        self._step_logprobs: dict[Request, tuple[torch.Tensor, list[tuple[int, float]]]] = {}
+
+    def _sample(self, ready: list[Any]) -> None:
+        wanted = [(c.request, row) for c, row in ready if isinstance(c.request.params, LogprobParams)]
+        if not wanted:
+            super()._sample(ready)
+            return
+        self._step_logprobs = self._log_softmax(wanted)
+        try:
+            super()._sample(ready)
+        finally:
+            self._step_logprobs = {}
+
+    def _log_softmax(self, wanted: list[tuple[Request, torch.Tensor]]
+                     ) -> dict[Request, tuple[torch.Tensor, list[tuple[int, float]]]]:
+        logits = torch.stack([row for _, row in wanted]).float()
+        logits.masked_fill_(self._unsampleable[: logits.shape[-1]], float("-inf"))
+        lp = torch.log_softmax(logits, dim=-1)
+        k = max(req.params.logprobs for req, _ in wanted)
+        tops: list[list[tuple[int, float]]] = [[] for _ in wanted]
+        if k:
+            values, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)
+            for i, (req, _) in enumerate(wanted):
+                n = req.params.logprobs
+                tops[i] = list(zip(ids[i, :n].tolist(), values[i, :n].tolist()))
+        return {req: (lp[i], tops[i]) for i, (req, _) in enumerate(wanted)}
+
+    def _append_text(self, req: Request, tok: int) -> str | None:
+        # Called once per sampled token, before the delta carrying it reaches the sink.
+        got = self._step_logprobs.get(req) if self._step_logprobs else None
+        if got is not None:
+            row, top = got
+            req.params.entries.append((tok, finite(float(row[tok])), tuple((i, finite(v)) for i, v in top)))
+        return super()._append_text(req, tok)
+
+
+def finite(x: float) -> float:
+    return x if math.isfinite(x) else FLOOR
+
+
+class LogprobCursor:
+    """Hands out a request's entries in step with its deltas (one entry per token id)."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.entries: list[Entry] = params.entries if isinstance(params, LogprobParams) else []
+        self.enabled = isinstance(params, LogprobParams)
+        self._next = 0
+
+    def take(self, n: int) -> list[Entry]:
+        # The engine thread appends a token's entry before it hands on the delta with
+        # that token, so the entries for these n tokens are there already.
+        got = self.entries[self._next : self._next + n]
+        self._next += len(got)
+        return got
+
+
+class CompletionLogprobs:
+    """OpenAI's legacy completions shape: ``{tokens, token_logprobs, top_logprobs, text_offset}``.
+
+    ``top_logprobs[i]`` maps the best ``logprobs`` tokens (and, as vLLM does, the chosen
+    one) to their log-probabilities; ``text_offset[i]`` is the character offset in the
+    completion's text where token i's text starts.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self._decoder = tokenizer.stream_decoder()
+        self._offset = 0
+
+    def render(self, entries: list[Entry]) -> dict[str, Any]:
+        text = self._tok.token_text
+        out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for tok, lp, top in entries:
+            out["tokens"].append(text(tok))
+            out["token_logprobs"].append(lp)
+            alts = {text(i): v for i, v in top}
+            alts.setdefault(text(tok), lp)
+            out["top_logprobs"].append(alts)
+            out["text_offset"].append(self._offset)
+            self._offset += len(self._decoder.feed(tok))
+        return out
+
+
+class ChatLogprobs:
+    """OpenAI's chat shape: ``{"content": [{token, logprob, bytes, top_logprobs: [...]}]}``.
+
+    ``bytes`` is the token's UTF-8 bytes as integers (null for a special token);
+    ``top_logprobs`` holds exactly the ``top_logprobs`` best tokens, best first.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+
+    def _one(self, tok: int, lp: float) -> dict[str, Any]:
+        raw = self._tok.token_bytes(tok)
+        return {"token": self._tok.token_text(tok), "logprob": lp, "bytes": None if raw is None else list(raw)}
+
+    def render(self, entries: list[Entry]) -> dict[str, Any]:
+        return {"content": [{**self._one(tok, lp), "top_logprobs": [self._one(i, v) for i, v in top]}
+                            for tok, lp, top in entries]}
