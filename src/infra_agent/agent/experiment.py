@@ -31,6 +31,8 @@ VerdictOutcome = Literal["supported", "refuted", "inconclusive"]
 RecordOutcome = Literal["supported", "refuted", "inconclusive", "baseline", "confirmed", "not_confirmed"]
 GateOutcome = Literal["pass", "fail", "inconclusive", "error", "skipped"]
 Status = Literal["proposed", "running", "done", "rejected", "error", "timeout", "interrupted"]
+# Exact counts a check reports in Feedback.meta: compared exactly, as differences.
+COUNT_METRICS: frozenset[str] = frozenset({"failed_checks", "refused_entries", "timing_failures", "checked"})
 # Statuses after which an experiment is never run again (resume skips them).
 FINISHED: frozenset[str] = frozenset({"done", "rejected", "error", "timeout"})
 
@@ -53,8 +55,11 @@ class Hypothesis(_Model):
                                                                      "variant, precision, thread or span")
 
     def gate_text(self) -> str:
-        """The hypothesis as a ratio gate on candidate/baseline (``metric>=1.2``)."""
+        """The hypothesis as a gate: a ratio on candidate/baseline (``metric>=1.2``), or a
+        difference for an exact count (``failed_checks <= baseline - 1``)."""
         op = ">=" if self.direction == "higher" else "<="
+        if self.metric in COUNT_METRICS:
+            return f"{self.metric} {op} baseline {'+' if self.direction == 'higher' else '-'} {self.min_effect:g}"
         ratio = 1 + self.min_effect if self.direction == "higher" else 1 / (1 + self.min_effect)
         return f"{self.metric}{op}{ratio:.6g}"
 

@@ -36,9 +36,9 @@ def merge_feedback(feedbacks: list[Feedback]) -> Feedback | None:
     findings = []
     for fb in reversed(feedbacks):  # the latest run's wording of a recurring finding
         for f in fb.findings:
-            key = (f.kind, str(f.location))
-            if key not in seen:
-                seen.add(key)
+            fkey = (f.kind, str(f.location))
+            if fkey not in seen:
+                seen.add(fkey)
                 findings.append(f)
     return Feedback(probe=first.probe, tier=first.tier, scope=first.scope, ok=all(fb.ok for fb in feedbacks),
                     error=next((fb.error for fb in feedbacks if fb.error), None), measurements=list(merged.values()),
@@ -82,8 +82,27 @@ def judge(workspace: Any, exp: Experiment, ex: Execution, plan: Plan, best_gates
 def update_table(table: dict[str, GateResult], gates: list[GateResult]) -> dict[str, GateResult]:
     out = dict(table)
     for g in gates:
-        if g.kind != "hypothesis" and g.outcome != "skipped":
-            out[g.name] = g
-        elif g.kind != "hypothesis" and g.name not in out:
+        if g.kind != "hypothesis" and g.outcome != "skipped" or g.kind != "hypothesis" and g.name not in out:
             out[g.name] = g
     return out
+
+
+def failure_finding(kind: str, message: str) -> Any:
+    from infra_agent.feedback import Finding
+
+    return Finding(kind=kind, severity="error", message=message.splitlines()[0][:300] if message else kind,
+                   evidence={"detail": message[-2000:]} if message else {})
+
+
+def commit_message(exp: Experiment) -> str:
+    v = exp.verdict
+    h = exp.hypothesis
+    lines = [f"infra-agent {exp.id}: {h.statement}"[:200], "",
+             f"Hypothesis: {h.metric} {'rises' if h.direction == 'higher' else 'falls'} by >= {h.min_effect:g}"
+             + (f" in scenario {h.scenario}" if h.scenario else ""),
+             f"Verdict: {v.outcome if v else exp.status}" + (f", effect {v.effect:.4g} [{v.low:.4g}, {v.high:.4g}] ({v.interval})"
+                                                              if v and v.effect is not None and v.low is not None and v.high is not None else ""),
+             f"Run: {exp.run_id}, parent {exp.parent}"]
+    if v:
+        lines += [f"Gate {g.name}: {g.outcome}" for g in v.gates if g.kind != "hypothesis"]
+    return "\n".join(lines)

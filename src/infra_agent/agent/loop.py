@@ -18,15 +18,30 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from infra_agent.agent.confirm import run_confirm
 from infra_agent.agent.executors.base import Executor
-from infra_agent.agent.experiment import Change, Cost, Experiment, GateResult, Hypothesis, RunRecord, Step, Verdict
-from infra_agent.agent.judging import gates_of, judge, side_feedback, update_table
+from infra_agent.agent.experiment import (
+    Cost,
+    Experiment,
+    GateResult,
+    Hypothesis,
+    RunRecord,
+    Step,
+    Verdict,
+)
+from infra_agent.agent.judging import (
+    commit_message,
+    failure_finding,
+    gates_of,
+    judge,
+    side_feedback,
+    update_table,
+)
 from infra_agent.agent.planner import Plan, Planner
 from infra_agent.agent.progress import RunProgress
 from infra_agent.agent.proposers.base import LoopState, Proposer
 from infra_agent.errors import InfraAgentError
 from infra_agent.feedback import Feedback
-from infra_agent.judge.gates import hypothesis_outcome
 from infra_agent.vocabulary import FindingKind
 
 
@@ -58,7 +73,8 @@ class Loop:
 
     def _path(self) -> list[Experiment]:
         """The accepted path, baseline first."""
-        path, cur = [], self._best()
+        path: list[Experiment] = []
+        cur: Experiment | None = self._best()
         while cur is not None:
             path.append(cur)
             cur = self._by_id(cur.parent)
@@ -229,12 +245,12 @@ class Loop:
                 kind = FindingKind.PROBE_TIMEOUT if ex.status == "timeout" else FindingKind.PROBE_ERROR
                 exp.feedback = Feedback(probe=plan.probe.name, tier=plan.probe.tier, ok=False, error=ex.error,
                                         findings=[])
-                exp.feedback.findings.append(_finding(kind, ex.error or ex.status))
+                exp.feedback.findings.append(failure_finding(kind, ex.error or ex.status))
         self._finish(exp, best, plan)
 
     def _finish(self, exp: Experiment, best: Experiment, plan: Plan | None = None) -> None:
         accepted = exp.verdict is not None and exp.verdict.accepted
-        message = _commit_message(exp)
+        message = commit_message(exp)
         try:
             commit = self.executor.finalize(exp, accepted, message)
         except InfraAgentError as exc:
@@ -245,6 +261,7 @@ class Loop:
         exp.commit = commit or (best.commit if accepted else None)
         exp.finished_at = time.time()
         self._save(exp)
+        self.planner.learn(self.ledger.probe_costs())  # the next choice sees this run's real cost
         if accepted:
             self.run.best = exp.id
             self._save_run()
@@ -261,65 +278,9 @@ class Loop:
             return
         done = next((e for e in self.history if e.role == "confirm" and e.finished and e.parent == best.id), None)
         if done is None:
-            done = self._run_confirm(base, best)
+            done = run_confirm(self, base, best)
         self.run.gates_after = [g for g in (done.verdict.gates if done.verdict else []) if g.kind != "hypothesis"] \
             or list(table.values())
 
-    def _run_confirm(self, base: Experiment, best: Experiment) -> Experiment:
-        crit = self.ws.criteria[0] if self.ws.criteria else None
-        metric = crit.metric if crit else "output_throughput"
-        from infra_agent.workspace import metric_direction
 
-        hyp = Hypothesis(statement="the accepted changes together hold every gate against the baseline", metric=metric,
-                         direction=metric_direction(metric) or "higher", scenario=crit.scenario if crit else None)
-        exp = Experiment(id=f"e{self.ledger.next_seq(self.run.id)}", run_id=self.run.id, seq=self.ledger.next_seq(self.run.id),
-                         parent=best.id, role="confirm", proposer="-", hypothesis=hyp, knobs=dict(best.knobs),
-                         commit=best.commit)
-        scenarios = self.opts.get("scenarios") or sorted({c.scenario for c in self.ws.criteria if c.scenario} or self.ws.scenarios)
-        plan = Plan(probe=self.planner.plan(Step(hypothesis=hyp, probe="serving"), []).probe, mode="ab", scenarios=scenarios,
-                    result_metrics=sorted({c.metric for c in self.ws.criteria}))
-        plan.probe.reason = "confirmation: the best against the baseline, side by side"
-        exp.probe, exp.status, exp.started_at = plan.probe, "running", time.time()
-        self._save(exp)
-        self.progress.experiment(exp, "serving/e2e: best vs baseline")
-        ex = self.executor.execute(exp, plan, base, self.progress.event)
-        for name in [c.name for c in self.ws.checks]:
-            if name not in ex.checks:
-                ex.checks.update(self.executor.measure(exp, [], 0, [name]).checks)
-        exp.feedback, exp.baseline_feedback, exp.checks = side_feedback(ex.candidate), side_feedback(ex.baseline), dict(ex.checks)
-        exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
-        gates = gates_of(self.ws, ex, exp.id, plan)
-        _, hyp_gate = hypothesis_outcome(hyp, ex.candidate.get(hyp.scenario or "", []), ex.baseline.get(hyp.scenario or "", []), exp.id)
-        ok = ex.status == "done" and all(g.outcome in ("pass", "skipped") for g in gates)
-        exp.status, exp.error = ("done", None) if ex.status == "done" else (ex.status, ex.error)
-        exp.verdict = Verdict(outcome="confirmed" if ok else "not_confirmed", gates=[hyp_gate, *gates],
-                              message="every gate holds against the baseline" if ok else "not every gate holds against the baseline")
-        self.executor.finalize(exp, False, "")
-        exp.finished_at = time.time()
-        self._save(exp)
-        self.progress.finished(exp, best, gates)
-        return exp
-
-
-def _finding(kind: str, message: str) -> Any:
-    from infra_agent.feedback import Finding
-
-    return Finding(kind=kind, severity="error", message=message.splitlines()[0][:300] if message else kind,
-                   evidence={"detail": message[-2000:]} if message else {})
-
-
-def _commit_message(exp: Experiment) -> str:
-    v = exp.verdict
-    h = exp.hypothesis
-    lines = [f"infra-agent {exp.id}: {h.statement}"[:200], "",
-             f"Hypothesis: {h.metric} {'rises' if h.direction == 'higher' else 'falls'} by >= {h.min_effect:g}"
-             + (f" in scenario {h.scenario}" if h.scenario else ""),
-             f"Verdict: {v.outcome if v else exp.status}" + (f", effect {v.effect:.4g} [{v.low:.4g}, {v.high:.4g}] ({v.interval})"
-                                                              if v and v.effect is not None and v.low is not None and v.high is not None else ""),
-             f"Run: {exp.run_id}, parent {exp.parent}"]
-    if v:
-        lines += [f"Gate {g.name}: {g.outcome}" for g in v.gates if g.kind != "hypothesis"]
-    return "\n".join(lines)
-
-
-__all__ = ["Change", "Loop"]
+__all__ = ["Loop"]

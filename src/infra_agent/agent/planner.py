@@ -24,7 +24,6 @@ from typing import Any, Literal
 from infra_agent.agent.experiment import ProbeCall, Step
 from infra_agent.errors import InfraAgentError
 from infra_agent.feedback import Tier
-from infra_agent.judge.gates import COUNT_METRICS
 from infra_agent.probes.base import Probe, get_probe, registered_probes
 from infra_agent.vocabulary import related
 from infra_agent.workspace.models import CheckSpec, Workspace
@@ -72,7 +71,8 @@ class Planner:
         options: list[tuple[int, float, str, Plan]] = []
         for check in self.ws.checks:
             cls = get_probe(check.probe)
-            if not cls.covers(h.locality) or not self._relevant(check, h.locality.component, changed_components):
+            if not cls.measures(h.metric) or not cls.covers(h.locality) or \
+                    not self._relevant(check, h.locality.component, changed_components):
                 continue
             cfg: dict[str, Any] = dict(check.config)
             if check.probe == "kernel":
@@ -81,20 +81,20 @@ class Planner:
                             else cls.parse_config({**check.render(self._defaults()), "mode": cfg.get("mode", "check")}))
             call = ProbeCall(name=check.probe, config=cfg, tier=tier)
             options.append((tier.rank, self._mean(check.probe, tier), f"check {check.name!r}", Plan(call, "pair", check=check.name)))
-        if "timeline" in registered_probes() and (h.locality.thread or h.locality.span) and h.metric not in COUNT_METRICS:
+        if "timeline" in registered_probes() and (h.locality.thread or h.locality.span):
             tl = get_probe("timeline")
-            if tl.covers(h.locality):
+            if tl.measures(h.metric) and tl.covers(h.locality):
                 call = ProbeCall(name="timeline", config={}, tier=tl.tier())
                 options.append((call.tier.rank, self._mean("timeline", call.tier), "the timeline probe", Plan(call, "ab")))
         serving = get_probe("serving")
-        if h.metric not in COUNT_METRICS and serving.covers(h.locality):
+        if serving.measures(h.metric) and serving.covers(h.locality):
             call = ProbeCall(name="serving", config={}, tier=serving.tier())
             options.append((call.tier.rank, self._mean("serving", call.tier), "the serving benchmark", Plan(call, "ab")))
         if not options:
             raise InfraAgentError(f"no registered probe covers the hypothesis's locality ({h.locality}) and metric "
                                   f"{h.metric!r}; declare a check for it in the workspace, or name the probe")
         options.sort(key=lambda o: (o[0], o[1]))
-        rank, _, label, plan = options[0]
+        _, _, label, plan = options[0]
         others = [f"{o[3].probe.name}/{o[3].probe.tier.value} ({self.cost_text(o[3].probe.name, o[3].probe.tier)})"
                   for o in options[1:]]
         plan.probe.reason = (f"{label} ({plan.probe.name}/{plan.probe.tier.value}, {self.cost_text(plan.probe.name, plan.probe.tier)}) "

@@ -51,9 +51,9 @@ class RunProgress:
             self._live.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._live is not None:
-            self._live.__exit__(*exc)
+            self._live.__exit__(exc_type, exc, tb)
             self._live = None
 
     def _render(self) -> Group:

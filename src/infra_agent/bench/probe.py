@@ -63,7 +63,10 @@ def _burst_delivery(ok: list[dict[str, Any]], phases: dict[str, list[float]]) ->
     share = sum(g < _BURST_GAP_MS for g in gaps) / len(gaps)
     if share < _BURST_SHARE or per_token < 10 * _BURST_GAP_MS:
         return None
-    return {"short_share": share, "per_token_ms": per_token, "per_token_from": source, "gaps": len(gaps)}
+    cpu = [float(r["client_cpu_share"]) for r in ok if isinstance(r.get("client_cpu_share"), (int, float))]
+    return {"short_share": share, "per_token_ms": per_token, "per_token_from": source, "gaps": len(gaps),
+            # One core's worth is the client's limit (an asyncio loop runs on one thread).
+            "client_cpu_share": max(cpu) if cpu else None}
 
 
 class _UrlTarget:
@@ -77,6 +80,13 @@ class _UrlTarget:
 
     def log_tail(self, n: int = 40) -> str:
         return ""
+
+
+def _changed(values: dict[str, Any], ws: Any) -> dict[str, Any]:
+    """Knob values that differ from the workspace defaults (all of them without a workspace)."""
+    if ws is None:
+        return values
+    return {k: v for k, v in values.items() if k not in ws.knobs or ws.knobs[k].default != v}
 
 
 def _measure(name: str, unit: str, samples: list[float], better: str | None, **tags: str) -> Measurement:
@@ -108,6 +118,11 @@ class ServingProbe(Probe):
     components: ClassVar[tuple[str, ...]] = ("client", "server", "engine", "model", "runtime", "kv_transfer", "comm")
     # Server-side phase histograms: the queue, prefill and decode intervals.
     locality: ClassVar[tuple[str, ...]] = ("span",)
+
+    @classmethod
+    def measures(cls, metric: str) -> bool:
+        return (metric_direction(metric) is not None or metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+                or (metric.startswith("server_") and metric.endswith("_ms")))
 
     def run(self, config: Any, ctx: ProbeContext) -> Feedback:
         cfg: ServingConfig = self.parse_config(config)  # type: ignore[assignment]
@@ -150,7 +165,7 @@ class ServingProbe(Probe):
                                 break  # the server is gone; later windows would only repeat the failure
                     finally:
                         # Windows that finished before an error are measurements all the same.
-                        self._summarise(fb, name, runs, values, cfg.queue_share)
+                        self._summarise(fb, name, runs, _changed(values, ws), cfg.queue_share)
                         self._per_window(fb, name, runs, cfg.result_metrics)
                     if runs and not runs[-1].get("ok", True):
                         break
@@ -189,6 +204,8 @@ class ServingProbe(Probe):
         return [(n, ws.scenario(n)) for n in names]
 
     def _summarise(self, fb: Feedback, name: str, runs: list[dict[str, Any]], knobs: dict[str, Any], queue_share: float) -> None:
+        # Only the knobs off their defaults: the rest is the workspace, and repeating every
+        # value on every line buried the few that matter.
         knob_tag = ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
         tags = {"scenario": name, **({"knob": knob_tag} if knob_tag else {})}
         ok = [r for r in runs if r.get("ok", True)]
@@ -254,7 +271,10 @@ class ServingProbe(Probe):
                 kind=FindingKind.BURSTY_STREAM, severity="warning",
                 message=(f"{burst['short_share']:.0%} of inter-token gaps are under {_BURST_GAP_MS:g} ms while a token takes "
                          f"{burst['per_token_ms']:.1f} ms to make ({burst['per_token_from']}) in {name}: chunks are held "
-                         "back and delivered together, so TTFT, ITL and TPOT on this stream measure the holding, not the engine"),
+                         "back and delivered together, so TTFT, ITL and TPOT on this stream measure the holding, not the engine"
+                         + (f"; the client used {burst['client_cpu_share']:.0%} of a core"
+                            + (" (saturated: it may be the one holding chunks)" if burst["client_cpu_share"] >= 0.9 else "")
+                            if burst.get("client_cpu_share") is not None else "")),
                 location=Location(component="server"), evidence={**burst, "scenario": name},
                 next_question=("Is Nagle's algorithm on for the server's connections (TCP_NODELAY unset; stalls of about "
                                "40 ms, one delayed ACK, on reused keep-alive connections), or does the server batch "

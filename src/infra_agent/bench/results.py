@@ -179,7 +179,18 @@ def git_info(path: str | Path) -> dict[str, Any] | None:
     return {"commit": commit, "dirty": dirty}
 
 
+def workspace_record(workspace: Any) -> dict[str, Any]:
+    """Which workspace a result came from: name, path, and its git commit (or None)."""
+    return {"name": workspace.name, "path": str(workspace.root), "git": git_info(workspace.root)}
+
+
 # ------------------------------------------------------------ naming
+
+
+def backend_name(endpoint: str) -> str:
+    """vLLM ``bench serve``'s name for the API spoken."""
+    return "openai-chat" if endpoint == "chat" else "openai"
+
 
 
 def _name_part(text: str) -> str:

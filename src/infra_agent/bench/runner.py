@@ -51,11 +51,12 @@ from infra_agent.bench.datasets import (
 from infra_agent.bench.metrics import DEFAULT_PERCENTILES, SLO, compute_metrics
 from infra_agent.bench.results import (
     RequestLog,
+    backend_name,
     environment_info,
     failed_result,
-    git_info,
     redacted,
     requests_path_for,
+    workspace_record,
     write_result,
 )
 from infra_agent.errors import (
@@ -72,11 +73,6 @@ AliveCheck = Callable[[], None]  # raises ServerStartError when the server is go
 _ALIVE_POLL_S = 0.25
 PROGRESS_EVERY_S = 5.0  # plain progress lines (no terminal): at least this often, and every 10%
 _UNFINISHED = "not finished: the run ended before the answer did"
-
-
-def backend_name(endpoint: str) -> str:
-    """vLLM ``bench serve``'s name for the API spoken."""
-    return "openai-chat" if endpoint == "chat" else "openai"
 
 
 def tokenizer_id(tokenizer: Tokenizer | None) -> str:
@@ -158,7 +154,7 @@ class _Progress:
         self._tenths = 0
         self._t0 = self._last = 0.0
 
-    async def __aenter__(self) -> _Progress:
+    async def __aenter__(self) -> _Progress:  # noqa: PYI034 -- as the other context managers here
         self._t0 = self._last = time.perf_counter()
         if self.mode == "bar":
             self._bar = Progress(
@@ -221,6 +217,10 @@ class _Run:
     records: list[RequestRecord | None] = dataclasses.field(default_factory=list)
     window_start: float | None = None
     window_end: float | None = None
+    # The client's own CPU time over the window: a load generator that saturates its
+    # core delivers chunks late and in bursts, and its latencies measure itself.
+    cpu_start: float | None = None
+    cpu_end: float | None = None
     before: prom.Snapshot | None = None
     after: prom.Snapshot | None = None
     server_metrics_error: str | None = None
@@ -243,6 +243,10 @@ class _Run:
         else:
             result["server_metrics"] = None
         result.update(_header(self.base_url, self.scenario, self.model or "default", self.tokenizer, self.headers))
+        if self.cpu_start is not None:
+            cpu = (self.cpu_end if self.cpu_end is not None else time.process_time()) - self.cpu_start
+            result["client_cpu_s"] = cpu
+            result["client_cpu_share"] = cpu / max(end - self.window_start, 1e-9)
         if self.server_metrics_error:
             # /metrics answered before the window and not after it: the server went away
             # or stopped answering, so the window's numbers are not to be trusted alone.
@@ -273,6 +277,7 @@ async def _window(client: aiohttp.ClientSession, run: _Run, opts: RequestOptions
 
         tasks: list[asyncio.Task[None]] = []
         run.window_start = time.perf_counter()
+        run.cpu_start = time.process_time()
         try:
             async for i in paced(offsets):
                 tasks.append(asyncio.create_task(one(i)))
@@ -281,6 +286,7 @@ async def _window(client: aiohttp.ClientSession, run: _Run, opts: RequestOptions
             for t in tasks:
                 t.cancel()
         run.window_end = time.perf_counter()
+        run.cpu_end = time.process_time()
     assert all(r is not None for r in run.records)
 
 
@@ -542,11 +548,6 @@ def run_workspace_scenario(
     if output is not None:
         write_result(result, output)
     return result
-
-
-def workspace_record(workspace: Workspace) -> dict[str, Any]:
-    """Which workspace a result came from: name, path, and its git commit (or None)."""
-    return {"name": workspace.name, "path": str(workspace.root), "git": git_info(workspace.root)}
 
 
 def only_scenario(workspace: Workspace) -> str:

@@ -24,23 +24,19 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+# Only light modules at the top: `infra-agent bench --help` must not load aiohttp, numpy
+# or httpx; the runner and the target package are imported when a benchmark runs.
 from infra_agent.bench.results import (
+    backend_name,
     failed_result,
     requests_path_for,
     result_filename,
     unique_path,
-    write_result,
-)
-from infra_agent.bench.runner import (
-    backend_name,
-    only_scenario,
-    run_benchmark,
-    run_workspace_scenario,
     workspace_record,
+    write_result,
 )
 from infra_agent.cli.output import emit, user_errors
 from infra_agent.errors import ConfigError, InfraAgentError, ServerStartError
-from infra_agent.target.auth import parse_header, request_headers
 from infra_agent.workspace import load_workspace
 from infra_agent.workspace.models import Scenario
 
@@ -194,6 +190,13 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     ) -> None:
         """Run one serving benchmark and print vLLM-style metrics (+ server phases)."""
+        from infra_agent.bench.runner import (
+            only_scenario,
+            run_benchmark,
+            run_workspace_scenario,
+        )
+        from infra_agent.target.auth import parse_header, request_headers
+
         with user_errors(as_json):
             check_target_text(target)
             pcts = parse_percentiles(percentiles)

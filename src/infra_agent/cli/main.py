@@ -39,6 +39,7 @@ _VERB_MODULES: dict[str, str] = {
     "resume": "Continue a run that was killed or interrupted; finished experiments are kept, none is repeated.",
     "ls": "List the runs in a workspace's ledger.",
     "report": "Write the run's report: one self-contained HTML file and a Markdown summary.",
+    "standin": "Serve a scripted, deterministic stand-in for an OpenAI-compatible chat model (not a model).",
     "validate": "Check infra-agent.yaml: target, knobs, scenarios, criteria. Exit 2 on any problem.",
     "bench": "Run one serving benchmark and print vLLM-style metrics (+ server phases).",
     "compare": "Per-metric ratio B/A with a bootstrap CI, and a verdict per criterion.",

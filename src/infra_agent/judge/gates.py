@@ -16,9 +16,12 @@ interleaved A/B is two lists of such Feedback, index-paired (pair i ran side by 
   lies wholly on the other side, inconclusive otherwise.  Count metrics reported by a
   check (``failed_checks``) are exact, and compared exactly.
 
-Every interval is the judge's bootstrap (``infra_agent.judge.bootstrap``), labelled
-with what it is.  Fewer than 3 runs per side give no interval: inconclusive, with the
-number of runs that would decide.
+Intervals come from ``infra_agent.judge.bootstrap`` and are labelled with what they
+are: with fewer than ``SMALL_N`` runs a t-interval on the logarithms (per-pair log
+ratios for an A/B), because a percentile bootstrap of 3 to 9 values cannot reach past
+their range and covers the truth far less often than it claims; with more, the
+bootstrap.  Fewer than 3 runs per side give no decision: inconclusive, with the number
+of runs that would decide.
 """
 
 from __future__ import annotations
@@ -27,13 +30,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from infra_agent.agent.experiment import GateResult, Hypothesis, VerdictOutcome
+from infra_agent.agent.experiment import COUNT_METRICS, GateResult, Hypothesis, VerdictOutcome
 from infra_agent.feedback import Feedback
-from infra_agent.judge.bootstrap import RatioCI, bootstrap_ci, bootstrap_ratio
+from infra_agent.judge.bootstrap import SMALL_N, RatioCI, bootstrap_ci, bootstrap_ratio, t_interval_log
 from infra_agent.judge.verdict import MIN_SAMPLES, Gate, decide
 
-# Feedback.meta keys that are exact counts (a check's result), compared without statistics.
-COUNT_METRICS = frozenset({"failed_checks", "refused_entries", "timing_failures", "checked"})
 _RUN_STAT = "mean"
 
 
@@ -76,10 +77,15 @@ def absolute_gate(name: str, metric: str, op: str, value: float, scenario: str |
     if not vals:
         return GateResult(name=name, gate=label, kind="absolute", outcome="error", measured_in=measured_in,
                           message=f"no run measured {metric}" + (f" in scenario {scenario}" if scenario else ""))
-    ci = bootstrap_ci(vals, stat=_RUN_STAT)
-    as_ratio = RatioCI(ratio=ci.value, low=ci.low, high=ci.high, confidence=ci.confidence, stat=_RUN_STAT,
-                       n_candidate=ci.n, n_baseline=ci.n, paired=False, n_boot=1000)
-    interval = f"{ci.confidence:.0%} bootstrap CI of the mean over {ci.n} run(s)"
+    if len(vals) < SMALL_N and min(vals) > 0:
+        centre, low, high = t_interval_log(vals)
+        interval = f"95% t-interval of the geometric mean over {len(vals)} run(s)"
+    else:
+        ci = bootstrap_ci(vals, stat=_RUN_STAT)
+        centre, low, high = ci.value, ci.low, ci.high
+        interval = f"{ci.confidence:.0%} bootstrap CI of the mean over {ci.n} run(s)"
+    as_ratio = RatioCI(ratio=centre, low=low, high=high, confidence=0.95, stat=_RUN_STAT,
+                       n_candidate=len(vals), n_baseline=len(vals), paired=False, n_boot=0)
     return _result(name, label, "absolute", as_ratio, Gate(metric, op, value), interval, measured_in, absolute=True)  # type: ignore[arg-type]
 
 
@@ -91,8 +97,15 @@ def ratio_ci(candidate: Sequence[Feedback], baseline: Sequence[Feedback], metric
     if not a or not b or min(a + b) <= 0:
         return None, ""
     paired = len(a) == len(b)
-    ci = bootstrap_ratio(b, a, stat=_RUN_STAT, paired=paired, seed=0)
     how = f"{len(a)} interleaved pairs" if paired else f"{len(a)}+{len(b)} runs"
+    if paired and len(a) < SMALL_N:
+        # Per-pair log ratios: drift shared by a pair cancels, and the t quantile widens
+        # the interval as much as a handful of pairs needs.
+        centre, low, high = t_interval_log([bi / ai for ai, bi in zip(a, b, strict=True)])
+        ci = RatioCI(ratio=centre, low=low, high=high, confidence=0.95, stat="geomean", n_candidate=len(b),
+                     n_baseline=len(a), paired=True, n_boot=0)
+        return ci, f"95% t-interval of the geometric mean ratio over {how}"
+    ci = bootstrap_ratio(b, a, stat=_RUN_STAT, paired=paired, seed=0)
     return ci, f"{ci.confidence:.0%} {'paired ' if paired else ''}bootstrap CI of the ratio of means over {how}"
 
 
@@ -155,8 +168,7 @@ def hypothesis_outcome(h: Hypothesis, candidate: Sequence[Feedback], baseline: S
 def _count_outcome(h: Hypothesis, candidate: Sequence[Feedback], baseline: Sequence[Feedback],
                    measured_in: str | None) -> tuple[VerdictOutcome, GateResult]:
     b, a = side_values(candidate, h.metric), side_values(baseline, h.metric)
-    op = "<=" if h.direction == "lower" else ">="
-    label = f"{h.metric} {op} baseline {'-' if h.direction == 'lower' else '+'} {h.min_effect:g}"
+    label = h.gate_text()
     if not b or not a:
         return "inconclusive", GateResult(name="hypothesis", gate=label, kind="hypothesis", outcome="inconclusive",
                                           measured_in=measured_in, message=f"{h.metric} missing on a side")

@@ -327,11 +327,11 @@ class _Plan:
     progress: ProgressFn | None
     unit: str
     done: int = 0
+    total: int = 0
 
-    @property
-    def total(self) -> int:
+    def __post_init__(self) -> None:
         per_case = [1 + sum(1 for v in self.variants if v.supports(c.shape)) for c in self.cases]
-        return len(self.precisions) * sum(per_case)
+        self.total = len(self.precisions) * sum(per_case)
 
     def tick(self) -> None:
         if self.progress is not None:

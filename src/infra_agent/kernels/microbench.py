@@ -166,7 +166,8 @@ def bench_spec(
         except NotIsolatable:
             pass  # check_spec notes why and runs the calls here
     try:
-        gate = {"device": dev, "precisions": precisions, "variants": variants, "timeout_s": timeout_s, "worker": worker, "progress": progress}
+        gate: dict[str, Any] = {"device": dev, "precisions": precisions, "variants": variants, "timeout_s": timeout_s,
+                                "worker": worker, "progress": progress}
         checks = [check_spec(spec, n_seeds=n_seeds, **gate)]
         bench_shapes = list(spec.bench_shapes or spec.shapes)
         # One fresh seed for the timed inputs; on bench shapes the same inputs are checked.

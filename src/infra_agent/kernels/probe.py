@@ -85,6 +85,15 @@ class KernelProbe(Probe):
     locality: ClassVar[tuple[str, ...]] = ("kernel", "variant", "precision", "span")
 
     @classmethod
+    def measures(cls, metric: str) -> bool:
+        # Counts in meta, the error metrics of checks, and the timings and rates of benches;
+        # never a serving metric.
+        from infra_agent.workspace.models import metric_direction
+
+        return metric in ("failed_checks", "checked", "refused_entries", "timing_failures", "timed_out", "crashed") or (
+            metric_direction(metric) is None and not metric.endswith("_ms"))
+
+    @classmethod
     def tier(cls, config: ProbeConfig | None = None) -> Tier:
         if config is None:
             return cls.base_tier

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import IO, Any, Self
+from typing import IO, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -52,7 +52,7 @@ class LabProgress:
         self._bar: Progress | None = None
         self._tasks: dict[tuple[str, str], Any] = {}
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> LabProgress:
         self._start = time.monotonic()
         if not self.enabled:
             return self

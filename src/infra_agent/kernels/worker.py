@@ -36,7 +36,7 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any, Self
+from typing import Any
 
 from infra_agent.errors import KernelSpecError
 from infra_agent.kernels.spec import CALLABLE_FIELDS, KernelSpec
@@ -116,8 +116,9 @@ class CheckWorker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.conn: Connection | None = None
         self.pids: list[int] = []
+        self.busy = False  # a job was sent and its job_done not yet received
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> CheckWorker:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -188,6 +189,7 @@ class CheckWorker:
         assert self.conn is not None and self.proc is not None
         try:
             self.conn.send(job)
+            self.busy = True
         except OSError:
             raise WorkerDied(self.proc.wait()) from None
 
@@ -195,6 +197,8 @@ class CheckWorker:
         """The next ``begin``/``results``/``job_done`` message; raises on a spec error,
         ``WorkerTimeout`` after ``timeout`` seconds of silence, ``WorkerDied`` on exit."""
         kind, *body = self._recv(timeout)
+        if kind in ("job_done", "spec_error", "error"):
+            self.busy = False
         if kind == "spec_error":
             raise KernelSpecError(body[0])
         if kind == "error":
@@ -205,6 +209,7 @@ class CheckWorker:
         """End the worker and everything in its process group; reap it."""
         proc, conn = self.proc, self.conn
         self.proc = self.conn = None
+        self.busy = False
         if conn is not None:
             conn.close()
         if proc is None:
@@ -220,8 +225,9 @@ class CheckWorker:
         proc.wait()
 
     def close(self) -> None:
-        """Ask the worker to exit, then end its process group in any case."""
-        if self.proc is not None and self.conn is not None and self.proc.poll() is None:
+        """Ask an idle worker to exit, then end its process group in any case (at once
+        when a job is still running, e.g. the run was interrupted)."""
+        if self.proc is not None and self.conn is not None and not self.busy and self.proc.poll() is None:
             try:
                 self.conn.send(None)
                 self.proc.wait(timeout=5)

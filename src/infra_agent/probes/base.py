@@ -79,6 +79,11 @@ class Probe(ABC):
         return [*self.components, *self.locality]
 
     @classmethod
+    def measures(cls, metric: str) -> bool:
+        """Whether a run of this probe reports ``metric`` (a measurement name or a ``meta`` count)."""
+        return False
+
+    @classmethod
     def covers(cls, location: Location) -> bool:
         """Whether this probe can answer a question about ``location``.
 

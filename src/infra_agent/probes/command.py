@@ -36,6 +36,10 @@ class CommandProbe(Probe):
     Config: ClassVar[type[ProbeConfig]] = CommandConfig
     components: ClassVar[tuple[str, ...]] = ("server", "engine", "model", "kernel", "runtime", "kv_transfer", "comm")
 
+    @classmethod
+    def measures(cls, metric: str) -> bool:
+        return metric in ("failed_checks", "checked")
+
     def run(self, config: Any, ctx: ProbeContext) -> Feedback:
         cfg: CommandConfig = self.parse_config(config)  # type: ignore[assignment]
         argv = shlex.split(cfg.command) if isinstance(cfg.command, str) else list(cfg.command)
@@ -61,6 +65,7 @@ class CommandProbe(Probe):
         wall = time.perf_counter() - start
         fb.measurements.append(Measurement.from_samples("command_wall_s", "s", [wall], better="lower"))
         fb.artifacts.append(Artifact(kind="log", path=str(log), description=" ".join(argv)))
+        fb.meta.update(checked=1, failed_checks=int(rc != 0), exit_code=rc)
         if rc == 0:
             return fb
         output = scrub_text(bound(log.read_bytes().decode("utf-8", errors="replace"), 4000))

@@ -11,9 +11,10 @@ Two more ways out are covered, for a launcher that dies without running any code
 
 - **parent-death signal** (Linux): the server gets SIGTERM from the kernel when the
   thread that launched it exits (``prctl(PR_SET_PDEATHSIG)``).  It is tied to the
-  *thread*, not the process: start servers from the main thread or another thread that
-  lives as long as the server (not from a short-lived worker), or pass
-  ``parent_death_signal=False``.  It reaches only the direct child.
+  *thread*, not the process, so servers must be started from a thread that lives as
+  long as they do.  By default (``parent_death_signal=None``) it is set only for
+  launches from the main thread; pass True from another long-lived thread.  It
+  reaches only the direct child.
 - **lifeline**: a small watchdog (``lifeline.py``) in its own session holds the read
   end of a pipe whose write end only this process holds; on EOF it stops the whole
   group, TERM then KILL.  It covers a shell's children and non-Linux systems.  A child
@@ -116,7 +117,7 @@ class ServerProcess:
         ready_timeout_s: float | None = None,
         file: str | None = None,
         owner_token: str | None = None,
-        parent_death_signal: bool = True,
+        parent_death_signal: bool | None = None,
         lifeline: bool = True,
     ) -> None:
         self.spec = spec
@@ -130,6 +131,7 @@ class ServerProcess:
         # INFRA_AGENT_OWNER=<our pid>:<token> in the server's environment.
         self.owner_token = owner_token or default_owner_token()
         owner_mark(self.owner_token)  # checks the token now, not at launch
+        # None: only from the main thread; a worker thread that ends would kill the server.
         self.parent_death_signal = parent_death_signal
         self.lifeline = lifeline
         self._lifeline: subprocess.Popen[bytes] | None = None
@@ -281,7 +283,10 @@ class ServerProcess:
         self._plan = plan_launch(self.spec, self.knobs, port, root=self.root, host=self.host, file=self._file)
         self._check_ready_url_free(port)
         env = {**self._plan.env, OWNER_ENV: owner_mark(self.owner_token)}
-        preexec = _parent_death_preexec() if self.parent_death_signal else None
+        pdeathsig = self.parent_death_signal
+        if pdeathsig is None:
+            pdeathsig = threading.current_thread() is threading.main_thread()
+        preexec = _parent_death_preexec() if pdeathsig else None
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self._log_path = self.log_dir / f"{self.name}-{stamp}-{port}.log"
         with self._log_path.open("wb") as log:

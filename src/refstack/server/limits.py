@@ -13,8 +13,9 @@ the connection cannot carry another request.
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from fastapi.responses import JSONResponse
 
 from refstack.server.errors import request_too_large
 
@@ -34,7 +35,7 @@ class BodySizeLimit:
         length = _content_length(scope)
         if length is not None:
             if length > self.max_bytes:
-                await self._refuse(send)
+                await self._refuse(scope, receive, send)
                 return
             # The HTTP layer holds a body to its declared length: nothing to count.
             await self.app(scope, receive, send)
@@ -52,13 +53,9 @@ class BodySizeLimit:
 
         await self.app(scope, counted, send)
 
-    async def _refuse(self, send: Any) -> None:
+    async def _refuse(self, scope: Scope, receive: Any, send: Any) -> None:
         err = request_too_large(self.max_bytes)
-        body = json.dumps(err.body()).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        headers += [(k.lower().encode(), v.encode()) for k, v in (err.headers or {}).items()]
-        await send({"type": "http.response.start", "status": err.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await JSONResponse(err.body(), status_code=err.status, headers=err.headers)(scope, receive, send)
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -56,10 +56,10 @@ class LogprobEngine(Engine):
         super().__init__(*args, **kwargs)
         # This step's log-softmax rows, by request; only on the engine thread, and empty
         # outside _sample or when no request of the step asked for logprobs.
-        self._step_logprobs: dict[Request, tuple[torch.Tensor, list[tuple[int, float]]]] = {}
+        self._step_logprobs: dict[Request, _Row] = {}
 
     def _sample(self, ready: list[Any]) -> None:
-        wanted = [(c.request, row) for c, row in ready if isinstance(c.request.params, LogprobParams)]
+        wanted = [(c.request, c.request.params, row) for c, row in ready if isinstance(c.request.params, LogprobParams)]
         if not wanted:
             super()._sample(ready)
             return
@@ -69,27 +69,30 @@ class LogprobEngine(Engine):
         finally:
             self._step_logprobs = {}
 
-    def _log_softmax(self, wanted: list[tuple[Request, torch.Tensor]]
-                     ) -> dict[Request, tuple[torch.Tensor, list[tuple[int, float]]]]:
-        logits = torch.stack([row for _, row in wanted]).float()
+    def _log_softmax(self, wanted: list[tuple[Request, LogprobParams, torch.Tensor]]) -> dict[Request, _Row]:
+        logits = torch.stack([row for _, _, row in wanted]).float()
         logits.masked_fill_(self._unsampleable[: logits.shape[-1]], float("-inf"))
         lp = torch.log_softmax(logits, dim=-1)
-        k = max(req.params.logprobs for req, _ in wanted)
+        k = max(params.logprobs for _, params, _ in wanted)
         tops: list[list[tuple[int, float]]] = [[] for _ in wanted]
         if k:
             values, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)
-            for i, (req, _) in enumerate(wanted):
-                n = req.params.logprobs
+            for i, (_, params, _) in enumerate(wanted):
+                n = params.logprobs
                 tops[i] = list(zip(ids[i, :n].tolist(), values[i, :n].tolist()))
-        return {req: (lp[i], tops[i]) for i, (req, _) in enumerate(wanted)}
+        return {req: (params, lp[i], tops[i]) for i, (req, params, _) in enumerate(wanted)}
 
     def _append_text(self, req: Request, tok: int) -> str | None:
         # Called once per sampled token, before the delta carrying it reaches the sink.
         got = self._step_logprobs.get(req) if self._step_logprobs else None
         if got is not None:
-            row, top = got
-            req.params.entries.append((tok, finite(float(row[tok])), tuple((i, finite(v)) for i, v in top)))
+            params, row, top = got
+            params.entries.append((tok, finite(float(row[tok])), tuple((i, finite(v)) for i, v in top)))
         return super()._append_text(req, tok)
+
+
+# A request's share of a step: its params, its log-softmax row, its top alternatives.
+_Row = tuple[LogprobParams, torch.Tensor, list[tuple[int, float]]]
 
 
 def finite(x: float) -> float:

@@ -28,6 +28,9 @@ def test_nagle_on_the_server_is_reported(fake_server_factory, tmp_path: Path) ->
     assert burst is not None, sorted(found)
     assert burst["evidence"]["short_share"] >= 0.3
     assert "TCP_NODELAY" in burst["next_question"]
+    # The client's own load is part of the evidence, so a saturated client is not mistaken for the server.
+    share = burst["evidence"]["client_cpu_share"]
+    assert share is not None and 0 < share and f"the client used {share:.0%} of a core" in burst["message"]
 
 
 def test_a_streaming_server_is_not_reported(fake_server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

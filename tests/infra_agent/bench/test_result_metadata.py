@@ -107,7 +107,7 @@ def test_progress_lines_reach_a_pipe_while_the_run_goes(fake_server_factory, tmp
     assert re.fullmatch(r"bench: 4/40 requests, 0 failed, \d+\.\d s\n", first), first
     assert re.fullmatch(r"bench: 40/40 requests, 0 failed, \d+\.\d s", lines[-1]), lines[-1]
     assert len(lines) == 10  # every 10%
-    quiet = subprocess.run([sys.executable, "-m", "infra_agent.cli.main", "bench", srv.url, *LOAD], capture_output=True, text=True)
+    quiet = subprocess.run([sys.executable, "-m", "infra_agent.cli.main", "bench", srv.url, *LOAD], capture_output=True, text=True, check=False)
     assert quiet.returncode == 0 and "bench:" not in quiet.stderr
 
 
@@ -124,3 +124,10 @@ def test_progress_prints_every_interval_even_without_answers() -> None:
     assert time.monotonic() - started < 2
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2 and all(line.startswith("bench: 0/200 requests, 0 failed, 0.") for line in lines), lines
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert _Progress(10, True, stream=Terminal()).mode == "bar"  # a terminal gets the rich bar
+    assert _Progress(10, False, stream=Terminal()).mode == "off"

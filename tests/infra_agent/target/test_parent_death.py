@@ -139,3 +139,25 @@ def test_the_mark_is_in_the_server_environment(tmp_path: Path, reap: list[int]) 
     assert find_owned_groups("t-env") == []
     with pytest.raises(ValueError, match="owner token"):
         ServerProcess(spec, {}, tmp_path, owner_token="a:b")
+
+
+def test_a_worker_thread_that_ends_does_not_take_the_server_along(tmp_path: Path, reap: list[int]) -> None:
+    # The parent-death signal follows the launching *thread*; by default it is only set
+    # from the main thread, so a server started by a short-lived thread keeps serving.
+    import threading
+
+    spec = ServerTargetSpec(kind="server", command=[sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1"],
+                            ready_url="/", ready_timeout_s=20)
+    server = ServerProcess(spec, {}, tmp_path, root=tmp_path)
+    worker = threading.Thread(target=server.start)
+    worker.start()
+    worker.join()
+    try:
+        assert server.pid is not None
+        reap.append(server.pid)
+        time.sleep(0.5)
+        server.check_alive()
+        assert _answers(server.url)
+    finally:
+        server.stop()
+    assert group_members(server.pid) == []

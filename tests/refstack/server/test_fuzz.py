@@ -175,8 +175,8 @@ def unsupported(rng: random.Random) -> Case:
 
 def content_type(rng: random.Random) -> Case:
     path, body = _base(rng)
-    raw = rng.choice([_dumps(body, rng), b"prompt=hi&max_tokens=3", b"--xyz\r\nContent-Disposition: form-data; "
-                      b'name="prompt"\r\n\r\nhi\r\n--xyz--\r\n', b""])
+    form = b'--xyz\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nhi\r\n--xyz--\r\n'
+    raw = rng.choice([_dumps(body, rng), b"prompt=hi&max_tokens=3", form, b""])
     ct = rng.choice(CONTENT_TYPES)
     return "POST", path, ({"content-type": ct} if ct else {}), raw, f"content-type {ct!r}"
 

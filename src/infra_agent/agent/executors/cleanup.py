@@ -62,13 +62,22 @@ def kill_marked(prefix: str, timeout_s: float = 5.0) -> int:
     return len(pids)
 
 
-def die_with_parent() -> None:
-    """``preexec_fn``: the child gets SIGKILL when the process that started it exits (Linux).
+PARENT_ENV = "INFRA_AGENT_PARENT_PID"
 
-    Elsewhere the marker-based cleanup on resume is what remains."""
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Called first thing in a child: SIGKILL this process when its parent exits (Linux).
+
+    It runs in the child itself rather than as a ``preexec_fn`` (unsafe between fork and
+    exec when the parent has threads).  The parent may already have died before the
+    call: then the child exits at once.  Elsewhere the marker-based cleanup on resume
+    is what remains."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
             pass
+    expected = parent if parent is not None else int(os.environ.get(PARENT_ENV, "0") or 0)
+    if expected and os.getppid() != expected:
+        os._exit(137)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.agent.executors.base import Execution, Executor, OnEvent
-from infra_agent.agent.executors.cleanup import MARKER_ENV, die_with_parent, kill_marked
+from infra_agent.agent.executors.cleanup import MARKER_ENV, PARENT_ENV, kill_marked
 from infra_agent.agent.executors.protect import check_changes
 from infra_agent.agent.executors.worktree import PatchRejected, Worktrees
 from infra_agent.agent.experiment import Experiment
@@ -104,11 +104,11 @@ class LocalExecutor(Executor):
         job_path, result_path = d / f"job-{n}.json", d / f"result-{n}.json"
         job_path.write_text(json.dumps({**job, "workdir": str(d / f"out-{n}")}, default=str))
         marker = f"{self.run_id}/{exp_id}"
-        env = {**os.environ, MARKER_ENV: marker, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, MARKER_ENV: marker, PARENT_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         with (d / f"worker-{n}.log").open("wb") as err:
             proc = subprocess.Popen([sys.executable, "-m", "infra_agent.agent.executors.worker", str(job_path), str(result_path)],
                                     stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True, preexec_fn=die_with_parent)
+                                    start_new_session=True)
         reader = threading.Thread(target=_forward, args=(proc, on_event), daemon=True)
         reader.start()
         try:

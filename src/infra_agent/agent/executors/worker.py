@@ -111,6 +111,9 @@ _JOBS = {"ab": run_ab_job, "repeat": run_repeat_job, "probe": run_probe_job}
 
 
 def main(argv: list[str]) -> int:
+    from infra_agent.agent.executors.cleanup import die_with_parent
+
+    die_with_parent()
     job_path, result_path = Path(argv[1]), Path(argv[2])
     job = json.loads(job_path.read_text())
     try:

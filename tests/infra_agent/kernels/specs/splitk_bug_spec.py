@@ -30,7 +30,7 @@ def split_k_gemm_reduce(a, b, *, precision="fp32", splits=4):
     ks = a.shape[1] // splits
     parts = torch.stack([matmul(a[:, i * ks:(i + 1) * ks], b[i * ks:(i + 1) * ks], precision=precision) for i in range(splits)])
     m, n = parts.shape[1:]
-    ones = torch.ones(1, splits)
+    ones = torch.ones(1, splits, device=parts.device, dtype=parts.dtype)
     # The bug: the reduction itself goes through matmul(..., precision), rounding partials.
     return matmul(ones, parts.reshape(splits, m * n), precision=precision).reshape(m, n)
 

@@ -1,0 +1,138 @@
+"""Time to fix: e2e runs until a failing gate passes, attributed search vs blind Optuna vs rules.
+
+The scenario is examples/refstack-serving with a mis-set baseline: ``max_running=2``
+under 8 concurrent chats, and an absolute gate ``output_throughput >= 250`` on the
+chat workload.  The engine step is pinned to at least 10 ms (the calibration knob,
+never searched), so the gate fails and passes for the same reasons on any machine.
+
+Each method runs the real loop (``infra-agent run``) on its own copy of the
+workspace: every experiment is an interleaved A/B of ``--pairs`` pairs against the
+current best, judged by bootstrap intervals, until every gate passes or
+``--budget-runs`` experiments are spent.  Methods are interleaved per seed, so
+machine drift hits them alike.
+
+    python bench/time_to_fix.py --seeds 5
+
+Reported per method: the e2e runs (serving windows, both sides, baseline included)
+and the wall time until the gate first passed, as medians over seeds; a run that
+never fixed it within the budget counts what it spent (censored, marked ">"); an
+experiment killed at ``--probe-timeout-s`` counts the 2 x pairs runs it set out to make.
+The goal: attributed search needs >= 3x fewer e2e runs than blind search (median).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "refstack-serving" / "infra-agent.yaml"
+THRESHOLD = 250.0
+METHODS = ("attributed", "blind", "rules")
+
+
+def make_workspace(dest: Path) -> Path:
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["knobs"]["max_running"]["default"] = 2
+    spec["knobs"]["step_delay_ms"]["default"] = 10
+    spec["scenarios"] = {"short-chat": {
+        "dataset": {"kind": "random", "input_len": 32, "output_len": 16, "range_ratio": 0.25, "seed": 0},
+        "endpoint": "chat", "num_requests": 16, "max_concurrency": 8, "request_rate": "inf", "warmup_requests": 2}}
+    spec["criteria"] = [{"name": "chat-throughput", "metric": "output_throughput", "scenario": "short-chat",
+                         "op": ">=", "value": THRESHOLD}]
+    dest.mkdir(parents=True)
+    (dest / "infra-agent.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    (dest / ".gitignore").write_text(".infra-agent/\n")
+    env = {"GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@localhost", "GIT_COMMITTER_NAME": "b",
+           "GIT_COMMITTER_EMAIL": "b@localhost", "PATH": "/usr/bin:/bin:/usr/local/bin"}
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
+        subprocess.run(["git", *args], cwd=dest, env=env, check=True)
+    return dest
+
+
+def run_method(method: str, seed: int, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from infra_agent.agent.runner import RunOptions, start_run
+    from infra_agent.ledger import Ledger
+
+    ws = make_workspace(workdir / f"{method}-{seed}")
+    opts = RunOptions(proposer="rules" if method == "rules" else "search", seed=seed, blind=method == "blind",
+                      budget_runs=args.budget_runs, pairs=args.pairs, confirm=False, probe_timeout_s=args.probe_timeout_s)
+    start = time.monotonic()
+    run = start_run(ws, opts, progress=args.verbose)
+    wall = time.monotonic() - start
+    with Ledger.for_workspace(ws) as ledger:
+        exps = ledger.experiments(run.id)
+    runs = 0
+    fixed_at: int | None = None
+    fixed_s: float | None = None
+    for e in exps:
+        # An experiment killed at the probe timeout counts the runs it set out to make.
+        runs += e.cost.e2e_runs if e.status != "timeout" else 2 * args.pairs
+        gates = {g.name: g.outcome for g in (e.verdict.gates if e.verdict else [])}
+        if e.accepted and gates.get("chat-throughput") == "pass":
+            fixed_at, fixed_s = runs, (e.finished_at or time.time()) - run.started_at
+            break
+    return {"method": method, "seed": seed, "fixed": fixed_at is not None, "e2e_runs": fixed_at if fixed_at is not None else runs,
+            "wall_s": fixed_s if fixed_s is not None else wall, "experiments": sum(e.role == "experiment" for e in exps),
+            "run": run.id, "status": run.status, "message": run.message,
+            "trail": [(e.id, e.change.knobs, e.status, e.verdict.outcome if e.verdict else None, e.cost.e2e_runs) for e in exps]}
+
+
+def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for m in METHODS:
+        rs = [r for r in results if r["method"] == m]
+        if not rs:
+            continue
+        rows.append({"method": m, "seeds": len(rs), "fixed": sum(r["fixed"] for r in rs),
+                     "median_e2e_runs": statistics.median(r["e2e_runs"] for r in rs),
+                     "median_wall_s": statistics.median(r["wall_s"] for r in rs),
+                     "e2e_runs": [(">" if not r["fixed"] else "") + str(r["e2e_runs"]) for r in rs]})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--budget-runs", type=int, default=6, help="experiments per run before it counts as not fixed")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--probe-timeout-s", type=float, default=150.0)
+    ap.add_argument("--out", type=Path, default=None, help="write the raw results here (JSON)")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args()
+    methods = [m for m in args.methods.split(",") if m]
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="time-to-fix-") as tmp:
+        for seed in range(args.seeds):
+            for method in methods:
+                r = run_method(method, seed, Path(tmp), args)
+                results.append(r)
+                print(f"seed {seed} {method:>10}: {'fixed' if r['fixed'] else 'NOT fixed'} after {r['e2e_runs']} e2e runs, "
+                      f"{r['experiments']} experiments, {r['wall_s']:.0f} s", flush=True)
+                if args.out:
+                    args.out.write_text(json.dumps(results, indent=1, default=str))
+    rows = summarise(results)
+    print(f"\n{'method':>10} | seeds | fixed | median e2e runs | median wall s | e2e runs per seed")
+    for row in rows:
+        print(f"{row['method']:>10} | {row['seeds']:>5} | {row['fixed']:>5} | {row['median_e2e_runs']:>15} | "
+              f"{row['median_wall_s']:>13.0f} | {' '.join(row['e2e_runs'])}")
+    by = {r["method"]: r for r in rows}
+    if "attributed" in by and "blind" in by:
+        ratio = by["blind"]["median_e2e_runs"] / by["attributed"]["median_e2e_runs"]
+        print(f"\nblind / attributed, median e2e runs: {ratio:.2f}x (goal >= 3x; censored runs count as their budget, "
+              "so the true ratio is at least this)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

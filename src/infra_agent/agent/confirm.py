@@ -1,0 +1,52 @@
+"""The confirmation: the best configuration against the baseline, side by side.
+
+Each accepted experiment was judged against its parent.  The gate table *after* comes
+from one more interleaved A/B, best against baseline, so relative criteria are relative
+to where the run started and every gate is measured on the final configuration.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from infra_agent.agent.experiment import Cost, Experiment, Hypothesis, Step, Verdict
+from infra_agent.agent.judging import gates_of, side_feedback
+from infra_agent.agent.planner import Plan
+from infra_agent.judge.gates import hypothesis_outcome
+
+
+def run_confirm(loop: Any, base: Experiment, best: Experiment) -> Experiment:
+    crit = loop.ws.criteria[0] if loop.ws.criteria else None
+    metric = crit.metric if crit else "output_throughput"
+    from infra_agent.workspace import metric_direction
+
+    hyp = Hypothesis(statement="the accepted changes together hold every gate against the baseline", metric=metric,
+                     direction=metric_direction(metric) or "higher", scenario=crit.scenario if crit else None)
+    exp = Experiment(id=f"e{loop.ledger.next_seq(loop.run.id)}", run_id=loop.run.id, seq=loop.ledger.next_seq(loop.run.id),
+                     parent=best.id, role="confirm", proposer="-", hypothesis=hyp, knobs=dict(best.knobs),
+                     commit=best.commit)
+    scenarios = loop.opts.get("scenarios") or sorted({c.scenario for c in loop.ws.criteria if c.scenario} or loop.ws.scenarios)
+    plan = Plan(probe=loop.planner.plan(Step(hypothesis=hyp, probe="serving"), []).probe, mode="ab", scenarios=scenarios,
+                result_metrics=sorted({c.metric for c in loop.ws.criteria}))
+    plan.probe.reason = "confirmation: the best against the baseline, side by side"
+    exp.probe, exp.status, exp.started_at = plan.probe, "running", time.time()
+    loop._save(exp)
+    loop.progress.experiment(exp, "serving/e2e: best vs baseline")
+    ex = loop.executor.execute(exp, plan, base, loop.progress.event)
+    for name in [c.name for c in loop.ws.checks]:
+        if name not in ex.checks:
+            ex.checks.update(loop.executor.measure(exp, [], 0, [name]).checks)
+    exp.feedback, exp.baseline_feedback, exp.checks = side_feedback(ex.candidate), side_feedback(ex.baseline), dict(ex.checks)
+    exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
+    gates = gates_of(loop.ws, ex, exp.id, plan)
+    _, hyp_gate = hypothesis_outcome(hyp, ex.candidate.get(hyp.scenario or "", []), ex.baseline.get(hyp.scenario or "", []), exp.id)
+    ok = ex.status == "done" and all(g.outcome in ("pass", "skipped") for g in gates)
+    exp.status, exp.error = ("done", None) if ex.status == "done" else (ex.status, ex.error)
+    exp.verdict = Verdict(outcome="confirmed" if ok else "not_confirmed", gates=[hyp_gate, *gates],
+                          message="every gate holds against the baseline" if ok else "not every gate holds against the baseline")
+    loop.executor.finalize(exp, False, "")
+    exp.finished_at = time.time()
+    loop._save(exp)
+    loop.progress.finished(exp, best, gates)
+    return exp

@@ -1,0 +1,114 @@
+"""``infra-agent resume`` after SIGKILL: no finished experiment lost or repeated, nothing left over."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infra_agent.agent.executors.cleanup import marked_pids
+from infra_agent.ledger import Ledger
+from infra_agent.llm.standin import serve_standin
+
+from .loop_workspace import git, llm_script, make_workspace
+
+pytestmark = pytest.mark.slow
+
+
+def _running_experiment(db: Path) -> tuple[str, str] | None:
+    """(run id, experiment id) of an experiment the ledger shows running, read as another process would."""
+    if not db.exists():
+        return None
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        row = con.execute("SELECT run_id, id FROM experiments WHERE status = 'running' AND id != 'e0'").fetchone()
+    except sqlite3.OperationalError:
+        return None
+    finally:
+        con.close()
+    return (row[0], row[1]) if row else None
+
+
+def test_sigkill_mid_experiment_then_resume(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws")
+    db = ws / ".infra-agent" / "ledger.db"
+    with serve_standin(llm_script()) as url:
+        cmd = [sys.executable, "-m", "infra_agent.cli.main", "run", str(ws), "--proposer", "llm", "--model", "standin",
+               "--base-url", url, "--budget-runs", "3", "--no-confirm", "--no-report"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.monotonic() + 240
+        found = None
+        while found is None and time.monotonic() < deadline and proc.poll() is None:
+            found = _running_experiment(db)
+            time.sleep(0.2)
+        assert found is not None, (proc.poll(), proc.stderr.read().decode()[-3000:] if proc.poll() is not None else "")
+        run_id, exp_id = found
+        wt_dir = ws / ".infra-agent" / "worktrees" / run_id
+        # Kill it while the experiment runs: its worktrees exist and its servers are up.
+        while not (wt_dir.exists() and any(wt_dir.iterdir())) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3.0)
+        with Ledger.for_workspace(ws) as ledger:
+            before = {e.id: e for e in ledger.experiments(run_id)}
+        assert before["e0"].status == "done" and before[exp_id].status == "running"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        # The worker dies with its parent, and the servers with the worker.
+        gone = time.monotonic() + 30
+        while marked_pids(f"{run_id}/") and time.monotonic() < gone:
+            time.sleep(0.2)
+        assert marked_pids(f"{run_id}/") == [], "processes of the killed run outlived it"
+        assert wt_dir.exists()  # SIGKILL leaves the worktree: resume must remove it
+
+        out = subprocess.run([sys.executable, "-m", "infra_agent.cli.main", "resume", run_id, "--workspace", str(ws),
+                              "--json", "--no-report"], capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    record = json.loads(out.stdout)
+    assert record["status"] == "done"
+    with Ledger.for_workspace(ws) as ledger:
+        after = {e.id: e for e in ledger.experiments(run_id)}
+    # The finished baseline was kept, not measured again; the interrupted experiment ran once, to the end.
+    assert after["e0"].started_at == before["e0"].started_at and after["e0"].finished_at == before["e0"].finished_at
+    assert after[exp_id].status == "done" and after[exp_id].accepted
+    assert [e.id for e in after.values() if e.role == "experiment"] == [exp_id]
+    # Nothing left over: no process, no worktree, no temporary branch.
+    assert marked_pids(f"{run_id}/") == []
+    assert not wt_dir.exists()
+    assert git(ws, "worktree", "list").strip().count("\n") == 0
+    assert git(ws, "branch", "--list", f"infra-agent/{run_id}-*").strip() == ""
+
+
+def test_ctrl_c_leaves_a_resumable_ledger_and_nothing_running(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws")
+    db = ws / ".infra-agent" / "ledger.db"
+    with serve_standin(llm_script()) as url:
+        cmd = [sys.executable, "-m", "infra_agent.cli.main", "run", str(ws), "--proposer", "llm", "--model", "standin",
+               "--base-url", url, "--budget-runs", "3", "--no-confirm", "--no-report"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.monotonic() + 240
+        found = None
+        while found is None and time.monotonic() < deadline and proc.poll() is None:
+            found = _running_experiment(db)
+            time.sleep(0.2)
+        assert found is not None
+        run_id, exp_id = found
+        time.sleep(3.0)
+        os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "resume with `infra-agent resume" in err.decode()
+    with Ledger.for_workspace(ws) as ledger:
+        run = ledger.get_run(run_id)
+        exps = {e.id: e for e in ledger.experiments(run_id)}
+    assert run.status == "interrupted"
+    assert exps["e0"].status == "done" and not exps[exp_id].finished
+    assert marked_pids(f"{run_id}/") == []
+    assert not (ws / ".infra-agent" / "worktrees" / run_id).exists()
+    assert git(ws, "worktree", "list").strip().count("\n") == 0
