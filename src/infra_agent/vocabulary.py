@@ -78,6 +78,16 @@ class FindingKind:
     BENCH_FAILED: Final = "bench_failed"
     # command checks (unit tests, linters)
     COMMAND_FAILED: Final = "command_failed"
+    # timeline
+    GIL_CONTENTION: Final = "gil_contention"
+    NO_OVERLAP: Final = "no_overlap"
+    OVERLAP_UNMEASURABLE: Final = "overlap_unmeasurable"
+    THREAD_IDLE: Final = "thread_idle"
+    SPAN_TREND: Final = "span_trend"
+    STEP_OVERHEAD: Final = "step_overhead"
+    LATENCY_RISES_WITH_POSITION: Final = "latency_rises_with_position"
+    DELTA_ATTRIBUTION: Final = "delta_attribution"
+    SAMPLER_UNAVAILABLE: Final = "sampler_unavailable"
     # the loop itself
     PROBE_TIMEOUT: Final = "probe_timeout"
     PROBE_ERROR: Final = "probe_error"

@@ -63,13 +63,21 @@ def _serve(**raw: Any) -> None:
         if reason:
             raise click.ClickException(f"--cpu-kernels native: {reason}")
     sock = _bind(values["host"], values["port"])
-    app = create_app(engine_config(values), max_request_bytes=values["max_request_bytes"])
+    failures: list[str] = []
+
+    def on_failure(reason: str) -> None:  # a disagg worker died: stop serving, exit non-zero
+        failures.append(reason)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    app = create_app(engine_config(values), max_request_bytes=values["max_request_bytes"], disagg=values["disagg"],
+                     on_failure=on_failure)
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     engine = app.state.engine
     # What the machine-dependent "auto" knobs became, after the URL (parsers take the URL up to a space).
     banner = (f"{url} (preset {values['preset']}, dtype {engine.dtype}, "
-              f"{'native' if engine.native_kernels else 'torch'} kernels)")
+              f"{'native' if engine.native_kernels else 'torch'} kernels"
+              f"{', disaggregated' if values['disagg'] else ''})")
     server = uvicorn.Server(uvicorn.Config(app, log_level=values["log_level"], timeout_graceful_shutdown=5))
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
     # handler it found.  A Python handler (not the default "die") lets the process end
@@ -77,10 +85,10 @@ def _serve(**raw: Any) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _after_graceful_shutdown)
     asyncio.run(_serve_until_stopped(server, sock, banner))
-    _exit_after_shutdown()
+    _exit_after_shutdown(1 if failures else 0, failures[0] if failures else "")
 
 
-def _exit_after_shutdown() -> None:
+def _exit_after_shutdown(status: int = 0, reason: str = "") -> None:
     """End the process without the interpreter's teardown, once uvicorn has shut down.
 
     With torch loaded, finalising modules and objects takes ~0.4 s, and none of it
@@ -89,10 +97,12 @@ def _exit_after_shutdown() -> None:
     one), and the streams are flushed; the engine thread has already been joined by
     the app's lifespan.
     """
+    if reason:
+        print(f"refstack: error: {reason}", file=sys.stderr)
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
 def _after_graceful_shutdown(signum: int, frame: Any) -> None:

@@ -126,6 +126,24 @@ KNOBS: tuple[Knob, ...] = (
          "CALIBRATION knob: every engine step busy-waits so that steps per second drop by this "
          "fraction under steady load (0.05 = 5% lower throughput); leave 0 otherwise.",
          min=0.0, max=0.9),
+    Knob("ep_release_gil", "bool", True, ("model.moe", "runtime"),
+         "Expert-parallel dispatch/combine: the native section (token shuffle, then a spin-wait for the peer ranks) "
+         "releases the GIL (true) or holds it while it works and spins (false, as an EP library that never drops "
+         "it), so other Python threads of the process (the KV transfer thread) cannot run meanwhile."),
+    Knob("ep_link_gbps", "float", 0.0, ("model.moe",),
+         "Modelled link bandwidth (GB/s) of the expert-parallel exchange: dispatch and combine each spin-wait "
+         "(bytes of token rows crossing ranks) / bandwidth in native code, at most 50 ms; 0 = no wait (all ranks "
+         "share the process).", min=0.0, max=1e6),
+    Knob("disagg", "bool", False, ("server", "engine"),
+         "Disaggregated serving: a prefill worker and a decode worker process behind this server, the KV pages "
+         "and KDA state of each prefilled request moved to the decode worker through a KV store process."),
+    Knob("kv_transfer", "bool", True, ("engine.kv_transfer",),
+         "With --disagg: the prefill worker's 'kv-transfer' thread packs and pushes each request's KV pages "
+         "page by page while the model computes the next prefill (true), or none runs and the engine thread puts "
+         "each request's KV in one bulk message after its batch (false; the baseline of the 5% prefill criterion)."),
+    Knob("kv_page_tokens", "int", 16, ("engine.kv_transfer",),
+         "With --disagg: token positions per attention KV page the transfer thread packs and pushes.",
+         min=1, max=4096),
     Knob("trace", "bool", False, ("tracing",),
          "Record spans in memory for GET /debug/trace (INFRA_AGENT_TRACE=path also writes a file at exit)."),
     Knob("log_level", "choice", "warning", ("server",), "uvicorn log level.", choices=LOG_LEVELS),
@@ -136,7 +154,7 @@ KNOBS: tuple[Knob, ...] = (
          min=1024, max=1 << 30),
 )
 
-_SERVER_ONLY = ("host", "port", "log_level", "max_request_bytes")
+_SERVER_ONLY = ("host", "port", "log_level", "max_request_bytes", "disagg")
 
 
 def knob(name: str) -> Knob:

@@ -10,23 +10,34 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from infra_agent.agent.experiment import Cost, Experiment, Hypothesis, Step, Verdict
+from infra_agent.agent.experiment import (
+    Cost,
+    Experiment,
+    GateResult,
+    Hypothesis,
+    Step,
+    Verdict,
+)
 from infra_agent.agent.judging import gates_of, side_feedback
 from infra_agent.agent.planner import Plan
 from infra_agent.judge.gates import hypothesis_outcome
 
 
-def run_confirm(loop: Any, base: Experiment, best: Experiment) -> Experiment:
-    crit = loop.ws.criteria[0] if loop.ws.criteria else None
-    metric = crit.metric if crit else "output_throughput"
+def run_confirm(loop: Any, base: Experiment, best: Experiment, again: Experiment | None = None) -> Experiment:
+    """Run the confirmation (``again``: one a killed run left unfinished, run again under its id)."""
     from infra_agent.workspace import metric_direction
 
+    scenarios = loop.opts.get("scenarios") or sorted({c.scenario for c in loop.ws.criteria if c.scenario} or loop.ws.scenarios)
+    # The headline criterion: the first one measured in the scenarios this run uses.
+    crit = next((c for c in loop.ws.criteria if c.scenario is None or c.scenario in scenarios), None)
+    metric = crit.metric if crit else "output_throughput"
     hyp = Hypothesis(statement="the accepted changes together hold every gate against the baseline", metric=metric,
-                     direction=metric_direction(metric) or "higher", scenario=crit.scenario if crit else None)
-    exp = Experiment(id=f"e{loop.ledger.next_seq(loop.run.id)}", run_id=loop.run.id, seq=loop.ledger.next_seq(loop.run.id),
+                     direction=metric_direction(metric) or "higher",
+                     scenario=(crit.scenario if crit else None) or (scenarios[0] if scenarios else None))
+    seq = again.seq if again is not None else loop.ledger.next_seq(loop.run.id)
+    exp = Experiment(id=again.id if again is not None else f"e{seq}", run_id=loop.run.id, seq=seq,
                      parent=best.id, role="confirm", proposer="-", hypothesis=hyp, knobs=dict(best.knobs),
                      commit=best.commit)
-    scenarios = loop.opts.get("scenarios") or sorted({c.scenario for c in loop.ws.criteria if c.scenario} or loop.ws.scenarios)
     plan = Plan(probe=loop.planner.plan(Step(hypothesis=hyp, probe="serving"), []).probe, mode="ab", scenarios=scenarios,
                 result_metrics=sorted({c.metric for c in loop.ws.criteria}))
     plan.probe.reason = "confirmation: the best against the baseline, side by side"
@@ -34,12 +45,20 @@ def run_confirm(loop: Any, base: Experiment, best: Experiment) -> Experiment:
     loop._save(exp)
     loop.progress.experiment(exp, "serving/e2e: best vs baseline")
     ex = loop.executor.execute(exp, plan, base, loop.progress.event)
-    for name in [c.name for c in loop.ws.checks]:
-        if name not in ex.checks:
-            ex.checks.update(loop.executor.measure(exp, [], 0, [name]).checks)
+    # Every check, on the best's code (the executor measures a commit in a worktree of its own).
+    unmeasured: list[GateResult] = []
+    for check in loop.ws.checks:
+        if check.name not in ex.checks:
+            got = loop.executor.measure(exp, [], 0, [check.name], loop.progress.event)
+            ex.checks.update(got.checks)
+            ex.wall_s, ex.probe_runs = ex.wall_s + got.wall_s, ex.probe_runs + got.probe_runs
+            if check.name not in got.checks:
+                unmeasured.append(GateResult(name=check.name, gate=f"check {check.name} ({check.probe})", kind="check",
+                                             outcome="error", measured_in=exp.id,
+                                             message=f"the check could not run ({got.status}): {got.error}"))
     exp.feedback, exp.baseline_feedback, exp.checks = side_feedback(ex.candidate), side_feedback(ex.baseline), dict(ex.checks)
     exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
-    gates = gates_of(loop.ws, ex, exp.id, plan)
+    gates = gates_of(loop.ws, ex, exp.id, plan) + unmeasured
     _, hyp_gate = hypothesis_outcome(hyp, ex.candidate.get(hyp.scenario or "", []), ex.baseline.get(hyp.scenario or "", []), exp.id)
     ok = ex.status == "done" and all(g.outcome in ("pass", "skipped") for g in gates)
     exp.status, exp.error = ("done", None) if ex.status == "done" else (ex.status, ex.error)

@@ -60,8 +60,11 @@ class Hypothesis(_Model):
         op = ">=" if self.direction == "higher" else "<="
         if self.metric in COUNT_METRICS:
             return f"{self.metric} {op} baseline {'+' if self.direction == 'higher' else '-'} {self.min_effect:g}"
-        ratio = 1 + self.min_effect if self.direction == "higher" else 1 / (1 + self.min_effect)
-        return f"{self.metric}{op}{ratio:.6g}"
+        return f"{self.metric}{op}{self.ratio_threshold():.6g}"
+
+    def ratio_threshold(self) -> float:
+        """The candidate/baseline ratio the claim needs: ``1 + min_effect`` up, ``1 / (1 + min_effect)`` down."""
+        return 1 + self.min_effect if self.direction == "higher" else 1 / (1 + self.min_effect)
 
 
 class Change(_Model):
@@ -90,6 +93,7 @@ class ProbeCall(_Model):
     config: dict[str, Any] = Field(default_factory=dict)
     tier: Tier
     reason: str = Field("", description="why the planner chose it (scope, cost)")
+    check: str | None = Field(None, description="the workspace check it runs, once per side")
 
 
 class GateResult(_Model):

@@ -15,7 +15,12 @@ from infra_agent.agent.executors.base import Execution
 from infra_agent.agent.experiment import Experiment, GateResult, Verdict
 from infra_agent.agent.planner import Plan
 from infra_agent.feedback import Feedback, Measurement
-from infra_agent.judge.gates import check_gate, criteria_gates, hypothesis_outcome
+from infra_agent.judge.gates import (
+    check_gate,
+    criteria_gates,
+    holds_on_itself,
+    hypothesis_outcome,
+)
 
 
 def merge_feedback(feedbacks: list[Feedback]) -> Feedback | None:
@@ -66,8 +71,7 @@ def judge(workspace: Any, exp: Experiment, ex: Execution, plan: Plan, best_gates
     outcome, hyp_gate = hypothesis_outcome(exp.hypothesis, ex.candidate.get(key or "", []), ex.baseline.get(key or "", []),
                                            exp.id)
     gates = gates_of(workspace, ex, exp.id, plan)
-    broken = [g for g in gates if g.outcome == "fail" and best_gates.get(g.name) is not None
-              and best_gates[g.name].outcome == "pass"]
+    broken = [g for g in gates if g.outcome == "fail" and held_on_parent(workspace, g, best_gates)]
     accepted = outcome == "supported" and not broken
     if outcome != "supported":
         why = f"not accepted: the hypothesis is {outcome} ({hyp_gate.message})"
@@ -79,10 +83,30 @@ def judge(workspace: Any, exp: Experiment, ex: Execution, plan: Plan, best_gates
                    interval=hyp_gate.interval, gates=[hyp_gate, *gates], accepted=accepted, message=why)
 
 
-def update_table(table: dict[str, GateResult], gates: list[GateResult]) -> dict[str, GateResult]:
+def held_on_parent(workspace: Any, gate: GateResult, parent: dict[str, GateResult]) -> bool:
+    """Whether ``gate`` held on the parent, so failing it now breaks it.
+
+    A relative criterion is measured against the parent itself, where the ratio is 1:
+    a guard (``>= 0.95``) always held there, a target (``>= 1.2``) never did.  Any other
+    gate held when its last decisive outcome on the accepted path (``parent``, built
+    with ``update_table(..., decisive=True)``) was a pass: a gate that an accepted
+    change left inconclusive is still guarded, so two steps cannot break what one may not."""
+    if gate.kind == "relative":
+        crit = next((c for c in getattr(workspace, "criteria", []) if c.name == gate.name), None)
+        return crit is not None and crit.ratio is not None and holds_on_itself(crit.op or ">=", float(crit.ratio))
+    prev = parent.get(gate.name)
+    return prev is not None and prev.outcome in ("pass", "skipped")
+
+
+def update_table(table: dict[str, GateResult], gates: list[GateResult], decisive: bool = False) -> dict[str, GateResult]:
+    """The gate table after ``gates``: each gate's latest outcome (a ``skipped`` one only fills a gap).
+
+    ``decisive``: keep the latest pass or fail instead, for the accept rule."""
     out = dict(table)
     for g in gates:
-        if g.kind != "hypothesis" and g.outcome != "skipped" or g.kind != "hypothesis" and g.name not in out:
+        if g.kind == "hypothesis":
+            continue
+        if g.name not in out or (g.outcome in ("pass", "fail") if decisive else g.outcome != "skipped"):
             out[g.name] = g
     return out
 

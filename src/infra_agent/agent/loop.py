@@ -18,21 +18,20 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from infra_agent.agent.baseline import run_baseline
 from infra_agent.agent.confirm import run_confirm
 from infra_agent.agent.executors.base import Executor
 from infra_agent.agent.experiment import (
     Cost,
     Experiment,
     GateResult,
-    Hypothesis,
+    ProbeCall,
     RunRecord,
     Step,
-    Verdict,
 )
 from infra_agent.agent.judging import (
     commit_message,
     failure_finding,
-    gates_of,
     judge,
     side_feedback,
     update_table,
@@ -40,8 +39,9 @@ from infra_agent.agent.judging import (
 from infra_agent.agent.planner import Plan, Planner
 from infra_agent.agent.progress import RunProgress
 from infra_agent.agent.proposers.base import LoopState, Proposer
+from infra_agent.agent.screening import screen
 from infra_agent.errors import InfraAgentError
-from infra_agent.feedback import Feedback
+from infra_agent.feedback import Feedback, Tier
 from infra_agent.vocabulary import FindingKind
 
 
@@ -53,6 +53,11 @@ class Loop:
         self.history: list[Experiment] = ledger.experiments(run.id)
         self.started = time.monotonic()
         self.opts = run.options
+        # A run killed between saving an accepted experiment and saving the run record: the
+        # accepted experiments form a chain, so the last one is the best.
+        accepted = [e for e in self.history if e.role == "experiment" and e.finished and e.accepted]
+        if accepted and self.run.best != accepted[-1].id:
+            self.run.best = accepted[-1].id
 
     # ------------------------------------------------------------ state
 
@@ -64,11 +69,12 @@ class Loop:
         assert best is not None
         return best
 
-    def _table(self) -> dict[str, GateResult]:
+    def _table(self, decisive: bool = False) -> dict[str, GateResult]:
+        """The best configuration's gates (``decisive``: the last pass or fail of each, for the accept rule)."""
         table: dict[str, GateResult] = {}
         for e in self.history:
             if e.verdict and (e.role == "baseline" or e.verdict.accepted):
-                table = update_table(table, e.verdict.gates)
+                table = update_table(table, e.verdict.gates, decisive)
         return table
 
     def _path(self) -> list[Experiment]:
@@ -107,7 +113,7 @@ class Loop:
         return None if s is None else s - self.opts.get("elapsed_s", 0.0) - (time.monotonic() - self.started)
 
     def _save(self, exp: Experiment) -> None:
-        if exp not in self.history:
+        if not any(e is exp for e in self.history):  # identity: equality would compare whole Feedbacks
             self.history = [e for e in self.history if e.id != exp.id] + [exp]
         self.ledger.save_experiment(exp)
 
@@ -118,13 +124,22 @@ class Loop:
 
     def execute(self) -> RunRecord:
         try:
-            if not self._baseline_done():
+            if not run_baseline(self):
                 return self.run
+            # What a killed run may have left on the run's branch: make it hold the best's code.
+            try:
+                self.executor.restore(self._best())
+            except InfraAgentError as exc:
+                self.progress.line(f"warning: could not restore the run's branch to {self._best().id}: {exc}")
             self._iterate()
             self._confirm()
             self.run.status = "done" if self.run.status == "running" else self.run.status
         except KeyboardInterrupt:
             self.run.status, self.run.message = "interrupted", "interrupted (Ctrl-C): resume with `infra-agent resume`"
+            raise
+        except Exception as exc:
+            # Not left "running" in the ledger: the run is over, and resume may continue it.
+            self.run.status, self.run.message = "error", f"the loop failed: {type(exc).__name__}: {exc}"
             raise
         finally:
             self.opts["elapsed_s"] = self.opts.get("elapsed_s", 0.0) + time.monotonic() - self.started
@@ -132,39 +147,21 @@ class Loop:
             self._save_run()
         return self.run
 
-    def _baseline_done(self) -> bool:
-        base = self._by_id(self.run.baseline)
-        if base is not None and base.finished:
-            return True
-        seq = self.ledger.next_seq(self.run.id) if base is None else base.seq
-        base = base or Experiment(id="e0", run_id=self.run.id, seq=seq, role="baseline", proposer="-",
-                                  hypothesis=Hypothesis(statement="baseline: the workspace as given", metric="-", direction="higher"),
-                                  knobs=dict(self.ws.resolve_knobs()))
-        base.status, base.started_at = "running", time.time()
-        self.run.baseline = self.run.best = base.id
-        self._save(base)
-        self._save_run()
-        scenarios = self.opts.get("scenarios") or sorted({c.scenario for c in self.ws.criteria if c.scenario} or self.ws.scenarios)
-        metrics = sorted({c.metric for c in self.ws.criteria})
-        self.progress.experiment(base, f"serving/e2e x{self.opts['pairs']} on {', '.join(scenarios)} + {len(self.ws.checks)} check(s)")
-        ex = self.executor.measure(base, scenarios, int(self.opts["pairs"]), [c.name for c in self.ws.checks],
-                                   self.progress.event, result_metrics=metrics)
-        base.feedback, base.checks = side_feedback(ex.candidate), dict(ex.checks)
-        base.cost = Cost(wall_s=ex.wall_s, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs, tier=base.feedback.tier if base.feedback else None)
-        base.finished_at = time.time()
-        if ex.status != "done":
-            base.status, base.error = "error", ex.error
-            self.run.status, self.run.message = "error", f"the baseline could not be measured: {ex.error}"
-            self._save(base)
-            self.progress.line(self.run.message)
-            return False
-        gates = gates_of(self.ws, ex, base.id, None, relative=False)
-        base.status = "done"
-        base.verdict = Verdict(outcome="baseline", gates=gates, accepted=True, message="baseline measurement")
-        self.run.gates_before = gates
-        self._save(base)
-        self.progress.finished(base, base, gates)
-        return True
+    # ------------------------------------------------------------ one step at a time (front ends)
+
+    def ensure_baseline(self) -> bool:
+        """Measure the baseline unless it is measured already; False (reason in the run record) if it cannot be."""
+        return run_baseline(self)
+
+    def state(self) -> LoopState:
+        """What a proposer would see now: the best, the history, the gate table, the budgets."""
+        return self._state()
+
+    def run_step(self, step: Step) -> Experiment:
+        """Screen, plan, execute, judge and record one step against the current best, as ``execute`` does."""
+        exp = self._new_experiment(step, self._best())
+        self._run_experiment(exp, step)
+        return exp
 
     def _stop_reason(self) -> str | None:
         table = self._table()
@@ -182,27 +179,43 @@ class Loop:
         # An experiment that was in flight when the run died is run again, as it was proposed.
         for exp in [e for e in self.history if e.role == "experiment" and not e.finished]:
             self._run_experiment(exp, None)
+        screened = 0  # rejected before running, in a row
         while (reason := self._stop_reason()) is None:
             state = self._state()
-            step = self.proposer.propose(state)
+            try:
+                step = self.proposer.propose(state)
+            except InfraAgentError as exc:
+                # The proposer cannot go on (an endpoint gone, a bad playbook value): what was
+                # accepted so far is still confirmed.
+                reason, self.run.status = f"the {self.proposer.name} proposer failed: {exc}", "error"
+                break
             if step is None:
                 reason = getattr(self.proposer, "stopped_reason", None) or f"the {self.proposer.name} proposer has nothing more to try"
                 break
-            self._run_experiment(self._new_experiment(step, state.best), step)
+            exp = self._new_experiment(step, state.best)
+            self._run_experiment(exp, step)
+            screened = screened + 1 if exp.status in ("rejected", "error") and exp.probe is None else 0
+            if screened >= _MAX_SCREENED:
+                reason = f"the {self.proposer.name} proposer made {screened} proposals in a row that could not run " \
+                         f"(last: {exp.error})"
+                break
         self.run.message = reason
         if reason.endswith("spent"):
             self.run.status = "budget"
         self.progress.line(f"stopped: {reason}")
 
     def _new_experiment(self, step: Step, best: Experiment) -> Experiment:
-        exp = Experiment(id=f"e{self.ledger.next_seq(self.run.id)}", run_id=self.run.id, seq=self.ledger.next_seq(self.run.id),
-                         parent=best.id, proposer=self.proposer.name, hypothesis=step.hypothesis, change=step.change,
-                         cost=Cost(llm_tokens=step.llm_tokens))
-        try:
-            exp.knobs = dict(self.ws.resolve_knobs({**best.knobs, **step.change.knobs}))
-        except InfraAgentError as exc:
-            exp.status, exp.error = "rejected", f"the change's knobs are invalid: {exc}"
-        exp.probe = None
+        seq = self.ledger.next_seq(self.run.id)
+        exp = Experiment(id=f"e{seq}", run_id=self.run.id, seq=seq, parent=best.id, proposer=self.proposer.name,
+                         hypothesis=step.hypothesis, change=step.change, cost=Cost(llm_tokens=step.llm_tokens),
+                         base_commit=best.commit or best.base_commit)
+        exp.knobs, why = screen(self.ws, step, best, self.history)
+        if why is not None:
+            exp.status, exp.error = "rejected", why
+        elif step.probe is not None:
+            # Kept from the proposal, so a run killed before the start re-runs the probe it named.
+            exp.probe = ProbeCall(name=step.probe, config=step.probe_config, reason=_NAMED,
+                                  tier=Tier.e2e if step.probe == "serving" else Tier.check)
         self._save(exp)
         return exp
 
@@ -211,14 +224,16 @@ class Loop:
         if exp.status == "rejected":
             self._finish(exp, best)
             return
+        exp.verdict = exp.error = exp.commit = None  # run again from the start (resume)
+        named = exp.probe is not None and exp.probe.reason == _NAMED
         step = step or Step(hypothesis=exp.hypothesis, change=exp.change,
-                            probe=exp.probe.name if exp.probe and exp.probe.reason == "named by the proposer" else None,
-                            probe_config=exp.probe.config if exp.probe else {})
+                            probe=(exp.probe.check or exp.probe.name) if exp.probe and named else None,
+                            probe_config=exp.probe.config if exp.probe and named else {})
         changed = [c for k in exp.change.knobs if k in self.ws.knobs for c in self.ws.knobs[k].components]
         try:
             plan = self.planner.plan(step, changed)
         except InfraAgentError as exc:
-            exp.status, exp.error = "error", f"planner: {exc}"
+            exp.probe, exp.status, exp.error = None, "error", f"planner: {exc}"
             self._finish(exp, best)
             return
         # A cheap gate that already fails on the parent says nothing about this change.
@@ -237,7 +252,7 @@ class Loop:
         exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs,
                         llm_tokens=exp.cost.llm_tokens)
         if ex.status == "done":
-            exp.verdict = judge(self.ws, exp, ex, plan, self._table())
+            exp.verdict = judge(self.ws, exp, ex, plan, self._table(decisive=True))
             exp.status = "done"
         else:
             exp.status, exp.error = ex.status, ex.error
@@ -278,9 +293,16 @@ class Loop:
             return
         done = next((e for e in self.history if e.role == "confirm" and e.finished and e.parent == best.id), None)
         if done is None:
-            done = run_confirm(self, base, best)
+            # A confirmation a killed run left unfinished runs again under its own id.
+            again = next((e for e in self.history if e.role == "confirm" and not e.finished and e.parent == best.id), None)
+            done = run_confirm(self, base, best, again)
         self.run.gates_after = [g for g in (done.verdict.gates if done.verdict else []) if g.kind != "hypothesis"] \
             or list(table.values())
 
+
+_NAMED = "named by the proposer"
+# Proposals in a row rejected before running (invalid, empty, repeated) that end the run:
+# a proposer stuck on one bad step must not loop for ever when no budget is set.
+_MAX_SCREENED = 5
 
 __all__ = ["Loop"]

@@ -79,7 +79,7 @@ class Planner:
                 cfg["mode"] = "bench" if any(t in h.metric for t in _TIME_METRICS) else "check"
             tier = cls.tier(cls.parse_config(check.render(self._defaults())) if check.probe != "kernel"
                             else cls.parse_config({**check.render(self._defaults()), "mode": cfg.get("mode", "check")}))
-            call = ProbeCall(name=check.probe, config=cfg, tier=tier)
+            call = ProbeCall(name=check.probe, config=cfg, tier=tier, check=check.name)
             options.append((tier.rank, self._mean(check.probe, tier), f"check {check.name!r}", Plan(call, "pair", check=check.name)))
         if "timeline" in registered_probes() and (h.locality.thread or h.locality.span):
             tl = get_probe("timeline")
@@ -107,16 +107,44 @@ class Planner:
 
     def _forced(self, step: Step) -> Plan:
         assert step.probe is not None
-        cls: type[Probe] = get_probe(step.probe)
-        cfg = cls.parse_config(step.probe_config)
-        call = ProbeCall(name=step.probe, config=step.probe_config, tier=cls.tier(cfg), reason="named by the proposer")
-        plan = Plan(call, "ab" if step.probe == "serving" else "pair")
+        if step.probe == "serving":
+            cls: type[Probe] = get_probe(step.probe)
+            call = ProbeCall(name=step.probe, config=step.probe_config, tier=cls.tier(cls.parse_config(step.probe_config)),
+                             reason="named by the proposer")
+            plan = Plan(call, "ab")
+        else:
+            # Any other probe runs once per side as a workspace check: the check's config, with
+            # the proposer's keys (kept as the call's config) over it.  A check is named by its
+            # own name or by its probe.
+            check = self._check_for(step.probe)
+            cls = get_probe(check.probe)
+            raw = {**check.render(self._defaults()), **step.probe_config}
+            tier = cls.tier(cls.parse_config(raw, where=f"probe config named by the proposer for check {check.name!r}"))
+            call = ProbeCall(name=check.probe, config=dict(step.probe_config), tier=tier, reason="named by the proposer",
+                             check=check.name)
+            plan = Plan(call, "pair", check=check.name)
         self._finish(plan, step, [])
         return plan
+
+    def _check_for(self, probe: str) -> CheckSpec:
+        by_name = [c for c in self.ws.checks if c.name == probe]
+        by_probe = [c for c in self.ws.checks if c.probe == probe]
+        if by_name or len(by_probe) == 1:
+            return (by_name or by_probe)[0]
+        names = [c.name for c in self.ws.checks]
+        if by_probe:
+            raise InfraAgentError(f"probe {probe!r} named by the proposer is used by several workspace checks "
+                                  f"({', '.join(c.name for c in by_probe)}); name the check instead")
+        raise InfraAgentError(f"probe {probe!r} named by the proposer: only 'serving' or a workspace check can be forced "
+                              f"(checks: {', '.join(names) or 'none declared'})")
 
     def _finish(self, plan: Plan, step: Step, changed_components: list[str]) -> None:
         h = step.hypothesis
         if plan.mode == "ab":
+            known = self.scenarios if self.scenarios else sorted(self.ws.scenarios)
+            if h.scenario is not None and h.scenario not in known:
+                raise InfraAgentError(f"the hypothesis's scenario {h.scenario!r} is not among the "
+                                      f"{'run' if self.scenarios else 'workspace'}'s scenarios ({', '.join(known)})")
             names = self.scenarios or sorted({*([h.scenario] if h.scenario else []),
                                               *(c.scenario for c in self.ws.criteria if c.scenario)})
             plan.scenarios = names or sorted(self.ws.scenarios)

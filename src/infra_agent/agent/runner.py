@@ -1,16 +1,25 @@
 """Starting and resuming runs: ledger, proposer, planner and executor put together.
 
-``start_run`` creates a run record (its options are everything ``resume`` needs) and
-drives the loop; ``resume_run`` reloads the record, kills what the dead run left (its
-marked processes, its worktrees), rebuilds the proposer's state from the ledger and
-continues.  Ctrl-C and SIGTERM end a run cleanly: the current experiment's processes
-and worktrees go, the ledger keeps every finished experiment, and the run can resume.
+``start_run`` checks what can be checked before anything runs (the scenarios, the
+target's command, the proposer and its options, an LLM endpoint), then creates a run
+record (its options are everything ``resume`` needs) and drives the loop; a mistake
+found there leaves nothing in the ledger.  ``resume_run`` reloads the record, kills
+what the dead run left (its marked processes, its worktrees), rebuilds the proposer's
+state from the ledger and continues.  Ctrl-C and SIGTERM end a run cleanly: the
+current experiment's processes and worktrees go, the ledger keeps every finished
+experiment, the run is marked ``interrupted`` and ``RunInterrupted`` (a
+``KeyboardInterrupt``) carries its record out.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import secrets
+import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -53,6 +62,15 @@ class RunOptions(BaseModel):
     max_tokens: int = Field(200_000, ge=1)
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP ended the run; its record is marked interrupted and it can be resumed."""
+
+    def __init__(self, run: RunRecord, root: Path) -> None:
+        super().__init__(f"run {run.id} interrupted")
+        self.run = run
+        self.root = root  # the workspace folder
+
+
 def new_run_id() -> str:
     return time.strftime("r%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
@@ -66,13 +84,144 @@ def make_proposer(opts: RunOptions, ledger: Any, run_id: str, protected: list[st
         from infra_agent.agent.proposers.search import SearchProposer
 
         return SearchProposer(seed=opts.seed, blind=opts.blind)  # type: ignore[return-value]
+    missing = [flag for flag, value in (("--model", opts.model), ("--base-url", opts.base_url)) if not value]
+    if missing:
+        raise InfraAgentError(f"--proposer llm needs --model NAME and --base-url URL (an OpenAI-compatible endpoint, "
+                              f"such as http://127.0.0.1:8000/v1); missing: {', '.join(missing)}")
+    assert opts.model is not None and opts.base_url is not None
+    if not re.match(r"^https?://[^/\s]+", opts.base_url):
+        raise ConfigError("--base-url", None, "an http:// or https:// URL of an OpenAI-compatible endpoint "
+                          "(such as http://127.0.0.1:8000/v1)", opts.base_url)
     from infra_agent.agent.proposers.llm import LLMProposer
 
-    if not opts.model or not opts.base_url:
-        raise ConfigError("--proposer llm", "model/base_url", "--model NAME and --base-url URL of an OpenAI-compatible endpoint",
-                          {"model": opts.model, "base_url": opts.base_url})
     return LLMProposer(model=opts.model, base_url=opts.base_url, max_turns=opts.max_turns, max_tokens=opts.max_tokens,  # type: ignore[return-value]
                        protected=tuple(protected or ()))
+
+
+# ---------------------------------------------------------------- checks before a run starts
+
+def check_scenarios(ws: Any, names: list[str] | None) -> None:
+    known = sorted(ws.scenarios)
+    for name in names or []:
+        if name not in ws.scenarios:
+            raise ConfigError("--scenario", None, f"one of the scenarios of {ws.source or ws.root} ({', '.join(known) or 'none'})",
+                              name)
+
+
+def check_target_command(ws: Any) -> None:
+    """A server target's program must exist before a baseline waits for it to start.
+
+    Only the first word of a command that runs without a shell is checked (a shell
+    command, or a first word with a placeholder, is left to the launch)."""
+    spec = ws.target
+    if getattr(spec, "kind", None) != "server":
+        return
+    from infra_agent.target.launch import needs_shell
+
+    if isinstance(spec.command, list):
+        program = spec.command[0]
+    elif needs_shell(spec.command):
+        return
+    else:
+        try:
+            words = shlex.split(spec.command)
+        except ValueError:
+            return
+        if not words:
+            return
+        program = words[0]
+    if "{" in program or (spec.cwd and "{" in spec.cwd):
+        return
+    cwd = ws.root if spec.cwd is None else ws.root / spec.cwd
+    where = str(ws.source or ws.root)
+    if "/" in program:
+        path = Path(program) if Path(program).is_absolute() else cwd / program
+        if not path.is_file():
+            raise ConfigError(where, "target.command", f"a program that exists (relative to {cwd})", program)
+        if not os.access(path, os.X_OK):
+            raise ConfigError(where, "target.command", f"an executable program ({path} is not executable: chmod +x, "
+                              "or start the command with its interpreter)", program)
+        return
+    search = spec.env.get("PATH") if "PATH" in spec.env and "{" not in spec.env["PATH"] else os.environ.get("PATH", "")
+    if shutil.which(program, path=search) is None:
+        raise ConfigError(where, "target.command", "a program found on PATH (is it installed, and is its environment active?)",
+                          program)
+
+
+def check_llm_endpoint(base_url: str, timeout_s: float = 10.0) -> None:
+    """Fail before the baseline, not after it, when the LLM endpoint cannot be reached or refuses the key.
+
+    ``GET {base_url}/models``; a status other than 401/403 is left to the chat calls (some
+    endpoints do not list models)."""
+    import httpx
+
+    from infra_agent.agent.proposers.llm_client import (
+        KEY_ENV_VARS,
+        LLMError,
+        is_loopback,
+        resolve_key,
+    )
+
+    base = base_url.rstrip("/")
+    key, source = resolve_key(None, base)
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=not is_loopback(base)) as client:
+            resp = client.get(base + "/models", headers={"Authorization": f"Bearer {key}"})
+            if resp.status_code == 404 and not base.endswith("/v1"):
+                alt = client.get(base + "/v1/models", headers={"Authorization": f"Bearer {key}"})
+                if alt.status_code == 200:
+                    raise LLMError(f"the LLM endpoint at {base} (--base-url) answered HTTP 404 for /models, and "
+                                   f"{base}/v1/models answers: use --base-url {base}/v1")
+    except httpx.TimeoutException:
+        raise LLMError(f"the LLM endpoint at {base} (--base-url) did not answer within {timeout_s:g} s: "
+                       "is the server running, and is the URL right?") from None
+    except httpx.HTTPError as exc:
+        reason = str(exc.__cause__ or exc) or type(exc).__name__
+        raise LLMError(f"cannot reach the LLM endpoint at {base} (--base-url): {reason}: "
+                       "is the server running, and is the URL right?") from None
+    if resp.status_code in (401, 403):
+        raise LLMError(f"the LLM endpoint at {base} (--base-url) refused the API key (HTTP {resp.status_code}); "
+                       f"the key came from {source}: check {KEY_ENV_VARS[0]} (or {KEY_ENV_VARS[1]})")
+
+
+def preflight(ws: Any, opts: RunOptions) -> Proposer:
+    """Every check that needs no server and no ledger; returns the proposer they built."""
+    check_scenarios(ws, opts.scenarios)
+    check_target_command(ws)
+    proposer = make_proposer(opts, None, "", ws.protected_patterns)
+    if opts.proposer == "llm":
+        assert opts.base_url is not None
+        check_llm_endpoint(opts.base_url)
+    return proposer
+
+
+# ---------------------------------------------------------------- who runs a run
+
+def _start_time(pid: int) -> str | None:
+    """A live process's start time in clock ticks since boot (Linux), to tell a reused pid apart;
+    None when there is no such process, or it has exited (a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _owner() -> dict[str, Any]:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "start": _start_time(os.getpid())}
+
+
+def live_owner(ledger: Any, run_id: str) -> int | None:
+    """The pid of another process on this machine that is driving ``run_id`` now, if any."""
+    owner = ledger.get_state(run_id, "owner") or {}
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or pid == os.getpid() or owner.get("host") != socket.gethostname():
+        return None
+    start = _start_time(pid)
+    if start is None or (owner.get("start") is not None and start != owner.get("start")):
+        return None
+    return pid
 
 
 def _exclude_from_git(root: Path) -> None:
@@ -83,7 +232,8 @@ def _exclude_from_git(root: Path) -> None:
     exclude = (root / proc.stdout.strip()).resolve()
     rel = root.resolve()
     top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
-    pattern = "/" + str(rel.relative_to(Path(top).resolve()) / ".infra-agent").lstrip("./") + "/" if top else ".infra-agent/"
+    # "/.infra-agent/" at the top of the repository, "/sub/dir/.infra-agent/" below it
+    pattern = "/" + (rel.relative_to(Path(top).resolve()) / ".infra-agent").as_posix() + "/" if top else ".infra-agent/"
     text = exclude.read_text() if exclude.exists() else ""
     if pattern not in text.splitlines():
         exclude.parent.mkdir(parents=True, exist_ok=True)
@@ -104,29 +254,53 @@ def _terminate_as_interrupt() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _drive(ws: Any, ledger: Any, run: RunRecord, console: Console | None, progress: bool) -> RunRecord:
+@contextmanager
+def _no_interrupts() -> Iterator[None]:
+    """A second Ctrl-C must not cut the cleanup short (it would leave servers behind)."""
+    try:
+        saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    except ValueError:  # not the main thread: signals go to the main thread anyway
+        saved = {}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+def _drive(ws: Any, ledger: Any, run: RunRecord, console: Console | None, progress: bool,
+           proposer: Proposer | None = None) -> RunRecord:
     opts = RunOptions.model_validate({k: v for k, v in run.options.items() if k in RunOptions.model_fields})
     executor = LocalExecutor(ws, run.id, pairs=opts.pairs, timeout_s=opts.probe_timeout_s, check_timeout_s=opts.check_timeout_s)
-    proposer = make_proposer(opts, ledger, run.id, ws.protected_patterns)
-    history = ledger.experiments(run.id)
-    if hasattr(proposer, "restore"):
-        proposer.restore(history)
-    if hasattr(proposer, "load_messages"):
-        proposer.load_messages(ledger.get_state(run.id, "llm_messages", []))
-    planner = Planner(ws, ledger.probe_costs(), opts.scenarios)
+    try:
+        proposer = proposer or make_proposer(opts, ledger, run.id, ws.protected_patterns)
+        history = ledger.experiments(run.id)
+        if hasattr(proposer, "restore"):
+            proposer.restore(history)
+        if hasattr(proposer, "load_messages"):
+            proposer.load_messages(ledger.get_state(run.id, "llm_messages", []))
+        planner = Planner(ws, ledger.probe_costs(), opts.scenarios)
+    except KeyboardInterrupt:
+        run.status, run.message, run.finished_at = "interrupted", "interrupted before the loop started", time.time()
+        ledger.save_run(run)
+        raise RunInterrupted(run, ws.root) from None
     with RunProgress(console, enabled=progress) as view, _terminate_as_interrupt():
         loop = Loop(ws, ledger, run, proposer, executor, planner, view)
         _persist_proposer(proposer, ledger, run.id, loop)
         try:
             return loop.execute()
         except KeyboardInterrupt:
-            found = executor.cleanup()
-            view.line("interrupted: cleaned up " + (", ".join(found) if found else "nothing left running")
-                      + f"; resume with `infra-agent resume {run.id}`")
-            raise
+            with _no_interrupts():
+                found = executor.cleanup()
+                if run.status != "interrupted":
+                    run.status, run.message, run.finished_at = "interrupted", "interrupted", time.time()
+                    ledger.save_run(run)
+            view.line("interrupted: cleaned up " + (", ".join(found) if found else "nothing left running"))
+            raise RunInterrupted(run, ws.root) from None
         finally:
             if run.status != "interrupted":
-                executor.cleanup()
+                with _no_interrupts():
+                    executor.cleanup()
 
 
 def _persist_proposer(proposer: Any, ledger: Any, run_id: str, loop: Loop) -> None:
@@ -146,24 +320,41 @@ def start_run(workspace: str | Path, opts: RunOptions, console: Console | None =
     from infra_agent.ledger import Ledger
 
     ws = load_workspace(workspace)
-    for name in opts.scenarios or []:
-        ws.scenario(name)
+    proposer = preflight(ws, opts)
     _exclude_from_git(ws.root)
     run = RunRecord(id=new_run_id(), workspace=str(ws.root), proposer=opts.proposer, started_at=time.time(),
                     options=opts.model_dump(mode="json"))
     with Ledger.for_workspace(ws.root) as ledger:
         ledger.create_run(run)
-        return _drive(ws, ledger, run, console, progress)
+        ledger.set_state(run.id, "owner", _owner())
+        return _drive(ws, ledger, run, console, progress, proposer)
+
+
+FINISHED = ("done", "budget")
 
 
 def resume_run(workspace: str | Path, run_id: str, console: Console | None = None, progress: bool = True) -> RunRecord:
     from infra_agent.ledger import Ledger
+    from infra_agent.ledger.store import LEDGER_DIR, LEDGER_FILE
 
     ws = load_workspace(workspace)
+    db = ws.root / LEDGER_DIR / LEDGER_FILE
+    if not db.is_file():
+        raise InfraAgentError(f"no run {run_id!r} to resume: {ws.root} has no ledger ({db} does not exist), so no run "
+                              f"was started there; start one with `infra-agent run {ws.root}`")
     with Ledger.for_workspace(ws.root) as ledger:
         run = ledger.get_run(run_id)
-        if run.status == "done":
-            raise InfraAgentError(f"run {run_id} is finished ({run.message}); start a new one with `infra-agent run`")
+        if run.status in FINISHED:
+            raise InfraAgentError(f"run {run_id} is finished ({run.status}: {run.message}); nothing to resume: "
+                                  f"see it with `infra-agent report {run_id} -w {ws.root}`, or start a new one with "
+                                  f"`infra-agent run {ws.root}`")
+        pid = live_owner(ledger, run.id)
+        if pid is not None:
+            raise InfraAgentError(f"run {run_id} is still running in process {pid}; stop it first (Ctrl-C or "
+                                  f"kill {pid}), then resume it")
+        opts = RunOptions.model_validate({k: v for k, v in run.options.items() if k in RunOptions.model_fields})
+        proposer = preflight(ws, opts)
+        ledger.set_state(run.id, "owner", _owner())
         # Whatever the dead run left: its marked processes and its worktrees.
         LocalExecutor(ws, run.id).cleanup()
         for exp in ledger.experiments(run.id):
@@ -172,4 +363,4 @@ def resume_run(workspace: str | Path, run_id: str, console: Console | None = Non
                 ledger.save_experiment(exp)
         run.status, run.finished_at = "running", None
         ledger.save_run(run)
-        return _drive(ws, ledger, run, console, progress)
+        return _drive(ws, ledger, run, console, progress, proposer)

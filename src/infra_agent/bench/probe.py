@@ -94,6 +94,17 @@ def _measure(name: str, unit: str, samples: list[float], better: str | None, **t
     return Measurement(name=name, unit=unit, samples=kept, summary=Summary.of(samples), better=better, tags=tags)  # type: ignore[arg-type]
 
 
+def summarise_windows(fb: Feedback, name: str, runs: list[dict[str, Any]], knobs: dict[str, Any], ws: Any,
+                      queue_share: float = 0.5, result_metrics: list[str] | None = None) -> None:
+    """Add the serving probe's measurements and findings for ``runs`` (the result dicts of one
+    scenario's windows) to ``fb``: per-request latencies, throughputs, server phases, one
+    sample per window of each result key, and the queue/prefill/burst findings.  Other
+    probes that run serving windows (the timeline probe) use it so the judge reads the
+    same measurements from them."""
+    ServingProbe._summarise(fb, name, runs, _changed(knobs, ws), queue_share)
+    ServingProbe._per_window(fb, name, runs, result_metrics)
+
+
 class ServingConfig(ProbeConfig):
     """What to send and where; every key is optional."""
 
@@ -165,8 +176,7 @@ class ServingProbe(Probe):
                                 break  # the server is gone; later windows would only repeat the failure
                     finally:
                         # Windows that finished before an error are measurements all the same.
-                        self._summarise(fb, name, runs, _changed(values, ws), cfg.queue_share)
-                        self._per_window(fb, name, runs, cfg.result_metrics)
+                        summarise_windows(fb, name, runs, values, ws, cfg.queue_share, cfg.result_metrics)
                     if runs and not runs[-1].get("ok", True):
                         break
         except InfraAgentError as exc:
@@ -203,7 +213,8 @@ class ServingProbe(Probe):
         names = cfg.scenarios or list(ws.scenarios)
         return [(n, ws.scenario(n)) for n in names]
 
-    def _summarise(self, fb: Feedback, name: str, runs: list[dict[str, Any]], knobs: dict[str, Any], queue_share: float) -> None:
+    @classmethod
+    def _summarise(cls, fb: Feedback, name: str, runs: list[dict[str, Any]], knobs: dict[str, Any], queue_share: float) -> None:
         # Only the knobs off their defaults: the rest is the workspace, and repeating every
         # value on every line buried the few that matter.
         knob_tag = ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
@@ -233,7 +244,7 @@ class ServingProbe(Probe):
                     phases.setdefault(phase, []).append(d["mean_s"] * 1e3)
         for phase, vals in phases.items():
             fb.measurements.append(_measure(f"server_{phase}_mean_ms", "ms", vals, "lower", component="engine", interval=phase, **tags))
-        self._findings(fb, name, ok, phases, queue_share)
+        cls._findings(fb, name, ok, phases, queue_share)
 
     @staticmethod
     def _findings(fb: Feedback, name: str, ok: list[dict[str, Any]], phases: dict[str, list[float]], queue_share: float) -> None:

@@ -77,8 +77,11 @@ def _scenario(data: dict[str, Any]) -> Scenario:
         return Scenario.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(x) for x in err["loc"])
-        raise ConfigError(None, field, err["msg"], err.get("input")) from None
+        from infra_agent.workspace.loader import expected_text
+
+        # The scenario is built from flags: name the flag (``--num-requests``, ``--input-len``).
+        flag = "--" + str([x for x in err["loc"] if isinstance(x, str)][-1]).replace("_", "-") if err["loc"] else None
+        raise ConfigError("infra-agent bench", flag, expected_text(err), err.get("input")) from None
 
 
 def _url_dataset(kind: str, input_len: int, output_len: int, range_ratio: float, path: Path | None,

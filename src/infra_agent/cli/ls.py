@@ -2,40 +2,50 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from infra_agent.cli.output import emit, user_errors
+from infra_agent.cli.runlog import LEDGER_REL, workspace_root
 
 
 def register(app: typer.Typer) -> None:
     @app.command("ls")
     def ls(
         workspace: Path = typer.Argument(Path("."), help="The workspace whose ledger to list."),
-        as_json: bool = typer.Option(False, "--json"),
+        as_json: bool = typer.Option(False, "--json", help="Print the runs as a JSON list (newest first)."),
     ) -> None:
         """List the runs in a workspace's ledger."""
         with user_errors(as_json):
-            from infra_agent.ledger import Ledger
-            from infra_agent.workspace import load_workspace
+            root = workspace_root(workspace)
+            db = root / LEDGER_REL
+            rows: list[tuple[Any, list[Any]]] = []
+            if db.is_file():  # no ledger: no run yet (and none is created by looking)
+                from infra_agent.ledger import Ledger
 
-            ws = load_workspace(workspace)
-            with Ledger.for_workspace(ws.root) as ledger:
-                rows = [(r, ledger.experiments(r.id)) for r in ledger.list_runs()]
+                with Ledger(db) as ledger:
+                    rows = [(r, ledger.experiments(r.id)) for r in ledger.list_runs()]
 
         def render(con: Any) -> None:
             from rich.table import Table
+            from rich.text import Text
 
-            table = Table(title=f"runs in {ws.root}/.infra-agent/ledger.db")
-            for col in ("run", "proposer", "status", "experiments", "accepted", "best", "gates after", "message"):
-                table.add_column(col)
+            if not rows:
+                con.print(f"no runs in {root} yet; start one with `infra-agent run {root}`", highlight=False)
+                return
+            table = Table(title=f"runs in {db}", title_justify="left")
+            for col in ("run", "started", "proposer", "status", "experiments", "accepted", "best", "gates after"):
+                table.add_column(col, no_wrap=True)
+            table.add_column("message", overflow="fold")
             for r, exps in rows:
                 passed = sum(g.outcome == "pass" for g in r.gates_after)
-                table.add_row(r.id, r.proposer, r.status, str(sum(e.role == "experiment" for e in exps)),
+                table.add_row(r.id, time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)), r.proposer, r.status,
+                              str(sum(e.role == "experiment" for e in exps)),
                               str(sum(e.accepted and e.role == "experiment" for e in exps)), r.best or "-",
-                              f"{passed}/{len(r.gates_after)}" if r.gates_after else "-", r.message[:60])
+                              f"{passed}/{len(r.gates_after)} pass" if r.gates_after else "-", Text(r.message or "-"))
             con.print(table)
 
         emit([{**r.model_dump(mode="json"), "experiments": len(e)} for r, e in rows], as_json, render)

@@ -7,31 +7,60 @@ from pathlib import Path
 import typer
 
 from infra_agent.cli.output import emit, err_console, user_errors
-from infra_agent.cli.runlog import run_summary, render_run, write_run_report
+from infra_agent.cli.runlog import (
+    exit_interrupted,
+    render_run,
+    run_summary,
+    workspace_root,
+    write_run_report,
+)
+
+# Options that only one proposer reads: giving one to another proposer is a mistake
+# (``--model`` without ``--proposer llm`` would otherwise run the rules silently).
+_PROPOSER_OPTIONS = {"playbook": ("--playbook", "rules"), "model": ("--model", "llm"), "base_url": ("--base-url", "llm"),
+                     "blind": ("--blind", "search")}
 
 
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run(
         workspace: Path = typer.Argument(Path("."), help="Workspace folder (holding infra-agent.yaml) or the file."),
-        proposer: str = typer.Option("rules", "--proposer", help="rules | search | llm"),
-        budget_runs: int = typer.Option(8, "--budget-runs", min=1, help="Most experiments after the baseline."),
-        budget_s: float | None = typer.Option(None, "--budget-s", min=1, help="Wall-time budget in seconds."),
-        pairs: int = typer.Option(3, "--pairs", min=3, help="Interleaved A/B pairs per end-to-end comparison."),
-        scenario: list[str] = typer.Option([], "--scenario", help="Run only these scenarios (repeatable)."),
-        playbook: str | None = typer.Option(None, "--playbook", help="Rules playbook YAML (rules proposer)."),
+        proposer: str = typer.Option("rules", "--proposer", help="Who proposes the experiments: rules (a playbook of "
+                                     "finding -> change), search (Optuna over the knobs) or llm (a chat model with tools)."),
+        budget_runs: int = typer.Option(8, "--budget-runs", help="Most experiments after the baseline (at least 1)."),
+        budget_s: float | None = typer.Option(None, "--budget-s", help="Wall-time budget in seconds (no new experiment "
+                                              "starts after it)."),
+        pairs: int = typer.Option(3, "--pairs", help="Interleaved A/B pairs per end-to-end comparison (3 to 50)."),
+        scenario: list[str] = typer.Option([], "--scenario", help="Run only these scenarios (repeatable; default: those "
+                                           "the criteria name)."),
+        playbook: str | None = typer.Option(None, "--playbook", help="Rules playbook YAML (--proposer rules; default: "
+                                            "the shipped one)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the search proposer."),
-        blind: bool = typer.Option(False, "--blind", help="Search all knobs without attribution (search proposer)."),
-        model: str | None = typer.Option(None, "--model", help="Model name (llm proposer)."),
-        base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (llm proposer); key from "
-                                                                     "INFRA_AGENT_API_KEY or OPENAI_API_KEY."),
-        probe_timeout_s: float = typer.Option(900.0, "--probe-timeout-s", min=1, help="Kill a probe run after this long."),
+        blind: bool = typer.Option(False, "--blind", help="Search all knobs without attribution (--proposer search)."),
+        model: str | None = typer.Option(None, "--model", help="Model name (--proposer llm)."),
+        base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, such as "
+                                            "http://127.0.0.1:8000/v1 (--proposer llm); key from INFRA_AGENT_API_KEY "
+                                            "or OPENAI_API_KEY."),
+        probe_timeout_s: float = typer.Option(900.0, "--probe-timeout-s", help="Kill a probe run after this many seconds."),
         no_confirm: bool = typer.Option(False, "--no-confirm", help="Skip the final best-vs-baseline confirmation."),
         keep_going: bool = typer.Option(False, "--keep-going", help="Go on after every gate passes, until the budget ends."),
         no_report: bool = typer.Option(False, "--no-report", help="Do not write the HTML/Markdown report."),
-        as_json: bool = typer.Option(False, "--json", help="Print the run record as JSON."),
+        as_json: bool = typer.Option(False, "--json", help="Print the run record as JSON on stdout (progress goes to stderr)."),
     ) -> None:
-        """Run the agent loop on a workspace until its gates pass or the budget ends."""
+        """Run the agent loop on a workspace until its gates pass or the budget ends.
+
+        The workspace as given is measured first (the baseline: the gate table before);
+        then the proposer's experiments run one at a time, each judged against its parent,
+        until every gate passes, the budget is spent or the proposer has nothing left; the
+        best configuration is then confirmed against the baseline (the gate table after).
+        Everything is recorded in WORKSPACE/.infra-agent/ledger.db, and the report is
+        written to WORKSPACE/.infra-agent/reports/RUN/.
+
+        Ctrl-C stops the run cleanly (its servers and worktrees go); continue it with
+        `infra-agent resume RUN -w WORKSPACE`.  Exit status: 0 when the run ended, 1 when
+        it failed (for instance the baseline could not be measured), 2 for a mistake in
+        the command or the workspace (nothing is run), 130 when interrupted.
+        """
         with user_errors(as_json):
             from pydantic import ValidationError
 
@@ -45,10 +74,20 @@ def register(app: typer.Typer) -> None:
                                   keep_going=keep_going)
             except ValidationError as exc:
                 err = exc.errors()[0]
-                raise ConfigError("infra-agent run", f"--{str(err['loc'][0]).replace('_', '-')}", err["msg"].removeprefix("Input should be "),
+                raise ConfigError(f"--{str(err['loc'][0]).replace('_', '-')}", None, err["msg"].removeprefix("Input should be "),
                                   err.get("input")) from None
-            record = start_run(workspace, opts, console=err_console, progress=True)
+            given = {"playbook": playbook, "model": model, "base_url": base_url, "blind": blind}
+            for key, value in given.items():
+                flag, owner = _PROPOSER_OPTIONS[key]
+                if value and proposer != owner:
+                    raise ConfigError(flag, None, f"--proposer {owner} ({flag} applies only to it)",
+                                      f"--proposer {proposer}")
+            try:
+                record = start_run(workspace, opts, console=err_console, progress=True)
+            except KeyboardInterrupt as exc:
+                exit_interrupted(exc, as_json)
             report = None if no_report else write_run_report(record.id, workspace)
-        emit(run_summary(record, report), as_json, render_run(record, report))
+            root = workspace_root(workspace)
+        emit(run_summary(record, report), as_json, render_run(record, report, root))
         if record.status == "error":
             raise typer.Exit(code=1)

@@ -30,9 +30,20 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from infra_agent.agent.experiment import COUNT_METRICS, GateResult, Hypothesis, VerdictOutcome
+from infra_agent.agent.experiment import (
+    COUNT_METRICS,
+    GateResult,
+    Hypothesis,
+    VerdictOutcome,
+)
 from infra_agent.feedback import Feedback
-from infra_agent.judge.bootstrap import SMALL_N, RatioCI, bootstrap_ci, bootstrap_ratio, t_interval_log
+from infra_agent.judge.bootstrap import (
+    SMALL_N,
+    RatioCI,
+    bootstrap_ci,
+    bootstrap_ratio,
+    t_interval_log,
+)
 from infra_agent.judge.verdict import MIN_SAMPLES, Gate, decide
 
 _RUN_STAT = "mean"
@@ -132,10 +143,29 @@ def criteria_gates(workspace: Any, candidate: dict[str, list[Feedback]], baselin
             out.append(relative_gate(c.name, c.metric, c.op, float(c.ratio), c.scenario, candidate[c.scenario],
                                      baseline[c.scenario], measured_in))
         else:
-            out.append(GateResult(name=c.name, gate=gate_label(c.metric, c.op, float(c.ratio), c.scenario) + " x baseline",
-                                  kind="relative", outcome="skipped", measured_in=measured_in,
-                                  message="relative to itself: holds by definition on the baseline"))
+            out.append(self_relative_gate(c.name, c.metric, c.op, float(c.ratio), c.scenario, measured_in))
     return out
+
+
+def holds_on_itself(op: str, ratio: float) -> bool:
+    """Whether a ratio gate holds for a configuration against itself (a ratio of exactly 1)."""
+    return {">=": 1.0 >= ratio, ">": 1.0 > ratio, "<=": 1.0 <= ratio, "<": 1.0 < ratio}.get(op, False)
+
+
+def self_relative_gate(name: str, metric: str, op: str, ratio: float, scenario: str | None,
+                       measured_in: str | None = None) -> GateResult:
+    """A relative criterion on a configuration with nothing to compare against (the baseline).
+
+    Against itself the ratio is exactly 1: a guard (``>= 0.95``, ``<= 1.1``) holds by
+    definition and is ``skipped``; a target (``>= 1.2``) fails by definition, so the run
+    works towards it instead of stopping at once as if every gate passed."""
+    label = gate_label(metric, op, ratio, scenario) + " x baseline"
+    if holds_on_itself(op, ratio):
+        return GateResult(name=name, gate=label, kind="relative", outcome="skipped", measured_in=measured_in,
+                          message="relative to itself: holds by definition on the baseline")
+    return GateResult(name=name, gate=label, kind="relative", outcome="fail", value=1.0, low=1.0, high=1.0,
+                      interval="exact: the baseline against itself", measured_in=measured_in,
+                      message=f"relative to itself the ratio is 1 by definition, which does not meet {op} {ratio:g}")
 
 
 def check_gate(name: str, fb: Feedback, measured_in: str | None = None) -> GateResult:
@@ -154,7 +184,9 @@ def hypothesis_outcome(h: Hypothesis, candidate: Sequence[Feedback], baseline: S
         return _count_outcome(h, candidate, baseline, measured_in)
     label = h.gate_text()
     ci, interval = ratio_ci(candidate, baseline, h.metric, h.scenario)
-    gate = Gate(h.metric, ">=" if h.direction == "higher" else "<=", float(label.split("=", 1)[1]))  # type: ignore[arg-type]
+    # The threshold as the gate text prints it (6 significant digits); not parsed back
+    # from the text, which breaks on a metric name holding '='.
+    gate = Gate(h.metric, ">=" if h.direction == "higher" else "<=", float(f"{h.ratio_threshold():.6g}"))
     if ci is None:
         res = GateResult(name="hypothesis", gate=label, kind="hypothesis", outcome="inconclusive", measured_in=measured_in,
                          message=f"{h.metric} was not measured on both sides"

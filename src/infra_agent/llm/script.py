@@ -99,17 +99,22 @@ def parse_script(data: Any, source: str = "<script>") -> Script:
     if isinstance(data, list):
         data = {"turns": data}
     if not isinstance(data, Mapping):
-        raise ConfigError(source, None, "a list of turns or a mapping with `turns`", type(data).__name__)
+        got: Any = "an empty file" if data is None else data
+        raise ConfigError(source, None, "a list of turns, or a mapping with `turns:` (a list) and options", got)
     try:
         return Script.model_validate(dict(data))
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
-        field = ".".join(str(p) for p in err["loc"]) or None
-        expected = str(err["msg"]).removeprefix("Value error, ").removeprefix("Input should be ")
+        loc = [str(p) for p in err["loc"]]
+        field = ".".join(loc) or None
+        expected = str(err["msg"]).removeprefix("Value error, ").removeprefix("Input should be ").replace("a valid ", "a ")
         if err["type"] == "missing":
             expected, got = "a value (required)", None
         elif err["type"] == "extra_forbidden":
-            expected, got = "only the documented keys", field
+            model = _model_at(err["loc"])
+            keys = ", ".join(model.model_fields) if model is not None else ""
+            expected = f"one of the keys {keys}" if keys else "only the documented keys"
+            got = loc[-1] if loc else field
         else:
             got = err.get("input")
         if expected.startswith("expected ") and ", got " in expected:
@@ -117,14 +122,43 @@ def parse_script(data: Any, source: str = "<script>") -> Script:
         raise ConfigError(source, field, expected, got) from None
 
 
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model that holds the last key of ``loc`` (for an unknown key: which keys it knows)."""
+    model: type[BaseModel] | None = Script
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        inner = field.annotation
+        model = next((t for t in (inner, *getattr(inner, "__args__", ())) if isinstance(t, type) and issubclass(t, BaseModel)),
+                     None)
+        if model is None:  # list[Turn] | None: one level further down
+            for arg in getattr(inner, "__args__", ()):
+                model = next((t for t in getattr(arg, "__args__", ()) if isinstance(t, type) and issubclass(t, BaseModel)),
+                             model)
+    return model
+
+
 def load_script(path: str | Path) -> Script:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(p), None, "a readable script file (YAML or JSON)", str(exc)) from None
+    except FileNotFoundError:
+        raise ConfigError(str(p), None, "a script file (YAML or JSON)", "no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(str(p), None, "a script file (YAML or JSON)", "a directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(str(p), None, "a readable script file (YAML or JSON, UTF-8)", reason) from None
     try:
         data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = "; ".join(x for x in (exc.context, exc.problem) if x) or str(exc).splitlines()[0]
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(str(p), None, "valid YAML or JSON", at + problem) from None
     except yaml.YAMLError as exc:
         raise ConfigError(str(p), None, "valid YAML or JSON", str(exc).splitlines()[0]) from None
     return parse_script(data, str(p))

@@ -139,6 +139,7 @@ _REGISTRY: dict[str, str] = {
     "serving": "infra_agent.bench.probe:ServingProbe",
     "kernel": "infra_agent.kernels.probe:KernelProbe",
     "command": "infra_agent.probes.command:CommandProbe",
+    "timeline": "infra_agent.probes.timeline:TimelineProbe",
 }
 
 

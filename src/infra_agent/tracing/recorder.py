@@ -26,10 +26,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _ThreadBuffer:
-    __slots__ = ("tid", "name", "events", "dropped")
+    __slots__ = ("tid", "ident", "name", "events", "dropped")
 
-    def __init__(self, tid: int, name: str) -> None:
+    def __init__(self, tid: int, name: str, ident: int = 0) -> None:
         self.tid = tid
+        # threading.get_ident() (the pthread id): py-spy names threads by it, so a
+        # sampler's threads can be matched to these spans' (native-id) threads.
+        self.ident = ident
         self.name = name
         # (name, cat, start_ns, dur_ns or -1 for instant, args)
         self.events: list[tuple[str, str, int, int, dict[str, Any] | None]] = []
@@ -54,7 +57,7 @@ class Tracer:
         buf: _ThreadBuffer | None = getattr(self._local, "buf", None)
         if buf is None:
             thread = threading.current_thread()
-            buf = _ThreadBuffer(threading.get_native_id(), thread.name)
+            buf = _ThreadBuffer(threading.get_native_id(), thread.name, threading.get_ident())
             self._local.buf = buf
             with self._lock:
                 self._buffers.append(buf)
@@ -83,7 +86,7 @@ class Tracer:
             buffers = list(self._buffers)
         dropped = 0
         for buf in buffers:
-            events.append({"ph": "M", "pid": pid, "tid": buf.tid, "name": "thread_name", "args": {"name": buf.name}})
+            events.append({"ph": "M", "pid": pid, "tid": buf.tid, "name": "thread_name", "args": {"name": buf.name, "ident": buf.ident}})
             dropped += buf.dropped
             for name, cat, start_ns, dur_ns, args in list(buf.events):
                 ev: dict[str, Any] = {

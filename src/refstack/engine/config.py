@@ -70,6 +70,16 @@ class EngineConfig:
     step_slowdown: float = 0.0
     # Keep spans in memory for /debug/trace even without INFRA_AGENT_TRACE.
     trace: bool = False
+    # The expert-parallel exchange (refstack.model.moe.EPSettings): its native section
+    # releases the GIL (or holds it, as a library that spins with it held), and the
+    # modelled link bandwidth its spin-wait stands for (0: no wait).
+    ep_release_gil: bool = True
+    ep_link_gbps: float = 0.0
+    # Disaggregated serving (refstack.disagg): whether the prefill worker's transfer
+    # thread moves the KV pages (else they move in bulk on the engine thread), and the
+    # tokens per attention KV page.  Unused by a single engine.
+    kv_transfer: bool = True
+    kv_page_tokens: int = 16
 
     def __post_init__(self) -> None:
         assert self.max_running >= 1, "max_running must be >= 1"
@@ -83,6 +93,8 @@ class EngineConfig:
         assert self.torch_threads >= 0
         assert self.cpu_kernels in CPU_KERNELS, self.cpu_kernels
         assert self.dtype in DTYPES, self.dtype
+        assert self.ep_link_gbps >= 0.0, "ep_link_gbps must be >= 0"
+        assert self.kv_page_tokens >= 1, "kv_page_tokens must be >= 1"
 
     @property
     def slots(self) -> int:

@@ -31,6 +31,15 @@ log = logging.getLogger(__name__)
 THREAD_NAME = "engine-loop"
 
 
+def _shape_args(chunks: Sequence[ScheduledChunk]) -> dict[str, int]:
+    """What a forward's time depends on: ``batch`` (sequences), ``tokens`` (forwarded this
+    step), ``context`` (positions attended in total: each chunk's start plus its tokens)
+    and ``generated`` (tokens the batch's requests have generated so far)."""
+    return {"batch": len(chunks), "tokens": sum(len(c.token_ids) for c in chunks),
+            "context": sum(c.start_pos + len(c.token_ids) for c in chunks),
+            "generated": sum(len(c.request.output_ids) for c in chunks)}
+
+
 class QueueFullError(RuntimeError):
     """The waiting queue is at ``max_waiting``; the caller should retry later."""
 
@@ -86,6 +95,10 @@ class Engine:
         # server's startup line show it, since it depends on the machine.
         self.dtype: str = getattr(model.config, "dtype", "float32")
         self.native_kernels = _select_kernels(config.cpu_kernels, model)
+        if hasattr(model, "configure_ep"):
+            from refstack.model.moe import EPSettings
+
+            model.configure_ep(EPSettings(release_gil=config.ep_release_gil, link_gbps=config.ep_link_gbps))
         self.tokenizer = tokenizer
         self.max_seq_len = config.max_seq_len or model.config.max_seq_len
         self.cache = model.new_cache(num_slots=config.slots, max_seq_len=self.max_seq_len)
@@ -180,11 +193,11 @@ class Engine:
         # Time spent idle before this step is no part of a step period.
         prev_start = None if was_idle else self._prev_step_start
         self._prev_step_start = step_start
-        with tracing.span("engine.step", cat="engine"):
+        with tracing.span("engine.step", cat="engine") as step_span:
             with tracing.span("schedule", cat="engine"):
                 out = self.scheduler.schedule()
                 for req in out.admitted:
-                    self.cache.reset_slot(req.slot)
+                    self._on_admitted(req)
             with self._lock:
                 self._num_waiting -= len(out.admitted)
             self._publish_counts()  # before any token of this step reaches a client
@@ -192,18 +205,23 @@ class Engine:
             # Ascending slots let the model slice its caches instead of gathering.
             decode = sorted(out.decode, key=lambda c: c.request.slot)
             prefill_tokens = out.num_tokens - len(decode)
+            traced = tracing.is_enabled()
+            if traced:  # the step's shape, for regressions of span durations on it
+                step_span.args = _shape_args(decode + out.prefill)
             if self.config.fuse_prefill_decode and decode and out.prefill:
                 # One pass over the weights for both; the span is a "prefill" step that
-                # also carries the decode batch (see its args).
-                with tracing.span("prefill", cat="engine", chunks=len(out.prefill), tokens=prefill_tokens,
-                                  decode_batch=len(decode)):
+                # also carries the decode batch (see its args: tokens counts both kinds).
+                with tracing.span("prefill", cat="engine", chunks=len(out.prefill), decode_batch=len(decode),
+                                  prefill_tokens=prefill_tokens, **(step_span.args if traced else {})):
                     ready += self._forward(decode + out.prefill)
             else:
                 if decode:
-                    with tracing.span("decode", cat="engine", batch=len(decode)):
+                    with tracing.span("decode", cat="engine",
+                                      **(_shape_args(decode) if traced else {"batch": len(decode)})):
                         ready += self._forward(decode)
                 if out.prefill:
-                    with tracing.span("prefill", cat="engine", chunks=len(out.prefill), tokens=prefill_tokens):
+                    with tracing.span("prefill", cat="engine", chunks=len(out.prefill),
+                                      **(_shape_args(out.prefill) if traced else {"tokens": prefill_tokens})):
                         ready += self._forward(out.prefill)
             if ready:
                 with tracing.span("sample", cat="engine", batch=len(ready)):
@@ -214,6 +232,10 @@ class Engine:
             if self.config.step_slowdown > 0:
                 self._slow_down(step_start, prev_start)
         return True
+
+    def _on_admitted(self, req: Request) -> None:
+        """A waiting request just took ``req.slot``: clear the slot's recurrent state."""
+        self.cache.reset_slot(req.slot)
 
     def _slow_down(self, step_start: float, prev_start: float | None) -> None:
         """Calibration: stretch the step period so throughput drops by ``step_slowdown``.

@@ -113,7 +113,7 @@ def build(out_dir: Path | None = None) -> Path:
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    i64, ptr, cint, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    i64, ptr, cint, f32, f64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_double
     signatures = {
         "refstack_block_cols": [],
         "refstack_bf16_dot_native": [],
@@ -123,6 +123,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "refstack_moe_dispatch": [ptr, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, cint],
         "refstack_moe_combine": [ptr, i64, ptr, ptr, i64, i64, i64, ptr, cint, cint],
         "refstack_moe_route": [ptr, i64, i64, i64, ptr, ptr],
+        "refstack_ep_dispatch": [ptr, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, cint, i64, f64],
+        "refstack_ep_combine": [ptr, i64, ptr, ptr, i64, i64, i64, ptr, cint, cint, i64, f64],
         "refstack_attn_decode_block": [ptr, i64, i64, ptr, ptr, cint, i64, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64,
                                        i64, f32, ptr, ptr, cint],
         "refstack_gqa_decode": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, ptr, cint],
@@ -139,6 +141,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, cint
+    for name, argtypes in {"refstack_ep_cross_bytes": [ptr, i64, i64, i64, i64, i64],
+                           "refstack_ep_wait": [i64, f64]}.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, i64
 
 
 @functools.cache
@@ -157,6 +163,21 @@ def _load_once() -> ctypes.CDLL | NativeKernelsUnavailable:
     if lib.refstack_block_cols() != BLOCK_COLS:
         return NativeKernelsUnavailable(f"{path} packs {lib.refstack_block_cols()} columns per block, expected {BLOCK_COLS}")
     return lib
+
+
+@functools.cache
+def load_holding_gil() -> ctypes.PyDLL:
+    """The same library through a second handle whose calls keep the GIL (``ctypes.PyDLL``).
+
+    ``load()``'s ``CDLL`` releases the GIL for every call, so other Python threads run
+    while a kernel works; a call through this handle holds it throughout, as a C++
+    extension that never drops the GIL does.  The process maps the library once (the
+    loader refcounts it): only the calling convention differs, so which handle a call
+    goes through is chosen per call (the ``ep_release_gil`` knob)."""
+    lib = load()
+    held = ctypes.PyDLL(lib._name)
+    _declare(held)
+    return held
 
 
 def load() -> ctypes.CDLL:

@@ -17,6 +17,7 @@
  * kernels share torch's thread pool instead of starting a second one.
  */
 #include <stdlib.h>
+#include <time.h>
 
 #include "cpu_common.h"
 
@@ -428,6 +429,71 @@ int refstack_moe_combine(const float *out, int64_t n_out, const int64_t *copy_sl
         }
     }
     return 0;
+}
+
+/* ---------------------------------------------------------------- expert-parallel exchange
+ * An EP library's intranode dispatch / combine (DeepEP's normal mode): each rank copies
+ * the token rows bound for the others into their buffers, then spins on a flag until
+ * every peer's rows have landed.  All ranks share this process, so the copy is the
+ * local gather above; the wait for the peers is modelled: the bytes that cross ranks
+ * over a link of `ns_per_byte` (1 / link bandwidth in GB/s), spun out on the calling
+ * thread, as the library's barrier spins.  A token's home rank is its contiguous
+ * shard, t * ep_ranks / T; a copy crosses when its expert lives on another rank.
+ * The spin is bounded (EP_MAX_WAIT_NS): a modelled wait never hangs a step.
+ * Whether the caller holds Python's GIL meanwhile is the caller's choice (ctypes'
+ * CDLL releases it for the call, PyDLL keeps it): see refstack.kernels.cpu_kernels. */
+#define EP_MAX_WAIT_NS 50000000LL
+
+static inline int64_t monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int64_t refstack_ep_cross_bytes(const int64_t *topk_ids, int64_t T, int64_t k, int64_t E, int64_t ep_ranks, int64_t D) {
+    if (T <= 0 || k <= 0 || E <= 0 || ep_ranks <= 0 || E % ep_ranks) return 0;
+    const int64_t per_rank = E / ep_ranks;
+    int64_t crossing = 0;
+    for (int64_t c = 0; c < T * k; c++) {
+        const int64_t home = (c / k) * ep_ranks / T, dest = topk_ids[c] / per_rank;
+        crossing += home != dest;
+    }
+    return crossing * D * (int64_t)sizeof(float);
+}
+
+/* Spin (no sleep: the barrier of an EP library polls a flag) for bytes * ns_per_byte;
+ * returns the nanoseconds spun. */
+int64_t refstack_ep_wait(int64_t bytes, double ns_per_byte) {
+    if (bytes <= 0 || !(ns_per_byte > 0.0)) return 0;
+    double want = (double)bytes * ns_per_byte;
+    const int64_t wait = want > (double)EP_MAX_WAIT_NS ? EP_MAX_WAIT_NS : (int64_t)want;
+    const int64_t start = monotonic_ns(), until = start + wait;
+    int64_t now = start;
+    while (now < until) {
+        for (int i = 0; i < 64; i++) __builtin_ia32_pause();
+        now = monotonic_ns();
+    }
+    return now - start;
+}
+
+/* refstack_moe_dispatch, then the wait for the peers' rows (`cross_bytes` from
+ * refstack_ep_cross_bytes; ns_per_byte 0: no wait). */
+int refstack_ep_dispatch(const float *x, int64_t T, int64_t D, const int64_t *topk_ids, const float *topk_w, int64_t k,
+                         int64_t E, int64_t *counts, float *rows, int64_t *copy_slot, int64_t *token_ids,
+                         float *weights, int64_t *offsets, int nthreads, int64_t cross_bytes, double ns_per_byte) {
+    const int rc = refstack_moe_dispatch(x, T, D, topk_ids, topk_w, k, E, counts, rows, copy_slot, token_ids, weights,
+                                         offsets, nthreads);
+    if (rc) return rc;
+    refstack_ep_wait(cross_bytes, ns_per_byte);
+    return 0;
+}
+
+/* The wait for the expert outputs to come back (`cross_bytes` of them), then
+ * refstack_moe_combine. */
+int refstack_ep_combine(const float *out, int64_t n_out, const int64_t *copy_slot, const float *w, int64_t T, int64_t k,
+                        int64_t D, float *y, int accumulate, int nthreads, int64_t cross_bytes, double ns_per_byte) {
+    refstack_ep_wait(cross_bytes, ns_per_byte);
+    return refstack_moe_combine(out, n_out, copy_slot, w, T, k, D, y, accumulate, nthreads);
 }
 
 /* Router: per token the k largest logits (ties to the lower expert id), their softmax

@@ -6,6 +6,11 @@
 - ``moe_dispatch`` / ``moe_experts`` / ``moe_combine``: an MoE layer's routed copies
   grouped by expert (a counting sort), its SwiGLU expert pairs (gate/up, silu, down)
   over those rows, all experts in one call, and the weighted sum back per token;
+- ``ep_dispatch`` / ``ep_combine``: the same dispatch and combine as an expert-parallel
+  library's native section, with a modelled, bounded spin-wait for the peer ranks
+  (``ep_wait``: the bytes that cross ranks, ``ep_cross_bytes``, over the link); each
+  call releases the GIL (``load()``, a ``CDLL``) or holds it (``load_holding_gil()``, a
+  ``PyDLL``), per its ``release_gil`` argument;
 - ``gqa_decode``: one query token per sequence against its slot of the KV cache;
 - ``rms_norm``: RMSNorm, optionally after a residual add or with a sigmoid gate;
 - ``kda_prepare``: KDA's q/k normalisation, decay, beta from its projections;
@@ -31,6 +36,8 @@ rounded to bf16 inside the call, fp32 accumulation): ``gemm``, ``moe_experts`` a
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -39,6 +46,7 @@ from refstack.kernels.cpu_build import (
     NativeKernelsUnavailable,
     available,
     load,
+    load_holding_gil,
     unavailable_reason,
 )
 
@@ -46,6 +54,10 @@ __all__ = [
     "NativeKernelsUnavailable",
     "available",
     "bf16_dot_native",
+    "ep_combine",
+    "ep_cross_bytes",
+    "ep_dispatch",
+    "ep_wait",
     "gemm",
     "gqa_decode",
     "kda_decode",
@@ -223,6 +235,73 @@ def moe_dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts:
         raise ValueError(f"moe_dispatch: expert ids must be in [0, {num_experts})" if rc == 2 else
                          f"refstack_moe_dispatch rejected T={T} D={D} k={k} E={num_experts}")
     return rows, counts.tolist(), slot, token_ids, weights
+
+
+def _ep_lib(release_gil: bool) -> Any:  # a ctypes library handle: CDLL or PyDLL
+    return load() if release_gil else load_holding_gil()
+
+
+def ep_cross_bytes(topk_ids: Tensor, num_experts: int, ep_ranks: int, hidden: int) -> int:
+    """Bytes of token rows that cross ranks in a dispatch (and come back in the combine):
+    token t lives on rank ``t * ep_ranks // T`` (contiguous shards), a copy goes to the
+    rank owning its expert (``expert // (num_experts / ep_ranks)``); fp32 rows."""
+    _check_index("ep_cross_bytes", topk_ids)
+    T, k = topk_ids.shape
+    ids = topk_ids.contiguous()
+    return int(load().refstack_ep_cross_bytes(ids.data_ptr(), T, k, num_experts, ep_ranks, hidden))
+
+
+def ep_wait(nbytes: int, ns_per_byte: float, *, release_gil: bool = True) -> int:
+    """Spin for ``nbytes * ns_per_byte`` ns (at most 50 ms) in C; returns the ns spun."""
+    return int(_ep_lib(release_gil).refstack_ep_wait(nbytes, ns_per_byte))
+
+
+def ep_dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: int, cross_bytes: int,
+                ns_per_byte: float, *, release_gil: bool = True) -> tuple[Tensor, list[int], Tensor, Tensor, Tensor]:
+    """``moe_dispatch`` as one native section that then waits ``cross_bytes * ns_per_byte`` ns
+    for the peers; through the GIL-holding handle when ``release_gil`` is False."""
+    _check("ep_dispatch", x, topk_weights)
+    _check_index("ep_dispatch", topk_ids)
+    T, k = topk_ids.shape
+    if x.dim() != 2 or x.shape[0] != T or topk_weights.shape != (T, k):
+        raise ValueError(f"ep_dispatch: x {tuple(x.shape)}, topk_ids {tuple(topk_ids.shape)} {topk_ids.dtype}, "
+                         f"topk_weights {tuple(topk_weights.shape)} do not match")
+    x, ids, w = x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
+    D = x.shape[1]
+    counts = torch.empty(num_experts, dtype=torch.int64)
+    rows = torch.empty(T * k, D, dtype=x.dtype)
+    slot = torch.empty(T, k, dtype=torch.int64)
+    token_ids = torch.empty(T * k, dtype=torch.int64)
+    weights = torch.empty(T * k, dtype=x.dtype)
+    rc = _ep_lib(release_gil).refstack_ep_dispatch(
+        x.data_ptr(), T, D, ids.data_ptr(), w.data_ptr(), k, num_experts, counts.data_ptr(), rows.data_ptr(),
+        slot.data_ptr(), token_ids.data_ptr(), weights.data_ptr(), None, torch.get_num_threads(), cross_bytes,
+        ns_per_byte)
+    if rc:
+        raise ValueError(f"ep_dispatch: expert ids must be in [0, {num_experts})" if rc == 2 else
+                         f"refstack_ep_dispatch rejected T={T} D={D} k={k} E={num_experts}")
+    return rows, counts.tolist(), slot, token_ids, weights
+
+
+def ep_combine(out: Tensor, copy_slot: Tensor, copy_weights: Tensor, cross_bytes: int, ns_per_byte: float, *,
+               release_gil: bool = True) -> Tensor:
+    """``moe_combine`` as one native section that first waits ``cross_bytes * ns_per_byte`` ns
+    for the expert outputs to come back; through the GIL-holding handle when ``release_gil`` is False."""
+    _check("ep_combine", out, copy_weights)
+    _check_index("ep_combine", copy_slot)
+    T, k = copy_slot.shape
+    if out.dim() != 2 or copy_weights.shape != (T, k):
+        raise ValueError(f"ep_combine: out {tuple(out.shape)}, copy_slot {tuple(copy_slot.shape)}, "
+                         f"copy_weights {tuple(copy_weights.shape)} do not match")
+    out, slot, w = out.contiguous(), copy_slot.contiguous(), copy_weights.contiguous()
+    y = torch.empty(T, out.shape[1], dtype=out.dtype)
+    rc = _ep_lib(release_gil).refstack_ep_combine(out.data_ptr(), out.shape[0], slot.data_ptr(), w.data_ptr(), T, k,
+                                                  out.shape[1], y.data_ptr(), 0, torch.get_num_threads(), cross_bytes,
+                                                  ns_per_byte)
+    if rc:
+        raise ValueError(f"ep_combine: copy_slot must index the {out.shape[0]} rows of out" if rc == 2 else
+                         f"refstack_ep_combine rejected T={T} k={k} D={out.shape[1]}")
+    return y
 
 
 def moe_combine(out: Tensor, copy_slot: Tensor, copy_weights: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ from refstack.model.cache import ModelCache
 from refstack.model.config import HybridConfig
 from refstack.model.kda import KDALayer
 from refstack.model.layers import Embedding, Linear, LMHead, RMSNorm
-from refstack.model.moe import MoE
+from refstack.model.moe import DEFAULT_EP, EPSettings, MoE
 from refstack.model.native_decode import NativeDecoder
 
 
@@ -69,6 +69,7 @@ class HybridModel(nn.Module):
                 if isinstance(module, (Linear, MoE, KDALayer)) and id(module) not in routers:
                     module.round_to_bf16()
         self.native_kernels = False  # see use_native_kernels
+        self.ep = DEFAULT_EP  # see configure_ep
         self.native_decoder: NativeDecoder | None = None
         self.eval()
 
@@ -89,6 +90,13 @@ class HybridModel(nn.Module):
         # Decode-only steps take one C call per block (see native_decode); it points
         # into the packed weights, so it goes when they do.
         self.native_decoder = NativeDecoder(self) if on else None
+
+    def configure_ep(self, ep: EPSettings) -> None:
+        """The expert-parallel exchange's GIL and link model for every MoE layer (both paths)."""
+        self.ep = ep
+        for module in self.modules():
+            if isinstance(module, MoE):
+                module.ep = ep
 
     def _packed_to_huge_pages(self) -> None:
         """Move every packed weight into one huge-page mapping (see ``kernels.arena``):

@@ -21,6 +21,20 @@ average at least two copies per expert, ``grouped`` otherwise.
 weights.  All ranks live in this process, but the three phases are separate
 functions with their own spans, so a timeline shows them the way it would show the
 communication library's intervals.
+
+The token shuffle of dispatch and combine is an expert-parallel library's section
+(span ``ep.dispatch`` / ``ep.combine``, category ``ep``, inside ``moe.dispatch`` /
+``moe.combine``).  ``EPSettings`` (the ``ep_release_gil`` and ``ep_link_gbps`` knobs)
+shape it as DeepEP's intranode path is shaped: the ranks' rows are copied, then the
+caller spins in native code until the peers' rows have landed.  The spin is
+modelled (every rank lives here, so nothing is really in flight): the bytes that
+cross ranks divided by the link bandwidth, ``ep_link_gbps`` (0, the default: no
+wait).  With ``ep_release_gil`` false the native section holds the GIL while it
+copies and spins (a ``ctypes.PyDLL`` call), so no other Python thread of the process
+runs meanwhile; true (the default) releases it (``CDLL``).  On the native kernels the
+whole section is native.  On torch's path the copy is torch ops, which release the
+GIL themselves, so only the modelled spin is native (run by the kernel library when it
+builds; without a C compiler there is no spin and the knob changes nothing).
 """
 
 from __future__ import annotations
@@ -36,6 +50,21 @@ from infra_agent import tracing
 from refstack.kernels import cpu_blocks, cpu_kernels
 from refstack.model.config import HybridConfig
 from refstack.model.layers import Linear, round_bf16, seeded_weight
+
+
+@dataclass(frozen=True, slots=True)
+class EPSettings:
+    """How the expert-parallel exchange behaves (see the module docstring)."""
+
+    release_gil: bool = True  # the native section releases the GIL (CDLL) or holds it (PyDLL)
+    link_gbps: float = 0.0  # modelled link bandwidth of the ranks' exchange; 0: no wait
+
+    @property
+    def ns_per_byte(self) -> float:
+        return 1.0 / self.link_gbps if self.link_gbps > 0 else 0.0
+
+
+DEFAULT_EP = EPSettings()
 
 
 @dataclass(slots=True)
@@ -57,6 +86,8 @@ class Dispatched:
     # Grouped layout only: every rank's rows back to back (the buffers are views of it).
     grouped: Tensor | None = None
     native: bool = False  # built by the native kernels; combine uses them too
+    cross_bytes: int = 0  # bytes that crossed ranks (and come back in combine)
+    ep: EPSettings = DEFAULT_EP
 
     @property
     def layout(self) -> str:
@@ -78,58 +109,88 @@ def _rows_per_rank(counts: list[int], per_rank: int) -> list[int]:
     return [sum(counts[r : r + per_rank]) for r in range(0, len(counts), per_rank)]
 
 
+def _cross_bytes(topk_ids: Tensor, num_experts: int, ep_ranks: int, hidden: int, ep: EPSettings) -> int:
+    """Bytes crossing ranks, counted only when a link is modelled (the count is the only cost)."""
+    if ep.ns_per_byte <= 0 or ep_ranks <= 1 or not cpu_kernels.available():
+        return 0
+    return cpu_kernels.ep_cross_bytes(topk_ids, num_experts, ep_ranks, hidden)
+
+
+def _ep_wait(nbytes: int, ep: EPSettings) -> None:
+    """The modelled wait of torch's path (its copies are torch ops); needs the kernel library."""
+    if nbytes:
+        cpu_kernels.ep_wait(nbytes, ep.ns_per_byte, release_gil=ep.release_gil)
+
+
 def dispatch(
-    x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: int, ep_ranks: int, layout: str = "grouped"
+    x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: int, ep_ranks: int, layout: str = "grouped",
+    ep: EPSettings = DEFAULT_EP,
 ) -> Dispatched:
     """Group token copies by expert (a stable sort) and split them by rank.
 
     ``layout``: "grouped", "padded" (see the module docstring) or "native" (grouped,
-    built by ``cpu_kernels.moe_dispatch``).
+    built by ``cpu_kernels.ep_dispatch``).  ``ep``: the exchange's GIL and link model.
     """
     with tracing.span("moe.dispatch", cat="moe", tokens=int(x.shape[0])):
-        T, k = topk_ids.shape
-        per_rank = num_experts // ep_ranks
-        if layout == "native":
-            # The grouped layout through one native call (a counting sort and a gather).
-            rows, counts, slot, token_ids, weights = cpu_kernels.moe_dispatch(x, topk_ids, topk_weights, num_experts)
-            return Dispatched(list(rows.split(_rows_per_rank(counts, per_rank))), counts, token_ids, weights, T, slot, topk_weights,
-                              grouped=rows, native=True)
-        flat = topk_ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts_t = torch.bincount(flat, minlength=num_experts)
-        counts = counts_t.tolist()
-        token_ids = order // k
-        weights = topk_weights.reshape(-1)[order]
-        if layout == "grouped":
-            rows = x.index_select(0, token_ids)
-            # Copy i (expert order) sits at output row i; invert the sort for combine.
-            slot = torch.empty_like(order).index_copy_(0, order, torch.arange(T * k))
-            return Dispatched(list(rows.split(_rows_per_rank(counts, per_rank))), counts, token_ids, weights, T, slot.view(T, k), topk_weights,
-                              grouped=rows)
-        assert layout == "padded", f"unknown MoE dispatch layout {layout!r}"
-        capacity = max(counts)
-        # The sorted ids are each copy's expert; its row is its rank within the expert.
-        expert_of_row = flat[order]
-        starts = counts_t.cumsum(0) - counts_t
-        index = expert_of_row * capacity + (torch.arange(T * k) - starts[expert_of_row])
-        # One gather fills the buffer: empty rows read an appended zero row (index T),
-        # instead of zero-filling the buffer and scattering the rows into it.
-        src = torch.full((num_experts * capacity,), T, dtype=torch.long).index_copy_(0, index, token_ids)
-        padded = torch.cat([x, x.new_zeros(1, x.shape[-1])]).index_select(0, src)
-        buffers = list(padded.view(ep_ranks, per_rank, capacity, -1).unbind(0))
-        slot = torch.empty_like(order).index_copy_(0, order, index)
-        return Dispatched(
-            buffers, counts, token_ids, weights, T, slot.view(T, k), topk_weights, index, padded.view(num_experts, capacity, -1)
-        )
+        cross = _cross_bytes(topk_ids, num_experts, ep_ranks, x.shape[-1], ep)
+        with tracing.span("ep.dispatch", cat="ep", tokens=int(x.shape[0]), bytes=cross,
+                          gil="released" if ep.release_gil else "held"):
+            d = _dispatch(x, topk_ids, topk_weights, num_experts, ep_ranks, layout, cross, ep)
+        d.cross_bytes, d.ep = cross, ep
+        return d
+
+
+def _dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: int, ep_ranks: int, layout: str,
+              cross: int, ep: EPSettings) -> Dispatched:
+    T, k = topk_ids.shape
+    per_rank = num_experts // ep_ranks
+    if layout == "native":
+        # The grouped layout through one native section (a counting sort, a gather, the wait).
+        rows, counts, slot, token_ids, weights = cpu_kernels.ep_dispatch(
+            x, topk_ids, topk_weights, num_experts, cross, ep.ns_per_byte, release_gil=ep.release_gil)
+        return Dispatched(list(rows.split(_rows_per_rank(counts, per_rank))), counts, token_ids, weights, T, slot, topk_weights,
+                          grouped=rows, native=True)
+    _ep_wait(cross, ep)  # torch's copies release the GIL themselves; only the wait is native
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts_t = torch.bincount(flat, minlength=num_experts)
+    counts = counts_t.tolist()
+    token_ids = order // k
+    weights = topk_weights.reshape(-1)[order]
+    if layout == "grouped":
+        rows = x.index_select(0, token_ids)
+        # Copy i (expert order) sits at output row i; invert the sort for combine.
+        slot = torch.empty_like(order).index_copy_(0, order, torch.arange(T * k))
+        return Dispatched(list(rows.split(_rows_per_rank(counts, per_rank))), counts, token_ids, weights, T, slot.view(T, k), topk_weights,
+                          grouped=rows)
+    assert layout == "padded", f"unknown MoE dispatch layout {layout!r}"
+    capacity = max(counts)
+    # The sorted ids are each copy's expert; its row is its rank within the expert.
+    expert_of_row = flat[order]
+    starts = counts_t.cumsum(0) - counts_t
+    index = expert_of_row * capacity + (torch.arange(T * k) - starts[expert_of_row])
+    # One gather fills the buffer: empty rows read an appended zero row (index T),
+    # instead of zero-filling the buffer and scattering the rows into it.
+    src = torch.full((num_experts * capacity,), T, dtype=torch.long).index_copy_(0, index, token_ids)
+    padded = torch.cat([x, x.new_zeros(1, x.shape[-1])]).index_select(0, src)
+    buffers = list(padded.view(ep_ranks, per_rank, capacity, -1).unbind(0))
+    slot = torch.empty_like(order).index_copy_(0, order, index)
+    return Dispatched(
+        buffers, counts, token_ids, weights, T, slot.view(T, k), topk_weights, index, padded.view(num_experts, capacity, -1)
+    )
 
 
 def combine(outputs: list[Tensor], d: Dispatched) -> Tensor:
     """Weighted sum of each token's expert outputs, back in token order."""
-    with tracing.span("moe.combine", cat="moe", tokens=d.num_tokens):
+    with tracing.span("moe.combine", cat="moe", tokens=d.num_tokens), \
+            tracing.span("ep.combine", cat="ep", tokens=d.num_tokens, bytes=d.cross_bytes,
+                         gil="released" if d.ep.release_gil else "held"):
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
         out = out.reshape(-1, out.shape[-1])  # grouped rows, or padded [experts * capacity]
         if d.native:
-            return cpu_kernels.moe_combine(out, d.copy_slot, d.copy_weights)
+            return cpu_kernels.ep_combine(out, d.copy_slot, d.copy_weights, d.cross_bytes, d.ep.ns_per_byte,
+                                          release_gil=d.ep.release_gil)
+        _ep_wait(d.cross_bytes, d.ep)
         # One gather puts each token's k expert outputs side by side; the sum runs over
         # the token's own top-k order, so a sequence gets the same sum alone or batched
         # (no zero-filled buffer, no scatter-add).
@@ -173,6 +234,7 @@ class MoE(nn.Module):
         E, D, inner = config.num_experts, config.hidden_size, config.expert_hidden_size
         self.router = Linear(D, E, gen)
         self.dispatch_layout = "auto"  # "auto", "grouped" or "padded": see the module docstring
+        self.ep = DEFAULT_EP  # the exchange's GIL and link model (HybridModel.configure_ep)
         # [E, in, out] so the batched matmul needs no transpose.  (Stored [E, out, in],
         # a decode step's 2-8 rows per expert would stream the weights faster with the
         # weight as the left operand, but the padded batched GEMM at 8+ rows per expert
@@ -211,7 +273,7 @@ class MoE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # Natively, top-k and its softmax run in C, as in the native decode step.
         topk_ids, topk_weights = (cpu_blocks.moe_route if self.packed is not None else route)(self.router(x), self.top_k)
-        d = dispatch(x, topk_ids, topk_weights, self.num_experts, self.ep_ranks, self.layout_for(x.shape[0]))
+        d = dispatch(x, topk_ids, topk_weights, self.num_experts, self.ep_ranks, self.layout_for(x.shape[0]), self.ep)
         per = self.num_experts // self.ep_ranks
         with tracing.span("moe.experts", cat="moe", layer=self.layer, tokens=d.num_tokens):
             if self.packed is not None and d.grouped is not None:

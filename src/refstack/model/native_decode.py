@@ -9,6 +9,9 @@ weights as raw pointers, and runs a layer as seven calls on reused buffers:
     norm -> KDA or attention block -> residual add + norm -> router GEMM
          -> route (top-k, softmax) -> dispatch -> experts -> combine + residual add
 
+(dispatch and combine are the expert-parallel sections, ``ep.dispatch`` / ``ep.combine``,
+with the model's ``EPSettings``: see ``refstack.model.moe``).
+
 It takes every decode-only batch (states and KV rows are found by slot); prefill and
 mixed steps run the module path.  The trace spans are the module path's (``kda``,
 ``attention``, ``moe.dispatch``, ``moe.experts``, ``moe.combine``, ``lm_head``), so a
@@ -27,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from infra_agent import tracing
-from refstack.kernels import cpu_blocks, cpu_kernels
+from refstack.kernels import cpu_blocks, cpu_build, cpu_kernels
 from refstack.model.attention import AttentionLayer
 from refstack.model.batch import ForwardBatch
 from refstack.model.cache import ModelCache
@@ -60,6 +63,8 @@ class NativeDecoder:
         cfg = model.config
         self.model = model
         self.lib = cpu_kernels.load()
+        self.lib_holding_gil = cpu_build.load_holding_gil()  # the EP section's handle when it keeps the GIL
+        self.ep_ranks = cfg.ep_ranks
         self.hidden = cfg.hidden_size
         self.num_experts, self.top_k, self.expert_hidden = cfg.num_experts, cfg.num_experts_per_tok, cfg.expert_hidden_size
         self._keep: list[Tensor] = []  # every tensor a pointer below points into
@@ -184,16 +189,25 @@ class NativeDecoder:
         lib, D, E, k = self.lib, self.hidden, self.num_experts, self.top_k
         self._check(lib.refstack_gemm(p["h"], B, D, D, layer.router, E, p["router"], E, nt), "router gemm")
         self._check(lib.refstack_moe_route(p["router"], B, E, k, p["ids"], p["w"]), "moe_route")
-        with tracing.span("moe.dispatch", cat="moe", tokens=B):
-            self._check(lib.refstack_moe_dispatch(p["h"], B, D, p["ids"], p["w"], k, E, p["counts"], p["rows"], p["slot"],
-                                                  p["token"], p["weights"], p["offsets"], nt), "moe_dispatch")
+        ep = self.model.ep  # the exchange's GIL and link model (see refstack.model.moe)
+        ns = ep.ns_per_byte
+        ep_lib = lib if ep.release_gil else self.lib_holding_gil
+        cross = lib.refstack_ep_cross_bytes(p["ids"], B, k, E, self.ep_ranks, D) if ns > 0 and self.ep_ranks > 1 else 0
+        gil = "released" if ep.release_gil else "held"
+        with tracing.span("moe.dispatch", cat="moe", tokens=B), \
+                tracing.span("ep.dispatch", cat="ep", tokens=B, bytes=cross, gil=gil):
+            self._check(ep_lib.refstack_ep_dispatch(p["h"], B, D, p["ids"], p["w"], k, E, p["counts"], p["rows"],
+                                                    p["slot"], p["token"], p["weights"], p["offsets"], nt, cross, ns),
+                        "ep_dispatch")
         with tracing.span("moe.experts", cat="moe", layer=layer.index, tokens=B):
             experts = lib.refstack_moe_experts_bf16 if layer.experts_bf16 else lib.refstack_moe_experts
             self._check(experts(p["rows"], p["offsets"], E, D, self.expert_hidden, layer.gate_up, layer.down,
                                 p["hidden"], p["expert_out"], nt), "moe_experts")
-        with tracing.span("moe.combine", cat="moe", tokens=B):
+        with tracing.span("moe.combine", cat="moe", tokens=B), \
+                tracing.span("ep.combine", cat="ep", tokens=B, bytes=cross, gil=gil):
             # x += sum_j w_j * expert_out[slot_j]: the block's residual add rides along.
-            self._check(lib.refstack_moe_combine(p["expert_out"], B * k, p["slot"], p["w"], B, k, D, xp, 1, nt), "moe_combine")
+            self._check(ep_lib.refstack_ep_combine(p["expert_out"], B * k, p["slot"], p["w"], B, k, D, xp, 1, nt, cross, ns),
+                        "ep_combine")
 
     @staticmethod
     def _check(rc: int, kernel: str) -> None:

@@ -8,7 +8,8 @@ are in ``config``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,13 +29,25 @@ DEFAULT_MAX_REQUEST_BYTES: int = knob("max_request_bytes").default
 
 
 def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
-    """Build a server app; ``model``/``tokenizer`` default to the config's preset."""
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, disagg: bool = False,
+               on_failure: Callable[[str], None] | None = None) -> FastAPI:
+    """Build a server app; ``model``/``tokenizer`` default to the config's preset.
+
+    ``disagg``: serve through a prefill and a decode worker process (``refstack.disagg``);
+    they start here, and ``on_failure`` is called if one dies while serving."""
     if config.trace and not tracing.is_enabled():
         tracing.enable()  # in memory only: /debug/trace serves it; INFRA_AGENT_TRACE adds the file
     model_name = f"refstack-{config.preset}"
     metrics = EngineMetrics(model_name)
-    engine = LogprobEngine(config, model=model, tokenizer=tokenizer, observer=metrics)
+    engine: Any
+    if disagg:
+        if model is not None or tokenizer is not None:
+            raise ValueError("create_app(disagg=True) builds its models in the workers; pass no model or tokenizer")
+        from refstack.disagg.frontend import DisaggEngine
+
+        engine = DisaggEngine(config, observer=metrics, on_failure=on_failure)
+    else:
+        engine = LogprobEngine(config, model=model, tokenizer=tokenizer, observer=metrics)
     metrics.bind(engine)
 
     @asynccontextmanager
@@ -74,6 +87,15 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
         snap = tracing.snapshot()
         if reset:
             tracing.reset()
+        if disagg:
+            # The workers' spans too, shifted onto this process's span clock (all are perf_counter).
+            origin = tracing.get_tracer().origin_perf_ns
+            for worker_snap, worker_origin in await asyncio.to_thread(engine.worker_traces, reset):
+                shift_us = (worker_origin - origin) / 1000.0
+                for ev in worker_snap["traceEvents"]:
+                    if "ts" in ev:
+                        ev["ts"] += shift_us
+                    snap["traceEvents"].append(ev)
         return JSONResponse(snap)
 
     @app.get("/debug/engine")
@@ -89,6 +111,9 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
             "num_slots": config.slots,
             "max_seq_len": engine.max_seq_len,
             "server": {"max_request_bytes": max_request_bytes},
+            "disagg": None if not disagg else {
+                "kv_transfer": config.kv_transfer, "store_pid": engine.store.pid,
+                "workers": {role: w.proc.pid for role, w in engine.workers.items()}},
         })
 
     return app

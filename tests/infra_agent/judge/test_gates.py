@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from infra_agent.agent.experiment import Hypothesis
 from infra_agent.feedback import Feedback, Measurement, Tier
-from infra_agent.judge.gates import absolute_gate, check_gate, hypothesis_outcome, relative_gate, side_values
+from infra_agent.judge.gates import (
+    absolute_gate,
+    check_gate,
+    hypothesis_outcome,
+    relative_gate,
+    side_values,
+)
 
 
 def _runs(values: list[float], metric: str = "output_throughput", scenario: str = "chat") -> list[Feedback]:
@@ -82,3 +88,19 @@ def test_small_sample_intervals_keep_their_coverage_in_an_a_a_simulation() -> No
         assert g.low is not None and g.high is not None
         excluded += not (g.low <= 1.0 <= g.high)
     assert excluded / trials <= 0.08, excluded
+
+
+def test_a_relative_criterion_on_the_baseline_alone_is_judged_at_a_ratio_of_one() -> None:
+    from types import SimpleNamespace
+
+    from infra_agent.judge.gates import criteria_gates
+
+    def crit(name: str, op: str, ratio: float) -> SimpleNamespace:
+        return SimpleNamespace(name=name, metric="output_throughput", op=op, ratio=ratio, value=None, scenario="chat")
+
+    ws = SimpleNamespace(criteria=[crit("guard", ">=", 0.95), crit("target", ">=", 1.2), crit("cap", "<", 1.0)])
+    got = {g.name: g for g in criteria_gates(ws, {"chat": _runs([100, 101, 99])}, None, "e0")}
+    assert got["guard"].outcome == "skipped" and "holds by definition" in got["guard"].message
+    # A target above 1 cannot hold against itself: failing, so the run works towards it.
+    assert got["target"].outcome == "fail" and "does not meet >= 1.2" in got["target"].message
+    assert got["cap"].outcome == "fail" and got["cap"].value == 1.0

@@ -65,7 +65,7 @@ def test_bad_flags_exit_non_zero_with_one_line(args: list[str]) -> None:
 
 
 def test_engine_knobs_are_exactly_the_engine_config_fields() -> None:
-    server_only = {"host", "port", "log_level", "max_request_bytes"}
+    server_only = {"host", "port", "log_level", "max_request_bytes", "disagg"}
     assert {k.name for k in KNOBS} - server_only == {f.name for f in dataclasses.fields(EngineConfig)}
     cfg = engine_config(parse_knobs({"max_running": "4", "lm_head_precision": "bf16", "trace": "yes"}))
     assert (cfg.max_running, cfg.lm_head_precision, cfg.trace, cfg.max_batch_tokens) == (4, "bf16", True, 512)

@@ -1,8 +1,8 @@
 """The executor interface: run a planned experiment, return what it measured.
 
-The loop talks to an executor only through ``execute`` / ``finalize`` / ``cleanup``,
-so a distributed executor (experiments as tasks on other machines) can replace the
-local one without the loop changing.  An executor never judges: it returns the
+The loop talks to an executor only through ``execute`` / ``measure`` / ``finalize`` /
+``cleanup`` (and ``restore`` when it starts), so a distributed executor (experiments
+as tasks on other machines) can replace the local one without the loop changing.  An executor never judges: it returns the
 Feedback of each side and the cheap gates it ran, and the loop's judge decides.
 """
 
@@ -52,3 +52,10 @@ class Executor(ABC):
     @abstractmethod
     def cleanup(self, exp_ids: list[str] | None = None) -> list[str]:
         """Kill leftover processes and remove leftover worktrees (of ``exp_ids``, or of the whole run)."""
+
+    def restore(self, best: Experiment) -> None:
+        """Make what the run keeps (its branch of accepted commits) match ``best``, after a killed run.
+
+        A run killed between a commit and the ledger's record of it leaves a commit the
+        ledger does not know; the default keeps nothing, so there is nothing to restore."""
+        return

@@ -23,10 +23,12 @@ _PR_SET_PDEATHSIG = 1
 
 
 def marked_pids(prefix: str) -> list[int]:
-    """PIDs whose environment holds ``INFRA_AGENT_EXPERIMENT=<prefix>...`` (zombies excluded)."""
+    """PIDs marked with ``prefix`` (zombies excluded): a whole run's (``<run>/``, ending in a
+    slash), or exactly one experiment's (``<run>/e1``, which is not ``<run>/e12``)."""
     if not _PROC.is_dir():
         return []
     needle = f"{MARKER_ENV}={prefix}".encode()
+    exact = not prefix.endswith("/")
     me = os.getpid()
     out: list[int] = []
     for entry in _PROC.iterdir():
@@ -39,7 +41,7 @@ def marked_pids(prefix: str) -> list[int]:
             continue
         if stat[stat.rfind(")") + 2:].split()[0] in ("Z", "X"):
             continue
-        if any(item.startswith(needle) for item in env.split(b"\0")):
+        if any(item == needle if exact else item.startswith(needle) for item in env.split(b"\0")):
             out.append(int(entry.name))
     return out
 

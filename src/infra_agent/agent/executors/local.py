@@ -13,19 +13,20 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from infra_agent.agent.executors.base import Execution, Executor, OnEvent
-from infra_agent.agent.executors.cleanup import MARKER_ENV, PARENT_ENV, kill_marked
+from infra_agent.agent.executors.cleanup import kill_marked
+from infra_agent.agent.executors.jobs import ProbeTimeout, run_job
 from infra_agent.agent.executors.protect import check_changes
-from infra_agent.agent.executors.worktree import PatchRejected, Worktrees
+from infra_agent.agent.executors.worktree import (
+    PatchRejected,
+    Worktrees,
+    code_id,
+    repo_root,
+)
 from infra_agent.agent.experiment import Experiment
 from infra_agent.agent.planner import Plan
 from infra_agent.errors import InfraAgentError
@@ -33,9 +34,9 @@ from infra_agent.feedback import Feedback
 from infra_agent.workspace import WORKSPACE_FILE
 from infra_agent.workspace.models import Workspace
 
-
-class ProbeTimeout(InfraAgentError):
-    pass
+# Built-in probes that take everything from their rendered config (never ``ctx.knobs``):
+# their cached runs are shared across knob values that render the same config.
+_KNOB_BLIND_PROBES = frozenset({"kernel", "command"})
 
 
 class LocalExecutor(Executor):
@@ -52,8 +53,8 @@ class LocalExecutor(Executor):
         self.jobs_dir = workspace.root / ".infra-agent" / "runs" / run_id
         self._wt: Worktrees | None = None
         self._open: dict[str, list[str]] = {}  # experiment id -> worktree names
-        # (check, rendered config, code) -> (experiment id, Feedback): a check already run on
-        # the same configuration of the same code is not run again (kernel checks cost seconds).
+        # (check, rendered config, [knobs,] code) -> (experiment id, Feedback): a check already run
+        # on the same configuration of the same code is not run again (kernel checks cost seconds).
         self._check_cache: dict[str, tuple[str, Feedback]] = {}
         self._yaml_name = workspace.source.name if workspace.source else WORKSPACE_FILE
 
@@ -75,73 +76,62 @@ class LocalExecutor(Executor):
         """The workspace folders of the baseline (A: ``best``) and candidate (B: ``exp``) sides.
 
         A side runs from the user's tree only while no code is involved; any commit or
-        diff puts both sides in worktrees, so both run committed code."""
+        diff puts both sides in worktrees, so both run committed code.  Without a commit of
+        its own, ``best`` ran the commit the baseline was measured on (``base_commit``), not
+        whatever the user's HEAD has moved to since."""
         code = bool(exp.change.diff and exp.change.diff.strip())
         a_commit = best.commit
         b_commit = exp.commit if (exp.commit and not code) else a_commit
         if not code and a_commit is None and b_commit is None:
             return self.ws.root, self.ws.root
         wt = self.worktrees
-        head = wt.head()
-        dirs = []
-        for label, commit in (("base", a_commit or head), ("cand", b_commit or head)):
-            name = f"{exp.id}-{label}"
-            path = wt.create(name, commit)
-            self._open.setdefault(exp.id, []).append(name)
-            dirs.append(path)
+        anchor = a_commit or best.base_commit or wt.head()
+        dirs = [self._worktree(exp.id, "base", anchor), self._worktree(exp.id, "cand", b_commit or anchor)]
         if code:
+            exp.base_commit = anchor
             changes = wt.apply(dirs[1], exp.change.diff or "")
             check_changes(dirs[1], wt.workspace_rel, changes, self.ws.protected_patterns)
-            exp.base_commit = a_commit or head
         return wt.workspace_in(dirs[0]), wt.workspace_in(dirs[1])
+
+    def _worktree(self, exp_id: str, label: str, commit: str) -> Path:
+        name = f"{exp_id}-{label}"
+        path = self.worktrees.create(name, commit)
+        self._open.setdefault(exp_id, []).append(name)
+        return path
+
+    def _measured_dir(self, exp: Experiment) -> Path:
+        """Where ``measure`` runs ``exp``: the user's tree, or a worktree of its commit (the confirmation's best)."""
+        if not exp.commit:
+            return self.ws.root
+        name = f"{exp.id}-measure"
+        path = self.worktrees.base_dir / name
+        if not (name in self._open.get(exp.id, []) and path.exists()):
+            path = self._worktree(exp.id, "measure", exp.commit)
+        return self.worktrees.workspace_in(path)
 
     # ------------------------------------------------------------ jobs
 
-    def _job(self, exp_id: str, job: dict[str, Any], timeout_s: float, on_event: OnEvent | None) -> dict[str, Any]:
-        d = self.jobs_dir / exp_id
-        d.mkdir(parents=True, exist_ok=True)
-        n = len(list(d.glob("job-*.json")))
-        job_path, result_path = d / f"job-{n}.json", d / f"result-{n}.json"
-        job_path.write_text(json.dumps({**job, "workdir": str(d / f"out-{n}")}, default=str))
-        marker = f"{self.run_id}/{exp_id}"
-        env = {**os.environ, MARKER_ENV: marker, PARENT_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
-        with (d / f"worker-{n}.log").open("wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "infra_agent.agent.executors.worker", str(job_path), str(result_path)],
-                                    stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
-        reader = threading.Thread(target=_forward, args=(proc, on_event), daemon=True)
-        reader.start()
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            kill_marked(marker)
-            raise ProbeTimeout(f"{job['kind']} job timed out after {timeout_s:g} s; killed its process group "
-                               f"and the servers it started") from None
-        except BaseException:
-            _kill(proc)
-            kill_marked(marker)
-            raise
-        finally:
-            reader.join(timeout=2)
-        kill_marked(marker)  # a server that outlived a crashed worker
-        if not result_path.exists():
-            tail = (d / f"worker-{n}.log").read_text(errors="replace")[-2000:]
-            raise InfraAgentError(f"the probe worker exited {proc.returncode} without a result\n{tail}")
-        return dict(json.loads(result_path.read_text()))
+    def _job(self, exp_id: str, job: dict[str, Any], timeout_s: float, on_event: OnEvent | None, what: str) -> dict[str, Any]:
+        return run_job(self.jobs_dir, self.run_id, exp_id, job, timeout_s, on_event, what)
+
+    def _check_key(self, check_name: str, probe: str, cfg: dict[str, Any], knobs: dict[str, Any], ws_dir: Path) -> str:
+        user_tree = ws_dir.resolve() == self.ws.root.resolve()
+        return json.dumps([check_name, probe, cfg, None if probe in _KNOB_BLIND_PROBES else knobs,
+                           code_id(ws_dir, user_tree)], sort_keys=True, default=str)
 
     def _probe(self, exp_id: str, ws_dir: Path, check_name: str, knobs: dict[str, Any], config: dict[str, Any] | None,
                on_event: OnEvent | None) -> Feedback:
         check = self.ws.check(check_name)
         cfg = {**check.render(knobs), **(config or {})}
-        key = json.dumps([check_name, check.probe, cfg, _code_id(ws_dir)], sort_keys=True, default=str)
+        key = self._check_key(check_name, check.probe, cfg, knobs, ws_dir)
         if key in self._check_cache:
             first, cached = self._check_cache[key]
             return cached.model_copy(update={"meta": {**cached.meta, "reused_from": first}})
+        what = f"check {check_name!r} ({check.probe} probe)"
         out = self._job(exp_id, {"kind": "probe", "probe": check.probe, "config": cfg, "workspace": str(ws_dir / self._yaml_name),
-                                 "knobs": knobs}, self.check_timeout_s, on_event)
+                                 "knobs": knobs}, self.check_timeout_s, on_event, what)
         if "feedback" not in out:
-            raise InfraAgentError(out.get("error", "probe worker failed"))
+            raise InfraAgentError(f"{what} could not run for {exp_id} in {ws_dir}: {out.get('error', 'the probe worker failed')}")
         fb = Feedback.model_validate(out["feedback"])
         self._check_cache[key] = (exp_id, fb)
         return fb
@@ -149,7 +139,7 @@ class LocalExecutor(Executor):
     def remember_check(self, exp_id: str, check_name: str, knobs: dict[str, Any], fb: Feedback) -> None:
         """Seed the cache from the ledger (resume) with a check run on the user's tree."""
         check = self.ws.check(check_name)
-        key = json.dumps([check_name, check.probe, check.render(knobs), _code_id(self.ws.root)], sort_keys=True, default=str)
+        key = self._check_key(check_name, check.probe, check.render(knobs), knobs, self.ws.root)
         self._check_cache.setdefault(key, (exp_id, fb))
 
     # ------------------------------------------------------------ the interface
@@ -159,13 +149,18 @@ class LocalExecutor(Executor):
         start = time.perf_counter()
         ex = Execution(status="done")
         try:
+            if exp.role == "baseline" and exp.base_commit is None:
+                exp.base_commit = self.base_commit()  # what the user's HEAD was: later worktrees start there
+            ws_dir = self._measured_dir(exp)
             for name in checks:
-                ex.checks[name] = self._probe(exp.id, self.ws.root, name, exp.knobs, None, on_event)
+                ex.checks[name] = self._probe(exp.id, ws_dir, name, exp.knobs, None, on_event)
                 ex.probe_runs += 1
             if scenarios:
-                out = self._job(exp.id, {"kind": "repeat", "workspace": str(self.ws.source), "knobs": exp.knobs,
+                source = self.ws.source if ws_dir == self.ws.root and self.ws.source else ws_dir / self._yaml_name
+                out = self._job(exp.id, {"kind": "repeat", "workspace": str(source), "knobs": exp.knobs,
                                          "scenarios": scenarios, "repeats": repeats, "percentiles": self.percentiles,
-                                         "result_metrics": result_metrics}, self.timeout_s, on_event)
+                                         "result_metrics": result_metrics}, self.timeout_s, on_event,
+                                "serving windows")
                 ex.candidate = _feedbacks(out.get("b", {}))
                 ex.e2e_runs += sum(len(v) for v in ex.candidate.values())
                 if out.get("error"):
@@ -174,6 +169,8 @@ class LocalExecutor(Executor):
             ex.status, ex.error = "timeout", str(exc)
         except InfraAgentError as exc:
             ex.status, ex.error = "error", str(exc)
+        except (OSError, ValueError) as exc:
+            ex.status, ex.error = "error", f"measuring {exp.id} failed: {type(exc).__name__}: {exc}"
         ex.wall_s = time.perf_counter() - start
         return ex
 
@@ -190,17 +187,21 @@ class LocalExecutor(Executor):
                     ex.status, ex.error = "rejected", f"cheap gate {name!r} failed before any e2e run: {fb.error}"
                     return ex
             if plan.mode == "pair":
-                assert plan.check is not None
-                extra = {k: v for k, v in plan.probe.config.items() if k == "mode"}
+                if plan.check is None:
+                    raise InfraAgentError(f"the plan runs probe {plan.probe.name!r} once per side but names no "
+                                          "workspace check to run")
+                # The planner's mode (check or bench), and any key a proposer set over the check's config.
+                base_cfg = self.ws.check(plan.check).config
+                extra = {k: v for k, v in plan.probe.config.items() if k == "mode" or base_cfg.get(k) != v}
                 ex.baseline[plan.check] = [self._probe(exp.id, a_dir, plan.check, best.knobs, extra, on_event)]
                 ex.candidate[plan.check] = [self._probe(exp.id, b_dir, plan.check, exp.knobs, extra, on_event)]
                 ex.probe_runs += 2
             else:
-                out = self._job(exp.id, {"kind": "ab", "workspace_a": str(a_dir / self._yaml_name),
+                out = self._job(exp.id, {"kind": "ab", "probe": plan.probe.name, "config": plan.probe.config, "workspace_a": str(a_dir / self._yaml_name),
                                          "workspace_b": str(b_dir / self._yaml_name), "knobs_a": best.knobs,
                                          "knobs_b": exp.knobs, "scenarios": plan.scenarios, "pairs": self.pairs,
                                          "percentiles": self.percentiles, "result_metrics": plan.result_metrics},
-                                self.timeout_s, on_event)
+                                self.timeout_s, on_event, f"interleaved A/B on {', '.join(plan.scenarios)}")
                 ex.baseline, ex.candidate = _feedbacks(out.get("a", {})), _feedbacks(out.get("b", {}))
                 ex.e2e_runs = sum(len(v) for v in ex.baseline.values()) + sum(len(v) for v in ex.candidate.values())
                 ex.probe_runs += ex.e2e_runs
@@ -212,6 +213,8 @@ class LocalExecutor(Executor):
             ex.status, ex.error = "timeout", str(exc)
         except InfraAgentError as exc:
             ex.status, ex.error = "error", str(exc)
+        except (OSError, ValueError) as exc:  # a full disk, a result that does not parse
+            ex.status, ex.error = "error", f"running {exp.id} failed: {type(exc).__name__}: {exc}"
         finally:
             ex.wall_s = time.perf_counter() - start
         return ex
@@ -229,6 +232,20 @@ class LocalExecutor(Executor):
             for name in names:
                 self.worktrees.remove(name)
         return commit
+
+    def restore(self, best: Experiment) -> None:
+        """Point the run's branch at the best's commit, or remove it while nothing was committed.
+
+        A run killed after a commit but before the ledger recorded it leaves the branch on a
+        commit that is not the best's (the experiment then runs again on resume)."""
+        if best.commit is None and repo_root(self.ws.root) is None:
+            return
+        wt = self.worktrees
+        if best.commit is not None:
+            wt.ensure_run_branch(best.commit)
+            wt.advance_run_branch(best.commit)
+        else:
+            wt.delete_run_branch()
 
     def cleanup(self, exp_ids: list[str] | None = None) -> list[str]:
         """Kill marked processes and remove worktrees; returns what was found."""
@@ -249,36 +266,5 @@ class LocalExecutor(Executor):
         return found
 
 
-def _code_id(ws_dir: Path) -> str:
-    """What code a workspace folder holds: its commit when it is a clean git checkout, else its path."""
-    import subprocess as sp
-
-    head = sp.run(["git", "rev-parse", "HEAD"], cwd=ws_dir, capture_output=True, text=True, check=False)
-    dirty = sp.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ws_dir, capture_output=True, text=True,
-                   check=False)
-    if head.returncode == 0 and dirty.returncode == 0 and not dirty.stdout.strip():
-        return head.stdout.strip()
-    return str(ws_dir.resolve())
-
-
 def _feedbacks(side: dict[str, list[Any]]) -> dict[str, list[Feedback]]:
     return {k: [Feedback.model_validate(f) for f in v] for k, v in side.items()}
-
-
-def _forward(proc: subprocess.Popen[bytes], on_event: OnEvent | None) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if on_event is None:
-            continue
-        try:
-            on_event(json.loads(line))
-        except (ValueError, TypeError):
-            continue
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()

@@ -46,9 +46,8 @@ def run_probe_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
-    from infra_agent.bench.probe import ServingProbe
     from infra_agent.bench.runner import default_log_dir
-    from infra_agent.probes.base import ProbeContext
+    from infra_agent.probes.base import ProbeContext, get_probe
     from infra_agent.target import open_target
     from infra_agent.workspace import load_workspace
 
@@ -56,8 +55,11 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
     knobs = {side: ws[side].resolve_knobs(job[f"knobs_{side}"]) for side in ("a", "b")}
     workdir = Path(job["workdir"])
     out: dict[str, dict[str, list[Any]]] = {"a": {}, "b": {}}
-    probe = ServingProbe()
-    base_cfg = {"result_metrics": job.get("result_metrics"), "percentiles": job.get("percentiles") or [50, 90, 99]}
+    # The serving probe, or any probe that measures a running target per scenario (the
+    # timeline probe): it gets each side's server through ctx.target.
+    probe = get_probe(job.get("probe") or "serving")()
+    base_cfg = {**(job.get("config") or {}), "result_metrics": job.get("result_metrics"),
+                "percentiles": job.get("percentiles") or [50, 90, 99]}
     with ExitStack() as stack:
         targets = {}
         for side in ("a", "b"):

@@ -1,7 +1,8 @@
 """Code changes in git worktrees: never in the user's tree.
 
 Each code experiment gets a worktree of the workspace's repository on a branch of its
-own (``infra-agent/<run>/<experiment>``), checked out from the current best commit.
+own (``infra-agent/<run>-<experiment>-cand``, and ``-base`` for the other side),
+checked out from the current best commit.
 The diff is applied there and checked *after* it is applied (renames and links
 resolved) against the protected paths.  An accepted change becomes a commit on the
 run's branch (``infra-agent/<run>``), whose message carries the hypothesis and the
@@ -13,6 +14,7 @@ workspace ignores.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -77,6 +79,11 @@ class Worktrees:
     def ensure_run_branch(self, commit: str) -> None:
         if not git(self.repo, "branch", "--list", self.run_branch).strip():
             git(self.repo, "branch", self.run_branch, commit)
+
+    def delete_run_branch(self) -> None:
+        """Remove the run's branch (quiet when it does not exist)."""
+        if git(self.repo, "branch", "--list", self.run_branch).strip():
+            git(self.repo, "branch", "-D", self.run_branch)
 
     def branch_of(self, name: str) -> str:
         return f"{self.run_branch}-{name}"
@@ -161,3 +168,22 @@ class Worktrees:
         branches = [b.strip().lstrip("*+ ").strip()
                     for b in git(self.repo, "branch", "--list", f"{self.run_branch}-*").splitlines()]
         return wts + [b for b in branches if b]
+
+
+def code_id(ws_dir: Path, user_tree: bool = False) -> str:
+    """What code a workspace folder holds, for reusing a check's result.
+
+    A clean checkout is its commit; with changes, the folder and a hash of its diff
+    against HEAD (so an edit made between two runs is seen).  The user's own tree also
+    keeps its path when clean: it may hold ignored or untracked files (a built
+    extension, a new module) that a worktree of the same commit lacks."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ws_dir, capture_output=True, text=True, check=False)
+    if head.returncode != 0:
+        return str(ws_dir.resolve())
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ws_dir, capture_output=True,
+                           text=True, check=False)
+    commit = head.stdout.strip()
+    if dirty.returncode == 0 and not dirty.stdout.strip():
+        return f"{commit}@{ws_dir.resolve()}" if user_tree else commit
+    diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=ws_dir, capture_output=True, check=False).stdout
+    return f"{commit}+{hashlib.sha256(diff).hexdigest()[:16]}@{ws_dir.resolve()}"

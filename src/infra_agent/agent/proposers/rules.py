@@ -98,19 +98,56 @@ def load_playbook(path: str | Path | None = None) -> Playbook:
     else:
         where = str(path)
         try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(where, None, "a readable playbook file", str(exc)) from None
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(where, None, "a playbook file (YAML; --playbook)", "no such file") from None
+        except IsADirectoryError:
+            raise ConfigError(where, None, "a playbook file (YAML; --playbook)", "a directory") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConfigError(where, None, "a readable playbook file (YAML, UTF-8)", reason) from None
     try:
         data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
+        raise ConfigError(at, None, "valid YAML", "; ".join(x for x in (exc.context, exc.problem) if x) or str(exc)) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(where, None, "valid YAML", str(exc)) from None
+        raise ConfigError(where, None, "valid YAML", str(exc).splitlines()[0]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(where, None, "a mapping with `rules:` (a list of rules)", "an empty file" if data is None else data)
+    _check_kinds(data, where, text)
     try:
         return Playbook.model_validate(data)
     except ValidationError as exc:
         from infra_agent.workspace.loader import translate_validation_error
 
         raise translate_validation_error(exc, where, text, root=Playbook) from None
+
+
+def _check_kinds(data: dict[str, Any], where: str, text: str) -> None:
+    """An unknown finding kind, named at ``rules.N.when.kind`` with its line (the model's check names only ``when``)."""
+    rules = data.get("rules")
+    for i, rule in enumerate(rules if isinstance(rules, list) else []):
+        when = rule.get("when") if isinstance(rule, dict) else None
+        kind = when.get("kind") if isinstance(when, dict) else None
+        if isinstance(kind, str) and kind not in FindingKind.all():
+            at = _position_of(text, kind, i)
+            raise ConfigError(f"{where}:{at}" if at else where, f"rules.{i}.when.kind",
+                              f"a finding kind, one of {', '.join(sorted(FindingKind.all()))}", kind)
+
+
+def _position_of(text: str, kind: str, index: int) -> str | None:
+    """``line:column`` of the ``kind`` value under the ``index``-th rule, from the YAML's nodes."""
+    try:
+        root = yaml.compose(text)
+        rules = next(v for k, v in root.value if k.value == "rules")
+        rule = rules.value[index]
+        when = next(v for k, v in rule.value if k.value == "when")
+        node = next(v for k, v in when.value if k.value == "kind")
+    except (yaml.YAMLError, AttributeError, StopIteration, IndexError, TypeError):
+        return None
+    return f"{node.start_mark.line + 1}:{node.start_mark.column + 1}" if node.value == kind else None
 
 
 _SEVERITY = {"error": 0, "warning": 1, "info": 2}

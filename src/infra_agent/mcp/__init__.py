@@ -1,0 +1,21 @@
+"""``infra-agent mcp``: the agent loop's tools and the environment's verbs as an MCP server.
+
+- :mod:`infra_agent.mcp.session`: the tools and the session's run, with no MCP code
+  (one ``McpSession`` per server process; ``call(name, args, progress)`` never raises);
+- :mod:`infra_agent.mcp.server`: the binding to the ``mcp`` package (stdio or
+  streamable HTTP), tool calls in worker threads, progress as MCP notifications.
+
+See ``docs/mcp.md``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["McpOptions", "McpSession"]
+
+
+def __getattr__(name: str) -> object:
+    if name in __all__:
+        from infra_agent.mcp import session
+
+        return getattr(session, name)
+    raise AttributeError(name)

@@ -1,0 +1,552 @@
+"""``TimelineProbe``: one serving window with spans and GIL samples, as Feedback (tier ``trace``).
+
+It measures the target the way the serving probe does (``ctx.target`` when the caller
+keeps a server running, else the workspace target launched with this run's knobs plus
+``trace_knobs``), and around one scenario window it also
+
+- clears the server's span buffer (``GET {trace_path}?reset=true``) and fetches the
+  window's spans afterwards (``GET {trace_path}``);
+- samples one process of the target with ``py-spy dump`` (``PySpyDumpSampler``): the
+  server itself, or (``sample_process: auto``) the busiest of the server and its child
+  processes over the first ``lead_s`` of the window, e.g. the prefill worker of a
+  disaggregated server.  When ptrace is refused the analysis runs on spans alone and
+  says so (a ``sampler_unavailable`` finding);
+- runs the timeline analysis (:mod:`infra_agent.trace`) and turns it into findings
+  (GIL contention, missing overlap, idle threads, span trends ...) whose locations name
+  a component and, where the workspace allows, a knob.
+
+The Feedback holds the serving probe's measurements of the window (the same names, so
+the judge compares e2e metrics across probes), the timeline's own (``overlap_share``,
+``gil_wait_share``, ``thread_busy_share``, ``gil_holder_share``) and the merged Perfetto
+trace as an artifact.
+
+**Comparing two values of a knob** (``compare_knob``): the probe starts two servers of
+the configuration under test that differ only in that knob (``compare_values``, for a
+bool ``[false, true]``), runs ``compare_pairs`` interleaved windows on them (A B, B A,
+...), and reports the per-pair ratio ``metric(values[1]) / metric(values[0])`` as the
+measurement ``ratio_name`` (one sample per pair).  ``min_ratio`` turns it into a gate:
+below it the run is ``ok=False`` with the ratio named, which is how a workspace check
+expresses "prefill throughput with kv_transfer on >= 0.95 x with it off, same
+workload".  The sampled window then runs on the server with the configuration's own
+value, so its findings describe the configuration under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from infra_agent.errors import InfraAgentError
+from infra_agent.feedback import (
+    Artifact,
+    Feedback,
+    Finding,
+    Location,
+    Measurement,
+    Tier,
+)
+from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
+from infra_agent.vocabulary import FindingKind, related
+from infra_agent.workspace.models import Scenario
+
+# Span category (or name prefix) -> the component a finding about it is located in.
+DEFAULT_SPAN_COMPONENTS: dict[str, str] = {
+    "ep": "comm", "comm": "comm", "nccl": "comm", "kv": "kv_transfer", "transfer": "kv_transfer",
+    "engine": "engine", "http": "server", "model": "model",
+}
+# Metrics a timeline run reports beside the serving ones.
+TIMELINE_METRICS: tuple[str, ...] = ("overlap_share", "gil_wait_share", "thread_busy_share", "gil_holder_share",
+                                     "input_throughput")
+
+
+class TimelineConfig(ProbeConfig):
+    """What to run, how to trace it, and what to expect; every key is optional."""
+
+    scenarios: list[str] | None = Field(None, description="workspace scenarios; the first one is traced (default: the first declared)")
+    scenario: Scenario | None = Field(None, description="an inline scenario, run as 'inline'")
+    knobs: dict[str, Any] = Field(default_factory=dict, description="knob overrides on top of the context's knobs")
+    trace_knobs: dict[str, Any] = Field(default_factory=lambda: {"trace": True},
+                                        description="knobs that turn tracing on when this probe launches the target "
+                                                    "(only those the workspace declares are applied)")
+    trace_path: str = Field("/debug/trace", description="GET path of the server's Chrome trace")
+    reset: bool = Field(True, description="clear the server's span buffer (?reset=true) before the window")
+    sample: bool = Field(True, description="sample GIL holders with py-spy dump during the window")
+    sample_process: Literal["auto", "server"] = Field(
+        "auto", description="auto: the busiest of the server and its child processes over the first lead_s")
+    lead_s: float = Field(0.5, ge=0, le=30, description="load time before the process is picked and sampling starts")
+    sample_interval_s: float = Field(0.0, ge=0, le=5)
+    expect_overlap: list[str] = Field(default_factory=list,
+                                      description="'A:B' span groups (names or categories, '|' joins) that should overlap")
+    knob_hints: dict[str, str] = Field(default_factory=dict,
+                                       description="pattern -> knob: a finding whose holder file, function or span holds "
+                                                   "the pattern names the knob")
+    span_components: dict[str, str] = Field(default_factory=dict,
+                                            description="span category -> component, over the defaults (ep -> comm ...)")
+    by: Literal["cat", "name"] = "cat"
+    repeats: int = Field(1, ge=1, le=20, description="sampled windows (the first is traced and analysed)")
+    compare_knob: str | None = Field(None, description="run two servers differing only in this knob, interleaved")
+    compare_values: list[Any] | None = Field(None, description="[reference, tested]; default [false, true] for a bool knob")
+    compare_pairs: int = Field(3, ge=1, le=50)
+    compare_metric: str = Field("input_throughput", description="result key (or input_throughput) the ratio is of")
+    ratio_name: str | None = Field(None, description="measurement name of the ratio (default <knob>_ratio)")
+    min_ratio: float | None = Field(None, gt=0, description="ok=False when the ratio's geometric mean is below this")
+    # The serving probe's keys, so the executor's A/B job can pass them on.
+    result_metrics: list[str] | None = None
+    percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
+    queue_share: float = Field(0.5, gt=0, le=1)
+
+
+class TimelineProbe(Probe):
+    name: ClassVar[str] = "timeline"
+    base_tier: ClassVar[Tier] = Tier.trace
+    Config: ClassVar[type[ProbeConfig]] = TimelineConfig
+    components: ClassVar[tuple[str, ...]] = ("engine", "model", "runtime", "kv_transfer", "comm", "server")
+    locality: ClassVar[tuple[str, ...]] = ("thread", "span")
+
+    @classmethod
+    def measures(cls, metric: str) -> bool:
+        from infra_agent.bench.probe import ServingProbe
+
+        return ServingProbe.measures(metric) or metric in TIMELINE_METRICS or metric.endswith("_ratio")
+
+    # ------------------------------------------------------------------ run
+
+    def run(self, config: Any, ctx: ProbeContext) -> Feedback:
+        from infra_agent.bench.probe import ServingProbe
+
+        cfg: TimelineConfig = self.parse_config(config)  # type: ignore[assignment]
+        fb = Feedback(probe=self.name, tier=self.tier(cfg), scope=self.scope)
+        ws = ctx.workspace
+        try:
+            plan = ServingProbe._plan(cfg, ws)  # type: ignore[arg-type]
+        except InfraAgentError as exc:
+            fb.ok, fb.error = False, str(exc).replace("serving probe", "timeline probe")
+            return fb
+        name, sc = plan[0]
+        ctx.workdir.mkdir(parents=True, exist_ok=True)
+        knobs = {**ctx.knobs, **cfg.knobs}
+        try:
+            if cfg.compare_knob is not None:
+                self._compare(cfg, ctx, fb, name, sc, knobs)
+            else:
+                with self._open(cfg, ctx, knobs) as (target, values):
+                    self._traced(cfg, ctx, fb, name, sc, target, values)
+        except InfraAgentError as exc:
+            fb.ok, fb.error = False, fb.error or str(exc)
+        if fb.ok and not any(m.name == "output_throughput" for m in fb.measurements):
+            fb.ok, fb.error = False, fb.error or "no window produced a result"
+        return fb
+
+    def _open(self, cfg: TimelineConfig, ctx: ProbeContext, knobs: dict[str, Any], launch: bool = False) -> Any:
+        """The target and the knob values it runs with: ``ctx.target``, or the workspace target launched."""
+        from contextlib import contextmanager
+
+        from infra_agent.bench.runner import default_log_dir
+        from infra_agent.target import open_target
+
+        ws = ctx.workspace
+
+        @contextmanager
+        def opened() -> Any:
+            if ctx.target is not None and not launch:
+                yield ctx.target, dict(knobs)
+                return
+            if ws is None:
+                raise InfraAgentError("the timeline probe needs a workspace target or a running target to measure")
+            trace = {k: v for k, v in cfg.trace_knobs.items() if k in ws.knobs}
+            values = ws.resolve_knobs({**knobs, **trace})
+            with open_target(ws, values, default_log_dir(ws)) as target:
+                yield target, values
+
+        return opened()
+
+    def _window(self, cfg: TimelineConfig, ctx: ProbeContext, target: Any, name: str, sc: Scenario,
+                values: dict[str, Any], tag: str) -> dict[str, Any]:
+        from infra_agent.bench.runner import run_on_target
+
+        result = run_on_target(target, sc, scenario_name=name, knobs=values, progress=False, percentiles=cfg.percentiles)
+        _derive(result)
+        path = ctx.workdir / f"timeline-{name}-{tag}.json"
+        path.write_text(json.dumps(result, indent=1, default=str))
+        return result
+
+    # ------------------------------------------------------------------ one traced window
+
+    def _traced(self, cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: str, sc: Scenario, target: Any,
+                values: dict[str, Any], arm: str | None = None) -> None:
+        from infra_agent.bench.probe import summarise_windows
+
+        if target.log_path:
+            fb.artifacts.append(Artifact(kind="log", path=str(target.log_path), description="server log"))
+        trace_url = target.url.rstrip("/") + cfg.trace_path
+        trace_note = None
+        if cfg.reset:
+            trace_note = _get_json(trace_url + ("&" if "?" in trace_url else "?") + "reset=true")[1]
+        runs: list[dict[str, Any]] = []
+        sampler_res = None
+        picked: dict[str, Any] = {}
+        try:
+            for i in range(cfg.repeats):
+                if i == 0:
+                    result, sampler_res, picked = self._sampled_window(cfg, ctx, target, name, sc, values)
+                else:
+                    result = self._window(cfg, ctx, target, name, sc, values, f"{i}")
+                runs.append(result)
+                fb.artifacts.append(Artifact(kind="result", path=str(ctx.workdir / f"timeline-{name}-{i}.json"),
+                                             description=f"{name} window {i}"))
+                if not result.get("ok", True):
+                    break
+        finally:
+            summarise_windows(fb, name, runs, values, ctx.workspace, cfg.queue_share, cfg.result_metrics)
+            _per_window_extra(fb, name, runs)
+        if not runs or not runs[0].get("ok", True):
+            fb.ok, fb.error = False, runs[0].get("error", "the traced window failed") if runs else "no window ran"
+            return
+        doc, err = _get_json(trace_url)
+        if doc is None:
+            fb.findings.append(Finding(
+                kind=FindingKind.OVERLAP_UNMEASURABLE, severity="warning",
+                message=f"no span trace from {cfg.trace_path}: {err or trace_note}",
+                next_question=f"Start the target with tracing on ({', '.join(f'{k}={v}' for k, v in cfg.trace_knobs.items())}) "
+                              "so the timeline can be analysed."))
+            fb.meta["trace_error"] = err
+            return
+        spans_path = ctx.workdir / f"spans-{name}.json"
+        spans_path.write_text(json.dumps(doc))
+        fb.artifacts.append(Artifact(kind="trace", path=str(spans_path), description="server spans of the window"))
+        self._analyse(cfg, ctx, fb, name, spans_path, sampler_res, picked, runs[0], arm)
+
+    def _sampled_window(self, cfg: TimelineConfig, ctx: ProbeContext, target: Any, name: str, sc: Scenario,
+                        values: dict[str, Any]) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+        from infra_agent.trace.sampler import PySpyDumpSampler, PySpyResult
+
+        box: dict[str, Any] = {}
+
+        def load() -> None:
+            try:
+                box["result"] = self._window(cfg, ctx, target, name, sc, values, "0")
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the probe's thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=load, name="timeline-load", daemon=True)
+        worker.start()
+        sampler = None
+        picked: dict[str, Any] = {}
+        res = None
+        if not cfg.sample:
+            res = PySpyResult(None, None, None)
+        elif target.pid is None:
+            res = PySpyResult(None, None, "py-spy unavailable, spans only: the target's process id is unknown "
+                                           "(a server given by URL)")
+        else:
+            pid, picked = _pick_process(int(target.pid), cfg.sample_process, cfg.lead_s, worker)
+            if worker.is_alive():
+                sampler = PySpyDumpSampler(pid, ctx.workdir / f"gil-{name}.jsonl", interval_s=cfg.sample_interval_s).start()
+        worker.join()
+        if sampler is not None:
+            res = sampler.stop()
+        elif res is None:
+            res = PySpyResult(None, None, "py-spy unavailable, spans only: the window ended before sampling started "
+                                           f"(lead_s {cfg.lead_s:g} s is longer than the window)")
+        if "error" in box:
+            raise box["error"]
+        return box["result"], res, picked
+
+    # ------------------------------------------------------------------ analysis
+
+    def _analyse(self, cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: str, spans_path: Path,
+                 sampler_res: Any, picked: dict[str, Any], result: dict[str, Any], arm: str | None) -> None:
+        from infra_agent.trace.analyze import analyze
+        from infra_agent.trace.feedback import timeline_feedback
+        from infra_agent.trace.load import TraceLoadError, load_timeline
+        from infra_agent.trace.merge import write_merged
+
+        pyspy = sampler_res.path if sampler_res is not None else None
+        try:
+            tl = load_timeline([spans_path], pyspy=pyspy)
+        except TraceLoadError as exc:
+            fb.findings.append(Finding(kind=FindingKind.OVERLAP_UNMEASURABLE, severity="warning",
+                                       message=f"the span trace could not be read: {exc}"))
+            return
+        if sampler_res is not None and sampler_res.warning:
+            tl.warnings.append(sampler_res.warning)
+        if pyspy is not None:
+            fb.artifacts.append(Artifact(kind="trace", path=str(pyspy), description="py-spy dump samples (JSON lines)"))
+        expect = []
+        for pair in cfg.expect_overlap:
+            a, sep, b = pair.partition(":")
+            if sep and a and b:
+                expect.append((a, b))
+        report = analyze(tl, by=cfg.by, expect_overlap=expect)
+        hints = {**self._workspace_hints(ctx.workspace, tl, cfg), **cfg.knob_hints}
+        tfb = timeline_feedback(report, knob_hints=hints, serving_result=result if result.get("ok", True) else None,
+                                meta={"sampled_process": picked})
+        components = {**DEFAULT_SPAN_COMPONENTS, **cfg.span_components}
+        cats = _span_categories(tl)
+        tags = {"scenario": name, **({"knob": arm} if arm else {})}
+        for f in tfb.findings:
+            _locate(f, components, cats, ctx.workspace, hints)
+            f.evidence.setdefault("scenario", name)
+            fb.findings.append(f)
+        for m in tfb.measurements:
+            m.tags.update(tags)
+            fb.measurements.append(m)
+        for w in report.waits[:8]:
+            for thread, share in list(w.holder_threads.items())[:3]:
+                fb.measurements.append(Measurement.from_samples("gil_holder_share", "ratio", [share], None, thread=thread,
+                                                                interval=f"{w.group}@{w.thread}", **tags))
+        merged = ctx.workdir / f"timeline-{name}.perfetto.json"
+        try:
+            write_merged(tl, merged)
+            fb.artifacts.append(Artifact(kind="trace", path=str(merged),
+                                         description="spans + GIL holder track on one clock (open in Perfetto)"))
+        except (OSError, ValueError) as exc:
+            tl.warnings.append(f"merged trace not written: {exc}")
+        fb.meta.setdefault("timeline", {}).update({**tfb.meta, "report": _small_report(report)})
+
+    @staticmethod
+    def _workspace_hints(ws: Any, tl: Any, cfg: TimelineConfig) -> dict[str, str]:
+        """Span name -> knob for span categories whose component exactly one workspace knob acts on."""
+        if ws is None:
+            return {}
+        components = {**DEFAULT_SPAN_COMPONENTS, **cfg.span_components}
+        out: dict[str, str] = {}
+        for span_name, cat in _span_categories(tl).items():
+            comp = components.get(cat) or components.get(span_name.split(".", 1)[0])
+            if comp is None:
+                continue
+            knobs = _knobs_for(ws, comp)
+            if len(knobs) == 1:
+                out[span_name] = knobs[0]
+        return out
+
+    # ------------------------------------------------------------------ two values of a knob
+
+    def _compare(self, cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: str, sc: Scenario,
+                 knobs: dict[str, Any]) -> None:
+        ws = ctx.workspace
+        knob_name = cfg.compare_knob
+        assert knob_name is not None
+        if ws is None or knob_name not in ws.knobs:
+            raise InfraAgentError(f"compare_knob {knob_name!r} is not a knob the workspace declares")
+        spec = ws.knobs[knob_name]
+        pair = list(cfg.compare_values) if cfg.compare_values is not None else ([False, True] if spec.type == "bool" else None)
+        if pair is None or len(pair) != 2:
+            raise InfraAgentError(f"compare_values for {knob_name!r}: expected two values [reference, tested]")
+        own = ws.resolve_knobs(knobs).get(knob_name)
+        ratio_name = cfg.ratio_name or f"{knob_name}_ratio"
+        metric = cfg.compare_metric
+        fb.meta["compare"] = {"knob": knob_name, "values": pair, "own": own, "metric": metric, "ratio": ratio_name}
+        results: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
+        with ExitStack() as stack:
+            targets = []
+            for v in pair:
+                targets.append(stack.enter_context(self._open(cfg, ctx, {**knobs, knob_name: v}, launch=True)))
+            # a warm-up window per server (first requests pay one-time costs), not counted
+            for target, values in targets:
+                self._window(cfg, ctx, target, name, sc, values, f"warmup-{values[knob_name]}")
+            for i in range(cfg.compare_pairs):
+                for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+                    target, values = targets[side]
+                    r = self._window(cfg, ctx, target, name, sc, values, f"{knob_name}={pair[side]}-{i}")
+                    results[side].append(r)
+                    if not r.get("ok", True):
+                        raise InfraAgentError(f"{knob_name}={pair[side]}: window {i} failed: {r.get('error')}")
+            ratios = []
+            for a, b in zip(results[0], results[1], strict=True):
+                va, vb = a.get(metric), b.get(metric)
+                if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va > 0 and vb > 0:
+                    ratios.append(float(vb) / float(va))
+            own_side = 1 if own == pair[1] else 0 if own == pair[0] else None
+            # The configuration's own value is traced and sampled; its windows lead the Feedback.
+            traced_side = own_side if own_side is not None else 1
+            target, values = targets[traced_side]
+            self._traced(cfg, ctx, fb, name, sc, target, values)
+            from infra_agent.bench.probe import summarise_windows
+
+            other = Feedback(probe=self.name, tier=self.tier(cfg), scope=self.scope)
+            summarise_windows(other, name, results[1 - traced_side], targets[1 - traced_side][1], ws, cfg.queue_share,
+                              cfg.result_metrics)
+            _per_window_extra(other, name, results[1 - traced_side])
+            arm = f"{knob_name}={_fmt(pair[1 - traced_side])}"
+            for m in other.measurements:
+                m.tags["knob"] = arm
+                fb.measurements.append(m)
+            mine = Feedback(probe=self.name, tier=self.tier(cfg), scope=self.scope)
+            _per_window_extra(mine, name, results[traced_side])
+            for m in mine.measurements:
+                m.tags["knob"] = f"{knob_name}={_fmt(pair[traced_side])}"
+                fb.measurements.append(m)
+        if not ratios:
+            raise InfraAgentError(f"no pair of windows measured {metric!r} on both {knob_name} values")
+        from infra_agent.judge.bootstrap import t_interval_log
+
+        if len(ratios) >= 2:
+            centre, low, high = t_interval_log(ratios)
+        else:
+            centre = low = high = ratios[0]
+        fb.measurements.insert(0, Measurement.from_samples(ratio_name, "ratio", ratios, "higher", scenario=name,
+                                                           interval=f"{knob_name}={_fmt(pair[1])} / {knob_name}={_fmt(pair[0])}"))
+        fb.meta["compare"].update({"ratios": ratios, "geomean": centre, "low": low, "high": high,
+                                   "interval": f"95% t-interval of the geometric mean over {len(ratios)} interleaved pairs"})
+        text = (f"{metric} with {knob_name}={_fmt(pair[1])} is {centre:.3f}x that with {knob_name}={_fmt(pair[0])} "
+                f"(95% interval {low:.3f}-{high:.3f}, {len(ratios)} interleaved pairs, scenario {name})")
+        fb.meta["compare"]["message"] = text
+        if cfg.min_ratio is not None and centre < cfg.min_ratio:
+            fb.ok = False
+            fb.error = f"{ratio_name} {centre:.3f} < {cfg.min_ratio:g}: {text}"
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _fmt(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _derive(result: dict[str, Any]) -> None:
+    """``input_throughput``: prompt tokens per second of the window (the prefill rate when outputs are short)."""
+    if result.get("ok", True) and isinstance(result.get("total_input_tokens"), (int, float)) \
+            and isinstance(result.get("duration"), (int, float)) and result["duration"] > 0:
+        result["input_throughput"] = float(result["total_input_tokens"]) / float(result["duration"])
+
+
+def _per_window_extra(fb: Feedback, name: str, runs: list[dict[str, Any]]) -> None:
+    vals = [float(r["input_throughput"]) for r in runs if r.get("ok", True) and isinstance(r.get("input_throughput"), (int, float))]
+    if vals and not any(m.name == "input_throughput" and m.tags.get("scenario") == name for m in fb.measurements):
+        fb.measurements.append(Measurement.from_samples("input_throughput", "tok/s", vals, "higher", component="client",
+                                                        scenario=name))
+
+
+def _get_json(url: str, timeout_s: float = 60.0) -> tuple[Any, str | None]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return json.loads(resp.read()), None
+    except urllib.error.HTTPError as exc:
+        body = exc.read()[:300].decode("utf-8", "replace")
+        return None, f"HTTP {exc.code}: {body}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _children(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (Linux /proc)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2:].split()
+        parent[int(entry)] = int(rest[1])
+    out, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        frontier += kids
+    return out
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = stat[stat.rfind(")") + 2:].split()
+    return int(rest[11]) + int(rest[12])  # utime + stime
+
+
+def _pick_process(server: int, mode: str, lead_s: float, worker: threading.Thread) -> tuple[int, dict[str, Any]]:
+    """The process to sample: the server, or the busiest of it and its descendants over ``lead_s``."""
+    if mode == "server":
+        worker.join(lead_s) if lead_s else None
+        return server, {"pid": server, "why": "the server process"}
+    pids = [server, *_children(server)]
+    before = {p: _cpu_ticks(p) for p in pids}
+    worker.join(lead_s if lead_s > 0 else 0.2)
+    used = {p: (t1 - t0) for p in pids if (t0 := before[p]) is not None and (t1 := _cpu_ticks(p)) is not None}
+    if not used:
+        return server, {"pid": server, "why": "the server process (no CPU times readable)"}
+    best = max(used, key=lambda p: (used[p], p == server))
+    name = ""
+    try:
+        name = Path(f"/proc/{best}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")[:200]
+    except OSError:
+        pass
+    return best, {"pid": best, "cmdline": name, "cpu_ticks": used,
+                  "why": f"busiest of {len(pids)} process(es) over the first {lead_s:g} s"}
+
+
+def _span_categories(tl: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for s in tl.span_sources():
+        if s.name not in out and s.cat:
+            out[s.name] = s.cat
+    return out
+
+
+def _component_of(span: str | None, components: dict[str, str], cats: dict[str, str]) -> str | None:
+    """The component of a span group (``ep.dispatch|ep.combine`` -> comm), from category or name prefix."""
+    if not span:
+        return None
+    found = []
+    for part in span.split("|"):
+        cat = cats.get(part, part)
+        comp = components.get(cat) or components.get(part.split(".", 1)[0])
+        if comp:
+            found.append(comp)
+    return found[0] if found and len(set(found)) == 1 else None
+
+
+def _knobs_for(ws: Any, component: str) -> list[str]:
+    """Workspace knobs whose components act on ``component`` (calibration knobs left out)."""
+    out = []
+    for name, k in ws.knobs.items():
+        if (k.help or "").lower().startswith("calibration") or name in ("trace",):
+            continue
+        if any(related(c, component) for c in k.components):
+            out.append(name)
+    return out
+
+
+def _locate(f: Finding, components: dict[str, str], cats: dict[str, str], ws: Any, hints: dict[str, str]) -> None:
+    """Give a timeline finding the component it is about, and a knob where exactly one fits.
+
+    GIL contention and missing overlap are about the holder's span (``ep.dispatch`` held
+    the GIL: the fix is in ``comm``), so the component comes from that span's category."""
+    loc = f.location or Location()
+    comp = _component_of(loc.span, components, cats)
+    if comp is not None and f.kind in (FindingKind.GIL_CONTENTION, FindingKind.NO_OVERLAP, FindingKind.SPAN_TREND,
+                                       FindingKind.STEP_OVERHEAD):
+        loc.component = comp
+    # A knob only from a component the holder's span located (``runtime``, the default
+    # of a GIL finding, is every thread-related knob and names none of them).
+    if loc.knob is None and ws is not None and comp is not None and f.kind in (
+            FindingKind.GIL_CONTENTION, FindingKind.NO_OVERLAP):
+        knobs = _knobs_for(ws, comp)
+        if len(knobs) == 1:
+            loc.knob = knobs[0]
+    if loc.knob and f.next_question and loc.knob not in f.next_question:
+        f.next_question += f" Try knob {loc.knob}."
+    f.location = loc
+
+
+def _small_report(report: Any) -> dict[str, Any]:
+    d = report.to_dict()
+    return {"duration_us": d["duration_us"], "samples": d["samples"], "warnings": d["warnings"],
+            "threads": d["threads"][:8], "expected_overlap": d["expected_overlap"], "waits": d["waits"][:4],
+            "holder_spans": d["holder_spans"], "sources": d["sources"]}
+
+
+__all__ = ["TimelineConfig", "TimelineProbe"]

@@ -1,0 +1,158 @@
+"""One call from a loaded timeline to every interval analysis, as one report.
+
+``analyze(timeline)`` runs: per-thread busy/idle/waiting time, idle gaps, the overlap
+matrix, GIL attribution of waits (when py-spy samples are loaded), critical paths of
+requests (when spans carry request ids), span trends and per-step shares.  The report
+is plain data (``to_dict()`` is JSON); :mod:`infra_agent.trace.feedback` turns it into
+findings.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra_agent.trace.critical import CriticalPath, critical_paths
+from infra_agent.trace.gil import WaitReport, holder_shares, waiting_analysis
+from infra_agent.trace.intervals import (
+    Interval,
+    ThreadTime,
+    gaps,
+    intersect,
+    merge,
+    thread_times,
+    total,
+)
+from infra_agent.trace.model import Span, Timeline
+from infra_agent.trace.overlap import OverlapMatrix, overlap_between, overlap_matrix
+
+
+@dataclass
+class ExpectedOverlap:
+    """Two span groups (names or categories) that ought to run at the same time."""
+
+    a: str
+    b: str
+    a_us: float
+    b_us: float
+    both_us: float
+    a_threads: list[str] = field(default_factory=list)
+    b_threads: list[str] = field(default_factory=list)
+    # who held the GIL during b (py-spy samples), largest share first
+    holders_during_b: list[dict[str, object]] = field(default_factory=list)
+
+    @property
+    def share_of_a(self) -> float:
+        return self.both_us / self.a_us if self.a_us else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {"a": self.a, "b": self.b, "a_us": self.a_us, "b_us": self.b_us, "both_us": self.both_us,
+                "share_of_a": self.share_of_a, "a_threads": self.a_threads, "b_threads": self.b_threads,
+                "holders_during_b": self.holders_during_b}
+
+
+@dataclass
+class TimelineReport:
+    window: Interval
+    sources: list[dict[str, Any]]
+    warnings: list[str]
+    threads: list[ThreadTime]
+    overlap: OverlapMatrix
+    waits: list[WaitReport] = field(default_factory=list)
+    # waiting group -> the holder thread's most specific span during the waits
+    holder_spans: dict[str, dict[str, object]] = field(default_factory=dict)
+    expected: list[ExpectedOverlap] = field(default_factory=list)
+    gaps: dict[str, list[Interval]] = field(default_factory=dict)  # thread -> longest idle gaps
+    paths: list[CriticalPath] = field(default_factory=list)
+    trends: list[Any] = field(default_factory=list)  # trends.SpanTrend
+    step_shares: Any = None  # trends.StepShares
+    samples: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "window_us": list(self.window), "duration_us": self.window[1] - self.window[0],
+            "sources": self.sources, "warnings": self.warnings, "samples": self.samples,
+            "threads": [t.to_dict() for t in self.threads],
+            "overlap": self.overlap.to_dict(),
+            "waits": [w.to_dict() for w in self.waits],
+            "holder_spans": self.holder_spans,
+            "expected_overlap": [e.to_dict() for e in self.expected],
+            "gaps": {t: [{"start_us": s, "dur_us": e - s} for s, e in g] for t, g in self.gaps.items()},
+            "critical_paths": [p.to_dict() for p in self.paths],
+            "trends": [t.to_dict() for t in self.trends],
+            "step_shares": self.step_shares.to_dict() if self.step_shares is not None else None,
+        }
+
+
+def _holder_span(spans: list[Span], thread: str, waiting: list[Interval]) -> dict[str, object] | None:
+    """The holder thread's spans during ``waiting``: the names whose spans fell (almost)
+    entirely inside the waits (``ep.dispatch|ep.combine``, not the ``engine.step``
+    around them), else the name covering most of the waits."""
+    by_name: dict[str, list[Interval]] = defaultdict(list)
+    for s in spans:
+        if s.thread == thread:
+            by_name[s.name].append((s.start_us, s.end_us))
+    waited = total(waiting)
+    if not by_name or waited <= 0:
+        return None
+    merged = {name: merge(ivs) for name, ivs in by_name.items()}
+    cover = {name: total(intersect(m, waiting)) for name, m in merged.items()}
+    inside = sorted((n for n, m in merged.items() if cover[n] > 0 and cover[n] >= 0.8 * total(m)), key=lambda n: -cover[n])
+    names = inside or [max(cover, key=lambda n: cover[n])]
+    if cover[names[0]] <= 0:
+        return None
+    both = total(intersect(merge(iv for n in names for iv in merged[n]), waiting))
+    return {"thread": thread, "span": "|".join(names), "share_of_wait": both / waited}
+
+
+def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str, str]] | None = None,
+            step_span: str = "engine.step", model_spans: tuple[str, ...] = ("decode", "prefill", "model.forward"),
+            context_args: tuple[str, ...] | None = None, gap_min_us: float = 1000.0) -> TimelineReport:
+    """Every interval analysis of ``timeline`` (see the module docstring)."""
+    from infra_agent.trace import trends as trends_mod
+
+    spans = timeline.span_sources()
+    window = timeline.window()
+    waits, waiting_by_thread = waiting_analysis(timeline, by=by)
+    holder_spans: dict[str, dict[str, object]] = {}
+    for w in waits:
+        if not w.holder_threads or w.waiting_us <= 0:
+            continue
+        top_thread = next(iter(w.holder_threads))
+        waiting = intersect(merge(waiting_by_thread.get(w.thread, [])),
+                            merge((s.start_us, s.end_us) for s in spans if s.thread == w.thread
+                                  and (s.name if by == "name" else (s.cat or s.name)) == w.group))
+        found = _holder_span(spans, top_thread, waiting)
+        if found:
+            holder_spans[f"{w.group}@{w.thread}"] = found
+    expected = []
+    for a, b in expect_overlap or []:
+        a_set, b_set = set(a.split("|")), set(b.split("|"))
+        key = "name" if any(s.name in a_set | b_set for s in spans) else "cat"
+        a_us, b_us, both, _ = overlap_between(spans, a_set, b_set, by=key)
+
+        def pick(names: set[str], key: str = key) -> list[Span]:
+            return [s for s in spans if (s.name if key == "name" else (s.cat or s.name)) in names]
+
+        b_spans = pick(b_set)
+        holders, _ = holder_shares(timeline, [(s.start_us, s.end_us) for s in b_spans])
+        expected.append(ExpectedOverlap(a, b, a_us, b_us, both, sorted({s.thread for s in pick(a_set)}),
+                                        sorted({s.thread for s in b_spans}), [h.to_dict() for h in holders[:3]]))
+    thread_gaps: dict[str, list[Interval]] = {}
+    by_thread: dict[str, list[Interval]] = defaultdict(list)
+    for s in spans:
+        by_thread[s.thread].append((s.start_us, s.end_us))
+    for thread, ivs in by_thread.items():
+        found_gaps = gaps(merge(ivs), window, gap_min_us)
+        if found_gaps:
+            thread_gaps[thread] = sorted(found_gaps, key=lambda g: g[0] - g[1])[:5]
+    return TimelineReport(
+        window=window, sources=timeline.sources, warnings=list(timeline.warnings),
+        threads=thread_times(spans, window, waiting_by_thread),
+        overlap=overlap_matrix(spans, by=by), waits=waits, holder_spans=holder_spans, expected=expected,
+        gaps=thread_gaps, paths=critical_paths(timeline),
+        trends=trends_mod.span_trends(spans, context_args=context_args),
+        step_shares=trends_mod.step_shares(spans, step_span=step_span, model_spans=model_spans),
+        samples=len(timeline.samples),
+    )

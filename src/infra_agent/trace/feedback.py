@@ -1,0 +1,168 @@
+"""Timeline analysis as Feedback: local findings the agent can act on.
+
+Each finding names a thread and a span, for GIL findings the holder's ``file:line``,
+carries its evidence numbers, and asks a next question that names a knob or a code
+path.  ``knob_hints`` lets the caller (a TimelineProbe that knows the workspace's
+knobs) map a holder's file, function or span to a knob name, e.g.
+``{"moe.py": "ep_release_gil"}``; without it the question names the code path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infra_agent.feedback import Feedback, Finding, Location, Measurement, Tier
+from infra_agent.trace.analyze import TimelineReport
+from infra_agent.trace.trends import PositionLatency
+from infra_agent.vocabulary import FindingKind
+
+WAIT_SHARE_MIN = 0.5  # a group waited at least half its sampled time ...
+HOLDER_SHARE_MIN = 0.5  # ... and one other thread held the GIL for at least half of that
+WAIT_US_MIN = 1000.0
+EXPECT_SHARE_MIN = 0.2
+STEP_OVERHEAD_MIN = 0.2
+IDLE_SHARE_MIN = 0.5
+
+
+def _knob(hints: dict[str, str], *texts: str) -> str | None:
+    for key, knob in hints.items():
+        if any(key in t for t in texts if t):
+            return knob
+    return None
+
+
+def _split_where(where: str) -> tuple[str, int | None]:
+    file, _, line = where.rpartition(":")
+    return (file, int(line)) if file and line.isdigit() else (where, None)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
+             position: PositionLatency | None = None) -> list[Finding]:
+    hints = knob_hints or {}
+    out: list[Finding] = []
+    for w in report.waits:
+        if w.waiting_share < WAIT_SHARE_MIN or w.waiting_us < WAIT_US_MIN or not w.holders:
+            continue
+        top = w.holders[0]
+        thread_share = w.holder_threads.get(top.thread, 0.0)
+        if thread_share < HOLDER_SHARE_MIN:
+            continue
+        file, line = _split_where(top.where)
+        hs = report.holder_spans.get(f"{w.group}@{w.thread}") or {}
+        span = str(hs.get("span")) if hs else None
+        overlap = None
+        if span:
+            p = report.overlap.pair(f"{w.group}@{w.thread}", f"{span}@{top.thread}")
+            overlap = p.share_of_a if p else None
+        knob = _knob(hints, top.where, top.function, span or "")
+        during = f" inside {span}" if span else ""
+        msg = (f"{w.group} (thread {w.thread}) waited {_pct(w.waiting_share)} of its sampled time "
+               f"({w.waiting_us / 1e3:.1f} ms); meanwhile the GIL holder was {top.thread} at {top.where} ({top.function})"
+               f"{during} in {_pct(top.share)} of it")
+        out.append(Finding(
+            kind=FindingKind.GIL_CONTENTION, severity="warning", message=msg,
+            location=Location(file=file, line=line, thread=top.thread, span=span, knob=knob, component="runtime"),
+            evidence={"waiting_thread": w.thread, "waiting_group": w.group, "waiting_us": w.waiting_us,
+                      "waiting_share": w.waiting_share, "holder_share": top.share, "holder_thread_share": thread_share,
+                      "intervals": w.intervals, **({"overlap_share": overlap} if overlap is not None else {})},
+            next_question=(f"Does the call at {top.where} release the GIL while it runs native code? "
+                           + (f"Try knob {knob}." if knob else f"Release it there (Py_BEGIN_ALLOW_THREADS / a knob "
+                              f"that releases it) so {w.thread} can run during {span or top.function}.")),
+        ))
+    for e in report.expected:
+        if e.a_us > 0 and e.b_us > 0 and e.share_of_a < EXPECT_SHARE_MIN:
+            a_on = f" (thread {', '.join(e.a_threads)})" if e.a_threads else ""
+            b_on = f" (thread {', '.join(e.b_threads)})" if e.b_threads else ""
+            msg = f"{e.a}{a_on} overlapped {_pct(e.share_of_a)} of {e.b}{b_on}"
+            loc = Location(span=e.b, knob=_knob(hints, e.a, e.b))
+            question = f"What serialises {e.a} with {e.b}: the GIL (record py-spy --gil), a lock, or a queue?"
+            if e.holders_during_b:
+                h = e.holders_during_b[0]
+                where, fn = str(h["where"]), str(h["function"])
+                file, line = _split_where(where)
+                msg += f"; during them the GIL holder was {h['thread']} at {where} in {_pct(float(h['share']))} of the time"  # type: ignore[arg-type]
+                knob = _knob(hints, where, fn, e.b)
+                loc = Location(file=file, line=line, thread=str(h["thread"]), span=e.b, knob=knob)
+                question = (f"Does {fn} at {where} hold the GIL while it spins in native code? "
+                            + (f"Try knob {knob}." if knob else "Release the GIL around that native call."))
+            out.append(Finding(kind=FindingKind.NO_OVERLAP, severity="warning", message=msg, location=loc,
+                               evidence={k: v for k, v in e.to_dict().items() if k not in ("a_threads", "b_threads")},
+                               next_question=question))
+    if report.overlap.note:
+        out.append(Finding(kind=FindingKind.OVERLAP_UNMEASURABLE, message=report.overlap.note,
+                           next_question="Instrument the other threads (transfer, communication) with spans to see "
+                                         "whether they overlap the main loop."))
+    if report.samples == 0 and any("py-spy" in w for w in report.warnings):
+        out.append(Finding(kind=FindingKind.SAMPLER_UNAVAILABLE, severity="warning",
+                           message=next(w for w in report.warnings if "py-spy" in w),
+                           next_question="Run with ptrace allowed (root or CAP_SYS_PTRACE) to attribute waits to GIL holders."))
+    if report.threads:
+        busiest = report.threads[0]
+        if busiest.window_us > 0 and busiest.idle_us / busiest.window_us >= IDLE_SHARE_MIN:
+            gap = (report.gaps.get(busiest.thread) or [(0.0, 0.0)])[0]
+            out.append(Finding(
+                kind=FindingKind.THREAD_IDLE, message=f"the busiest thread {busiest.thread} was idle "
+                f"{_pct(busiest.idle_us / busiest.window_us)} of the window; longest gap {(gap[1] - gap[0]) / 1e3:.1f} ms",
+                location=Location(thread=busiest.thread), evidence=busiest.to_dict(),
+                next_question="Is the load too light to keep it busy, or does it wait on input (queue, HTTP, transfer)?"))
+    flat = [t.name for t in report.trends if t.flat and t.name in ("model.forward", "decode")]
+    for t in report.trends:
+        if not t.rising:
+            continue
+        best = t.best_fit()
+        msg = t.describe() + (f", while {flat[0]} stayed flat" if flat else "")
+        out.append(Finding(
+            kind=FindingKind.SPAN_TREND, severity="warning", message=msg, location=Location(span=t.name),
+            evidence={"n": t.n, "mean_first_us": t.mean_first_us, "mean_last_us": t.mean_last_us, "ratio": t.ratio,
+                      **({"slope": best.slope, "slope_unit": best.unit, "r2": best.r2} if best else {})},
+            next_question=f"What in {t.name} scales with {best.regressor if best else 'time'}? Look for work over all "
+                          "tokens generated so far (O(n) per step, O(n²) per request)."))
+    ss = report.step_shares
+    if ss is not None and ss.step_us > 0 and ss.non_model_share >= STEP_OVERHEAD_MIN:
+        shares = {k: v / ss.step_us for k, v in ss.by_name.items()}
+        top_name = next(iter(shares), "untraced")
+        out.append(Finding(
+            kind=FindingKind.STEP_OVERHEAD, severity="warning",
+            message=f"non-model work took {_pct(ss.non_model_share)} of {ss.step_span} time over {ss.steps} steps "
+                    f"(largest: {top_name} {_pct(shares.get(top_name, ss.untraced_us / ss.step_us))})",
+            location=Location(span=top_name, component="engine.loop"), evidence=ss.to_dict(),
+            next_question=f"Can {top_name} move off the step's critical path (overlap it with the forward pass, or batch it)?"))
+    if position is not None and position.rising and position.fit is not None:
+        out.append(Finding(
+            kind=FindingKind.LATENCY_RISES_WITH_POSITION, severity="warning",
+            message=f"inter-token latency rises with output position: {position.mean_first_ms:.2f} → "
+                    f"{position.mean_last_ms:.2f} ms, slope {position.fit.slope * 1e3:.3g} µs per position "
+                    f"(r²={position.fit.r2:.2f}, {position.requests} requests)",
+            location=Location(component="engine"), evidence={k: v for k, v in position.to_dict().items() if k != "per_position_ms"},
+            next_question="Which per-step work scans every generated token (sampling penalties, detokenisation, "
+                          "stop-string checks)? That is O(n²) per request."))
+    return out
+
+
+def measurements(report: TimelineReport) -> list[Measurement]:
+    out = [Measurement.from_samples("thread_busy_share", "ratio", [t.busy_share], thread=t.thread)
+           for t in report.threads[:8]]
+    out += [Measurement.from_samples("gil_wait_share", "ratio", [w.waiting_share], better="lower", thread=w.thread,
+                                     interval=w.group) for w in report.waits[:8]]
+    out += [Measurement.from_samples("overlap_share", "ratio", [e.share_of_a], better="higher", interval=f"{e.a}|{e.b}")
+            for e in report.expected]
+    return out
+
+
+def timeline_feedback(report: TimelineReport, probe: str = "timeline", knob_hints: dict[str, str] | None = None,
+                      serving_result: Any = None, meta: dict[str, Any] | None = None) -> Feedback:
+    """The report as Feedback; ``serving_result`` (a bench result dict or request records)
+    adds the per-position latency finding."""
+    from infra_agent.trace.trends import position_latency
+
+    position = position_latency(serving_result) if serving_result is not None else None
+    info: dict[str, Any] = {"window_us": report.window[1] - report.window[0], "samples": report.samples,
+                            "warnings": report.warnings, **(meta or {})}
+    if position is not None:
+        info["position_latency"] = {k: v for k, v in position.to_dict().items() if k != "per_position_ms"}
+    return Feedback(probe=probe, tier=Tier.trace, scope=["runtime", "engine", "thread", "span"],
+                    measurements=measurements(report), findings=findings(report, knob_hints, position), meta=info)

@@ -1,0 +1,137 @@
+"""The expert-parallel section: same numbers as the plain dispatch/combine, a bounded
+modelled wait, the GIL held or released as the knob says, spans on the calling thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import infra_agent.tracing.recorder as rec
+from infra_agent.tracing.recorder import Tracer
+from refstack.kernels import cpu_kernels
+from refstack.model import HybridConfig, HybridModel, SeqChunk
+from refstack.model.moe import EPSettings
+
+NATIVE = pytest.mark.skipif(not cpu_kernels.available(), reason=f"native kernels unavailable: {cpu_kernels.unavailable_reason()}")
+
+
+def _routing(T: int = 12, D: int = 16, E: int = 8, k: int = 2, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, D, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    w = torch.softmax(torch.randn(T, k, generator=g), -1)
+    return x, ids, w
+
+
+@NATIVE
+@pytest.mark.parametrize("release_gil", [True, False])
+def test_ep_dispatch_and_combine_equal_the_moe_kernels(release_gil: bool) -> None:
+    x, ids, w = _routing()
+    cross = cpu_kernels.ep_cross_bytes(ids, 8, 4, 16)
+    got = cpu_kernels.ep_dispatch(x, ids, w, 8, cross, 1e-3, release_gil=release_gil)
+    want = cpu_kernels.moe_dispatch(x, ids, w, 8)
+    for a, b in zip(got, want):
+        assert a == b if isinstance(a, list) else torch.equal(a, b)
+    out = torch.randn(ids.numel(), 16)
+    y = cpu_kernels.ep_combine(out, got[2], w, cross, 1e-3, release_gil=release_gil)
+    assert torch.equal(y, cpu_kernels.moe_combine(out, got[2], w))
+
+
+@NATIVE
+def test_cross_bytes_counts_copies_leaving_their_home_rank() -> None:
+    # 4 tokens, 2 ranks of 2 experts: tokens 0-1 live on rank 0, tokens 2-3 on rank 1.
+    ids = torch.tensor([[0, 2], [1, 3], [0, 1], [2, 3]])
+    # crossing copies: (0,2), (1,3), (2,0), (2,1) -> 4 rows of 8 floats
+    assert cpu_kernels.ep_cross_bytes(ids, 4, 2, 8) == 4 * 8 * 4
+    assert cpu_kernels.ep_cross_bytes(ids, 4, 1, 8) == 0
+
+
+@NATIVE
+def test_wait_is_proportional_and_bounded() -> None:
+    t = time.perf_counter()
+    spun = cpu_kernels.ep_wait(20_000_000, 1.0)  # 20 MB at 1 GB/s (1 ns a byte): 20 ms
+    assert 20e6 <= spun and time.perf_counter() - t >= 0.02
+    assert cpu_kernels.ep_wait(10**12, 1.0) < 60e6  # capped at 50 ms
+    assert cpu_kernels.ep_wait(10**6, 0.0) == 0
+
+
+@NATIVE
+@pytest.mark.parametrize("release_gil", [True, False])
+def test_the_gil_is_held_only_when_asked(release_gil: bool) -> None:
+    """A Python thread stamps the clock in a loop while the main thread spins 40 ms in
+    the native section; stamps inside the spin mean the section let it run."""
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def stamp() -> None:
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+            for _ in range(200):
+                pass
+
+    t = threading.Thread(target=stamp, daemon=True)
+    t.start()
+    time.sleep(0.02)
+    try:
+        inside = []
+        for _ in range(3):  # best of three: a busy machine may deschedule the stamping thread
+            t0 = time.perf_counter()
+            cpu_kernels.ep_wait(40_000_000, 1.0, release_gil=release_gil)  # 40 ms
+            inside.append(sum(t0 + 0.002 < x < t0 + 0.038 for x in list(stamps)))
+    finally:
+        stop.set()
+        t.join()
+    if release_gil:
+        assert max(inside) > 20, inside
+    else:
+        assert inside == [0, 0, 0], inside
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=NATIVE), False])
+def test_model_spans_and_logits_with_the_gil_held(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = HybridModel(HybridConfig.preset("tiny"))
+    model.use_native_kernels(native)
+    chunks = [SeqChunk(0, list(range(1, 20)), 0), SeqChunk(1, [7], 0)]
+    want = model.forward_chunks(chunks, model.new_cache(num_slots=2))
+    model.configure_ep(EPSettings(release_gil=False, link_gbps=1.0))
+    monkeypatch.setattr(rec, "_TRACER", Tracer(enabled=True))
+    got = model.forward_chunks(chunks, model.new_cache(num_slots=2))
+    assert torch.equal(got, want)  # the section changes where the GIL is, never a number
+    snap = rec.snapshot()
+    spans = [e for e in snap["traceEvents"] if e["ph"] == "X"]
+    names = {e["name"]: e for e in spans}
+    for name in ("ep.dispatch", "ep.combine"):
+        ev = names[name]
+        assert ev["cat"] == "ep" and ev["args"]["gil"] == "held"
+        assert ev["tid"] == threading.get_native_id()
+        if cpu_kernels.available():
+            assert ev["args"]["bytes"] > 0
+    assert sum(e["name"] == "ep.dispatch" for e in spans) == model.config.num_layers
+    # Each ep section sits inside its moe phase.
+    for ep_name, moe_name in (("ep.dispatch", "moe.dispatch"), ("ep.combine", "moe.combine")):
+        for ep in (e for e in spans if e["name"] == ep_name):
+            assert any(m["ts"] <= ep["ts"] + 1e-3 and ep["ts"] + ep["dur"] <= m["ts"] + m["dur"] + 1e-3
+                       for m in spans if m["name"] == moe_name)
+
+
+@NATIVE
+def test_native_decode_path_runs_the_ep_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = HybridModel(HybridConfig.preset("tiny"))
+    model.use_native_kernels(True)
+    cache = model.new_cache(num_slots=2)
+    model.forward_chunks([SeqChunk(0, [1, 2, 3], 0), SeqChunk(1, [4, 5], 0)], cache)
+    decode = [SeqChunk(0, [9], 3), SeqChunk(1, [8], 2)]
+    before = [t.clone() for t in cache.states.values()]
+    want = model.forward_chunks(decode, cache)
+    for t, b in zip(cache.states.values(), before):
+        t.copy_(b)
+    model.configure_ep(EPSettings(release_gil=False, link_gbps=0.5))
+    monkeypatch.setattr(rec, "_TRACER", Tracer(enabled=True))
+    got = model.forward_chunks(decode, cache)
+    assert torch.equal(got, want)
+    spans = [e for e in rec.snapshot()["traceEvents"] if e["ph"] == "X" and e["cat"] == "ep"]
+    assert {e["name"] for e in spans} == {"ep.dispatch", "ep.combine"}
+    assert all(e["args"]["gil"] == "held" and e["args"]["tokens"] == 2 for e in spans)
