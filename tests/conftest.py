@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os as _os
+
 import pytest
+
+# Rich sizes its output to COLUMNS when it is set (some hosts export COLUMNS=80): pin a
+# wide one, before any console is created, so tables and messages that tests read are
+# laid out the same on every machine.
+_os.environ["COLUMNS"] = "200"
 
 
 def _has_cuda() -> bool:

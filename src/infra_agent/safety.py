@@ -25,7 +25,8 @@ MASK = "***"
 # A name is secret when one of its words (split at _, -, . and camelCase) is one of
 # these: HF_TOKEN, OPENAI_API_KEY, apiKey, db_password.  Plurals and counts are not
 # secrets: max_batch_tokens, llm_tokens, num_keys.
-_SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "pwd", "credential",
+# ("pwd" is not one of them: $PWD is the working directory.)
+_SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "credential",
                            "credentials", "authorization", "auth", "bearer", "cookie"})
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 _AUTH_HEADER = re.compile(r"(?i)(authorization\s*[:=]\s*)(\"?)(bearer\s+|basic\s+)?([^\s\"',}]+)")

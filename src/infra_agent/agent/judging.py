@@ -72,15 +72,29 @@ def judge(workspace: Any, exp: Experiment, ex: Execution, plan: Plan, best_gates
                                            exp.id)
     gates = gates_of(workspace, ex, exp.id, plan)
     broken = [g for g in gates if g.outcome == "fail" and held_on_parent(workspace, g, best_gates)]
-    accepted = outcome == "supported" and not broken
+    lost = failed_requests(ex.candidate) - failed_requests(ex.baseline)
+    accepted = outcome == "supported" and not broken and lost <= 0
     if outcome != "supported":
         why = f"not accepted: the hypothesis is {outcome} ({hyp_gate.message})"
+    elif lost > 0:
+        # Latency and throughput count only requests that succeeded: a change that makes
+        # requests fail (a queue cap, a crash under load) can look faster while serving less.
+        why = (f"not accepted: {lost} more request(s) failed than on the baseline side; latencies of failed "
+               "requests are not in the metrics, so the numbers would flatter the change")
     elif broken:
         why = "not accepted: it breaks " + ", ".join(f"{g.name} ({g.message})" for g in broken)
     else:
         why = f"accepted: {hyp_gate.message}"
     return Verdict(outcome=outcome, effect=hyp_gate.value, low=hyp_gate.low, high=hyp_gate.high,
                    interval=hyp_gate.interval, gates=[hyp_gate, *gates], accepted=accepted, message=why)
+
+
+def failed_requests(side: dict[str, list[Feedback]]) -> int:
+    """Failed requests over a side's serving windows (from the probes' ``failed_requests`` findings)."""
+    from infra_agent.vocabulary import FindingKind
+
+    return sum(int(f.evidence.get("failed", 0) or 0) for runs in side.values() for fb in runs for f in fb.findings
+               if f.kind == FindingKind.FAILED_REQUESTS)
 
 
 def held_on_parent(workspace: Any, gate: GateResult, parent: dict[str, GateResult]) -> bool:

@@ -166,6 +166,9 @@ class Loop:
     def _stop_reason(self) -> str | None:
         table = self._table()
         if table and all(g.outcome in ("pass", "skipped") for g in table.values()) and not self.opts.get("keep_going"):
+            if not any(g.outcome == "pass" for g in table.values()):
+                return ("every gate holds: the only criteria are relative guards, which hold on the baseline by "
+                        "definition (add an absolute criterion or a target ratio, or use --keep-going)")
             return "every gate passes"
         left = self._runs_left()
         if left is not None and left <= 0:

@@ -23,7 +23,7 @@ _COLOUR = {"pass": "green", "fail": "red", "inconclusive": "yellow", "error": "r
 
 def gate_table(gates: list[GateResult], title: str = "gates") -> Table:
     t = Table(title=title, title_justify="left", expand=False)
-    for col in ("gate", "criterion", "outcome", "value [interval]", "measured in"):
+    for col in ("gate", "criterion", "outcome", "value \\[interval]", "measured in"):
         t.add_column(col)
     for g in gates:
         val = "-" if g.value is None else f"{g.value:.4g}"
@@ -76,8 +76,8 @@ class RunProgress:
     def experiment(self, exp: Experiment, probe: str) -> None:
         self.current = f"{exp.id}: {exp.hypothesis.statement}"
         self.detail = probe
-        self.line(f"{exp.id} start: {exp.hypothesis.statement} | change {exp.change.knobs or ''}"
-                  f"{' + diff' if exp.change.diff else ''} | {probe}")
+        change = ", ".join(f"{k}={v}" for k, v in exp.change.knobs.items()) + (" + diff" if exp.change.diff else "")
+        self.line(f"{exp.id} start: {exp.hypothesis.statement}" + (f" | change {change}" if change else "") + f" | {probe}")
         self._update()
 
     def event(self, ev: dict[str, Any]) -> None:
@@ -98,7 +98,7 @@ class RunProgress:
 
     def finished(self, exp: Experiment, best: Experiment, gates: list[GateResult]) -> None:
         v = exp.verdict
-        outcome = v.outcome if v else exp.status
+        outcome = v.outcome if v else "no verdict"
         effect = f" effect {v.effect:.3g} [{v.low:.3g}, {v.high:.3g}]" if v and v.effect is not None and v.low is not None \
             and v.high is not None else ""
         self.line(f"{exp.id} {exp.status}: {outcome}{effect} in {exp.cost.wall_s:.1f} s"

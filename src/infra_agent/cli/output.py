@@ -46,5 +46,6 @@ def user_errors(as_json: bool = False) -> Iterator[None]:
     except InfraAgentError as exc:
         if as_json:
             sys.stdout.write(json.dumps({"error": type(exc).__name__, "message": str(exc)}, indent=2) + "\n")
-        err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        # soft_wrap: a message is never broken inside a path or a command, so it can be copied.
+        err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(code=2) from None

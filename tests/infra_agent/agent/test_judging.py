@@ -1,0 +1,38 @@
+"""The accept rule: a change that makes requests fail is never accepted on its latencies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra_agent.agent.executors.base import Execution
+from infra_agent.agent.experiment import Experiment, Hypothesis, ProbeCall
+from infra_agent.agent.judging import judge
+from infra_agent.agent.planner import Plan
+from infra_agent.feedback import Feedback, Finding, Measurement, Tier
+from infra_agent.workspace import load_workspace
+
+from .loop_workspace import make_workspace
+
+
+def _run(ttft_p90: float, failed: int = 0) -> Feedback:
+    fb = Feedback(probe="serving", tier=Tier.e2e,
+                  measurements=[Measurement.from_samples("p90_ttft_ms", "ms", [ttft_p90], "lower", scenario="chat")])
+    if failed:
+        fb.findings.append(Finding(kind="failed_requests", severity="error", message=f"{failed} failed",
+                                   evidence={"failed": failed}))
+    return fb
+
+
+def test_failed_requests_block_acceptance_even_when_latency_improves(tmp_path: Path) -> None:
+    ws = load_workspace(make_workspace(tmp_path / "ws", criteria=[]))
+    exp = Experiment(id="e1", run_id="r", seq=1, parent="e0",
+                     hypothesis=Hypothesis(statement="a queue cap cuts TTFT", metric="p90_ttft_ms", direction="lower",
+                                           min_effect=0.2, scenario="chat"))
+    plan = Plan(probe=ProbeCall(name="serving", tier=Tier.e2e), mode="ab", scenarios=["chat"])
+    base = [_run(1000), _run(1010), _run(990)]
+    # 3x lower TTFT, but 5 requests per window were turned away (HTTP 503): not a fix.
+    rejected = Execution(status="done", baseline={"chat": base}, candidate={"chat": [_run(330, 5), _run(340, 5), _run(335, 5)]})
+    v = judge(ws, exp, rejected, plan, {})
+    assert v.outcome == "supported" and not v.accepted and "15 more request(s) failed" in v.message
+    fine = Execution(status="done", baseline={"chat": base}, candidate={"chat": [_run(330), _run(340), _run(335)]})
+    assert judge(ws, exp, fine, plan, {}).accepted
