@@ -36,6 +36,13 @@ def _running_experiment(db: Path) -> tuple[str, str] | None:
     return (row[0], row[1]) if row else None
 
 
+def _wait_for_servers(run_id: str, exp_id: str, deadline: float) -> None:
+    """Until a process marked with the experiment is up (its probe worker and servers)."""
+    while len(marked_pids(f"{run_id}/{exp_id}")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marked_pids(f"{run_id}/{exp_id}"), "the experiment never started its processes"
+
+
 def test_sigkill_mid_experiment_then_resume(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path / "ws")
     db = ws / ".infra-agent" / "ledger.db"
@@ -52,9 +59,9 @@ def test_sigkill_mid_experiment_then_resume(tmp_path: Path) -> None:
         run_id, exp_id = found
         wt_dir = ws / ".infra-agent" / "worktrees" / run_id
         # Kill it while the experiment runs: its worktrees exist and its servers are up.
-        while not (wt_dir.exists() and any(wt_dir.iterdir())) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(3.0)
+        # Act as soon as the experiment's servers are up (its worktrees exist by then): on
+        # an idle machine the whole A/B takes only seconds, so a fixed sleep could miss it.
+        _wait_for_servers(run_id, exp_id, deadline)
         with Ledger.for_workspace(ws) as ledger:
             before = {e.id: e for e in ledger.experiments(run_id)}
         assert before["e0"].status == "done" and before[exp_id].status == "running"
@@ -99,7 +106,7 @@ def test_ctrl_c_leaves_a_resumable_ledger_and_nothing_running(tmp_path: Path) ->
             time.sleep(0.2)
         assert found is not None
         run_id, exp_id = found
-        time.sleep(3.0)
+        _wait_for_servers(run_id, exp_id, deadline)
         os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends
         _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
