@@ -98,7 +98,9 @@ def test_ctrl_c_leaves_a_resumable_ledger_and_nothing_running(tmp_path: Path) ->
     with serve_standin(llm_script()) as url:
         cmd = [sys.executable, "-m", "infra_agent.cli.main", "run", str(ws), "--proposer", "llm", "--model", "standin",
                "--base-url", url, "--budget-runs", "3", "--no-confirm", "--no-report"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        # SIGINT at its default, as in a terminal: a background job inherits it ignored.
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
         deadline = time.monotonic() + 240
         found = None
         while found is None and time.monotonic() < deadline and proc.poll() is None:
@@ -109,7 +111,7 @@ def test_ctrl_c_leaves_a_resumable_ledger_and_nothing_running(tmp_path: Path) ->
         _wait_for_servers(run_id, exp_id, deadline)
         os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends
         _, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0
+    assert proc.returncode == 130, (proc.returncode, err.decode()[-3000:])
     assert "resume with `infra-agent resume" in err.decode()
     with Ledger.for_workspace(ws) as ledger:
         run = ledger.get_run(run_id)
