@@ -77,9 +77,9 @@ def _render_report(report: TimelineReport, fb: Any, con: Any) -> None:
         t = Table(title="waiting (no GIL) and who held it", title_justify="left")
         for col in ("group@thread", "span ms", "waited", "holder", "where", "share"):
             t.add_column(col, justify="right" if col in ("span ms", "waited", "share") else "left")
-        for w in report.waits[:12]:
-            h = w.holders[0] if w.holders else None
-            t.add_row(f"{w.group}@{w.thread}", _ms(w.span_us), _pct(w.waiting_share), h.thread if h else "-",
+        for wr in report.waits[:12]:
+            h = wr.holders[0] if wr.holders else None
+            t.add_row(f"{wr.group}@{wr.thread}", _ms(wr.span_us), _pct(wr.waiting_share), h.thread if h else "-",
                       f"{h.function} {h.where}" if h else "-", _pct(h.share) if h else "-")
         con.print(t)
     if report.paths:

@@ -167,7 +167,7 @@ def waiting_analysis(timeline: Timeline, by: str = "cat", min_wait_us: float = 0
         waited = total(waiting)
         acc = attribute(waiting, segments, exclude=thread)
         holders, by_thread = _holders(acc, waited)
-        longest = []
+        longest: list[dict[str, object]] = []
         for s, e in sorted(waiting, key=lambda iv: iv[0] - iv[1])[:3]:
             one = attribute([(s, e)], segments, exclude=thread)
             top, _ = _holders(one, e - s, top=1)

@@ -115,7 +115,7 @@ def parse_chrome_events(events: list[Any], path: Path, clock: SourceClock, origi
         if not isinstance(ev, dict):
             raise TraceLoadError(f"{path}: traceEvents[{i}] is {type(ev).__name__}, expected an object")
         if ev.get("ph") == "M" and ev.get("name") == "thread_name":
-            args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+            args: dict[str, Any] = ev["args"] if isinstance(ev.get("args"), dict) else {}
             key = (_id(ev.get("pid")), _id(ev.get("tid")))
             names[key] = str(args.get("name") or f"tid {key[1]}")
             if isinstance(args.get("ident"), int):
@@ -134,7 +134,7 @@ def parse_chrome_events(events: list[Any], path: Path, clock: SourceClock, origi
         ts = _num(ev, "ts", path, i)
         last_ts = max(last_ts, ts)
         pid, tid = _id(ev.get("pid")), _id(ev.get("tid"))
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        args = ev["args"] if isinstance(ev.get("args"), dict) else {}
         name, cat = str(ev.get("name", "")), str(ev.get("cat") or "")
         if ph == "X":
             dur = _num(ev, "dur", path, i) if "dur" in ev else 0.0
@@ -150,7 +150,7 @@ def parse_chrome_events(events: list[Any], path: Path, clock: SourceClock, origi
                 unmatched += 1
                 continue
             bev, bts = stack.pop()
-            bargs = bev.get("args") if isinstance(bev.get("args"), dict) else {}
+            bargs: dict[str, Any] = bev["args"] if isinstance(bev.get("args"), dict) else {}
             timeline.spans.append(Span(str(bev.get("name", "")), str(bev.get("cat") or ""), thread(pid, tid),
                                        clock.to_timeline_us(bts, origin), clock.to_timeline_us(ts, origin),
                                        {**bargs, **args}, tid, pid, source))
@@ -160,7 +160,7 @@ def parse_chrome_events(events: list[Any], path: Path, clock: SourceClock, origi
     still_open = sum(len(v) for v in open_.values())
     for (pid, tid), stack in open_.items():
         for bev, bts in stack:
-            bargs = bev.get("args") if isinstance(bev.get("args"), dict) else {}
+            bargs = bev["args"] if isinstance(bev.get("args"), dict) else {}
             timeline.spans.append(Span(str(bev.get("name", "")), str(bev.get("cat") or ""), thread(pid, tid),
                                        clock.to_timeline_us(bts, origin), clock.to_timeline_us(last_ts, origin),
                                        dict(bargs), tid, pid, source))

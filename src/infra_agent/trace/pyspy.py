@@ -77,7 +77,7 @@ def add_recording(timeline: Timeline, events: Any, path: Path, idents: dict[int,
         tid = ev.get("tid")
         if not isinstance(tid, int):
             raise TraceLoadError(f"{path}: event [{i}]: expected an integer 'tid', got {tid!r}")
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        args: dict[str, Any] = ev["args"] if isinstance(ev.get("args"), dict) else {}
         if ph == "M" and ev.get("name") == "thread_name":
             label = str(args.get("name") or "")
             ident_s, _, tname = label.partition(": ")

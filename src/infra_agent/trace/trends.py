@@ -121,7 +121,7 @@ def span_trends(spans: list[Span], context_args: tuple[str, ...] | None = None, 
                 trend.fits.append(fit)
             # per row: divide by the batch, so a growing batch does not pass for per-row growth
             if key != "batch" and all(isinstance(r[2], (int, float)) and r[2] > 0 for r in rows):
-                fit = _fit([r[0] for r in rows], [r[1] / r[2] for r in rows], f"{key} per row",
+                fit = _fit([r[0] for r in rows], [r[1] / float(r[2]) for r in rows], f"{key} per row",  # type: ignore[arg-type]
                            f"µs per {key} per row")
                 if fit:
                     trend.fits.append(fit)
