@@ -83,6 +83,25 @@ def scrub(value: Any, values: Iterable[str] | None = None) -> Any:
     return value
 
 
+def replace_values(value: Any, secrets: Iterable[str], mark: str = MASK) -> Any:
+    """``value`` (JSON-like) with every occurrence of each of ``secrets`` replaced by ``mark``.
+
+    Only the given values, none of ``scrub``'s patterns: for callers that know exactly
+    which values are secret (a key read from a named variable)."""
+    found = [s for s in secrets if s]
+    if not found:
+        return value
+    if isinstance(value, str):
+        for s in found:
+            value = value.replace(s, mark)
+        return value
+    if isinstance(value, dict):
+        return {k: replace_values(v, found, mark) for k, v in value.items()}
+    if isinstance(value, list):
+        return [replace_values(v, found, mark) for v in value]
+    return value
+
+
 class PathEscape(InfraAgentError):
     """A path that resolves outside the tree the agent was given."""
 

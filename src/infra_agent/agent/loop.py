@@ -29,12 +29,12 @@ from infra_agent.agent.experiment import (
     RunRecord,
     Step,
 )
+from infra_agent.agent.history import accepted_path, by_id, gate_table, latest_feedback
 from infra_agent.agent.judging import (
     commit_message,
     failure_finding,
     judge,
     side_feedback,
-    update_table,
 )
 from infra_agent.agent.planner import Plan, Planner
 from infra_agent.agent.progress import RunProgress
@@ -62,7 +62,7 @@ class Loop:
     # ------------------------------------------------------------ state
 
     def _by_id(self, exp_id: str | None) -> Experiment | None:
-        return next((e for e in self.history if e.id == exp_id), None)
+        return by_id(self.history, exp_id)
 
     def _best(self) -> Experiment:
         best = self._by_id(self.run.best) or self._by_id(self.run.baseline)
@@ -70,36 +70,11 @@ class Loop:
         return best
 
     def _table(self, decisive: bool = False) -> dict[str, GateResult]:
-        """The best configuration's gates (``decisive``: the last pass or fail of each, for the accept rule)."""
-        table: dict[str, GateResult] = {}
-        for e in self.history:
-            if e.verdict and (e.role == "baseline" or e.verdict.accepted):
-                table = update_table(table, e.verdict.gates, decisive)
-        return table
-
-    def _path(self) -> list[Experiment]:
-        """The accepted path, baseline first."""
-        path: list[Experiment] = []
-        cur: Experiment | None = self._best()
-        while cur is not None:
-            path.append(cur)
-            cur = self._by_id(cur.parent)
-        return path[::-1]
-
-    def _latest_feedback(self) -> list[Feedback]:
-        """What is known of the best configuration: the newest serving feedback and the newest run of
-        each check along the accepted path (a check that passed later replaces one that failed)."""
-        serving: Feedback | None = None
-        checks: dict[str, Feedback] = {}
-        for e in self._path():
-            if e.feedback is not None and e.feedback.probe == "serving":
-                serving = e.feedback
-            checks.update(e.checks)
-        return ([serving] if serving else []) + list(checks.values())
+        return gate_table(self.history, decisive)
 
     def _state(self) -> LoopState:
         best = self._best()
-        fbs = self._latest_feedback()
+        fbs = latest_feedback(accepted_path(self.history, best))
         return LoopState(workspace=self.ws, run=self.run, best=best, history=list(self.history), feedback=fbs,
                          gates=list(self._table().values()), code_root=self.ws.root,
                          budget_runs_left=self._runs_left(), budget_s_left=self._seconds_left())

@@ -6,14 +6,8 @@ from pathlib import Path
 
 import typer
 
-from infra_agent.cli.output import emit, err_console, user_errors
-from infra_agent.cli.runlog import (
-    exit_interrupted,
-    render_run,
-    run_summary,
-    workspace_root,
-    write_run_report,
-)
+from infra_agent.cli.output import err_console
+from infra_agent.cli.runlog import drive_run
 
 
 def register(app: typer.Typer) -> None:
@@ -31,15 +25,6 @@ def register(app: typer.Typer) -> None:
         that finished (every gate passes, or its budget is spent) is not resumed.  Exit
         status as for `infra-agent run`.
         """
-        with user_errors(as_json):
-            from infra_agent.agent.runner import resume_run
+        from infra_agent.agent.runner import resume_run
 
-            try:
-                record = resume_run(workspace, run_id, console=err_console, progress=True)
-            except KeyboardInterrupt as exc:
-                exit_interrupted(exc, as_json)
-            report = None if no_report else write_run_report(record.id, workspace)
-            root = workspace_root(workspace)
-        emit(run_summary(record, report), as_json, render_run(record, report, root))
-        if record.status == "error":
-            raise typer.Exit(code=1)
+        drive_run(lambda: resume_run(workspace, run_id, console=err_console, progress=True), workspace, no_report, as_json)

@@ -6,14 +6,8 @@ from pathlib import Path
 
 import typer
 
-from infra_agent.cli.output import emit, err_console, user_errors
-from infra_agent.cli.runlog import (
-    exit_interrupted,
-    render_run,
-    run_summary,
-    workspace_root,
-    write_run_report,
-)
+from infra_agent.cli.output import err_console, user_errors
+from infra_agent.cli.runlog import drive_run
 
 # Options that only one proposer reads: giving one to another proposer is a mistake
 # (``--model`` without ``--proposer llm`` would otherwise run the rules silently).
@@ -82,12 +76,4 @@ def register(app: typer.Typer) -> None:
                 if value and proposer != owner:
                     raise ConfigError(flag, None, f"--proposer {owner} ({flag} applies only to it)",
                                       f"--proposer {proposer}")
-            try:
-                record = start_run(workspace, opts, console=err_console, progress=True)
-            except KeyboardInterrupt as exc:
-                exit_interrupted(exc, as_json)
-            report = None if no_report else write_run_report(record.id, workspace)
-            root = workspace_root(workspace)
-        emit(run_summary(record, report), as_json, render_run(record, report, root))
-        if record.status == "error":
-            raise typer.Exit(code=1)
+        drive_run(lambda: start_run(workspace, opts, console=err_console, progress=True), workspace, no_report, as_json)

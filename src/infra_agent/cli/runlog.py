@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
 
-from infra_agent.cli.output import err_console
+from infra_agent.cli.output import emit, err_console, user_errors
 
 # Where ``infra_agent.ledger`` keeps a workspace's ledger (not imported: it pulls in pydantic models).
 LEDGER_REL = Path(".infra-agent") / "ledger.db"
@@ -147,3 +148,19 @@ def exit_interrupted(exc: BaseException, as_json: bool) -> NoReturn:
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     err_console.print(f"[bold yellow]interrupted:[/] {message}", markup=True, highlight=False, soft_wrap=True)
     raise typer.Exit(code=INTERRUPTED_EXIT)
+
+
+def drive_run(start: Callable[[], Any], workspace: Path, no_report: bool, as_json: bool) -> None:
+    """Drive a run (``run`` or ``resume``), write its report and print it.
+
+    Exit status 1 when the run itself failed, 130 when interrupted, 2 for a mistake."""
+    with user_errors(as_json):
+        try:
+            record = start()
+        except KeyboardInterrupt as exc:
+            exit_interrupted(exc, as_json)
+        report = None if no_report else write_run_report(record.id, workspace)
+        root = workspace_root(workspace)
+    emit(run_summary(record, report), as_json, render_run(record, report, root))
+    if record.status == "error":
+        raise typer.Exit(code=1)

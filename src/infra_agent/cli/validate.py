@@ -43,17 +43,9 @@ def _secrets(ws: Workspace) -> list[str]:
 
 def masked(value: Any, secrets: list[str]) -> Any:
     """``value`` with every recurrence of a secret value replaced by ``***``."""
-    from infra_agent.safety import MASK
+    from infra_agent.safety import replace_values
 
-    if isinstance(value, str):
-        for s in secrets:  # longest first (secret_values sorts them)
-            value = value.replace(s, MASK)
-        return value
-    if isinstance(value, dict):
-        return {k: masked(v, secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [masked(v, secrets) for v in value]
-    return value
+    return replace_values(value, secrets)  # longest first (secret_values sorts them)
 
 
 def _masked_workspace(data: dict[str, Any], secrets: list[str]) -> dict[str, Any]:

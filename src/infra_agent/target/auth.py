@@ -60,16 +60,6 @@ def secrets_of(headers: Mapping[str, str]) -> list[str]:
 
 def redact(obj: Any, secrets: Iterable[str]) -> Any:
     """``obj`` (JSON-like) with every occurrence of each secret replaced."""
-    found = [s for s in secrets if s]
-    if not found:
-        return obj
-    if isinstance(obj, str):
-        for s in found:
-            if s in obj:
-                obj = obj.replace(s, REDACTED)
-        return obj
-    if isinstance(obj, dict):
-        return {k: redact(v, found) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact(v, found) for v in obj]
-    return obj
+    from infra_agent.safety import replace_values
+
+    return replace_values(obj, secrets, REDACTED)

@@ -31,21 +31,9 @@ class _Strict(BaseModel):
 # ---------------------------------------------------------------- targets
 
 
-class ServerTargetSpec(_Strict):
-    """A server infra-agent launches itself, on a free loopback port."""
+class _Auth(_Strict):
+    """Credentials for the target's HTTP API, shared by both target kinds."""
 
-    kind: Literal["server"]
-    # A list is an argv (no shell).  A string is split like a shell would, and runs
-    # under /bin/sh only when it uses shell syntax (pipes, &&, $VAR ...).
-    command: str | Annotated[list[str], Field(min_length=1)]
-    # A path on the launched server (``/health``) or a full URL template.
-    ready_url: str = "/health"
-    metrics_url: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None  # relative to the workspace root
-    ready_timeout_s: float = Field(300.0, gt=0)
-    stop_grace_s: float = Field(10.0, gt=0)
-    model: str | None = None  # the model name sent in requests
     # The NAME of an environment variable holding the server's API key (e.g. for
     # vLLM's --api-key); sent as ``Authorization: Bearer``, never stored.
     api_key_env: str | None = None
@@ -67,6 +55,23 @@ class ServerTargetSpec(_Strict):
             if name.lower() == "authorization":
                 raise DomainError((name,), "no Authorization header in the file (name the key's variable in api_key_env)", name)
         return headers
+
+
+class ServerTargetSpec(_Auth):
+    """A server infra-agent launches itself, on a free loopback port."""
+
+    kind: Literal["server"]
+    # A list is an argv (no shell).  A string is split like a shell would, and runs
+    # under /bin/sh only when it uses shell syntax (pipes, &&, $VAR ...).
+    command: str | Annotated[list[str], Field(min_length=1)]
+    # A path on the launched server (``/health``) or a full URL template.
+    ready_url: str = "/health"
+    metrics_url: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None  # relative to the workspace root
+    ready_timeout_s: float = Field(300.0, gt=0)
+    stop_grace_s: float = Field(10.0, gt=0)
+    model: str | None = None  # the model name sent in requests
 
     @field_validator("env", mode="before")
     @classmethod
@@ -96,7 +101,7 @@ class ServerTargetSpec(_Strict):
         return [(sub, name) for sub, text in self.templates() for name in template.placeholders(text) if name not in have]
 
 
-class EndpointTargetSpec(_Strict):
+class EndpointTargetSpec(_Auth):
     """An already-running OpenAI-compatible server; requests go to ``{url}/v1/...``."""
 
     kind: Literal["endpoint"]
@@ -104,10 +109,6 @@ class EndpointTargetSpec(_Strict):
     ready_url: str | None = None  # if set, must answer 200 before a run
     metrics_url: str | None = None  # a path on ``url`` or a full URL
     model: str | None = None
-    # The NAME of an environment variable holding the API key; sent as
-    # ``Authorization: Bearer``, never stored.
-    api_key_env: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)  # extra headers on every request
 
     @field_validator("url")
     @classmethod
@@ -115,23 +116,6 @@ class EndpointTargetSpec(_Strict):
         if not re.match(r"^https?://[^/\s]+", url):
             raise DomainError((), "an http:// or https:// base URL", url)
         return url.rstrip("/")
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _env_var_name(cls, name: str | None) -> str | None:
-        if name is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-            raise DomainError((), "the NAME of an environment variable holding the key (letters, digits, _), not the key", "a value that is not a name")
-        return name
-
-    @field_validator("headers")
-    @classmethod
-    def _header_names(cls, headers: dict[str, str]) -> dict[str, str]:
-        for name in headers:
-            if not re.match(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$", name):
-                raise DomainError((name,), "an HTTP header name", name)
-            if name.lower() == "authorization":
-                raise DomainError((name,), "no Authorization header in the file (name the key's variable in api_key_env)", name)
-        return headers
 
 
 # A `python` kind (kernels) joins this union later.
