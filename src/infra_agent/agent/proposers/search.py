@@ -24,16 +24,11 @@ finished trial.  A configuration already tried is never proposed again.
 from __future__ import annotations
 
 import itertools
-import json
-import math
 import random
-import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import optuna
 from optuna.distributions import (
     BaseDistribution,
@@ -45,7 +40,6 @@ from optuna.trial import Trial, TrialState, create_trial
 
 from infra_agent.agent.experiment import (
     Change,
-    Direction,
     Experiment,
     GateResult,
     Hypothesis,
@@ -53,182 +47,31 @@ from infra_agent.agent.experiment import (
 )
 from infra_agent.agent.proposers.attribution import KnobScore, rank_knobs
 from infra_agent.agent.proposers.base import LoopState
-from infra_agent.feedback import Feedback, Location, Measurement
-from infra_agent.workspace.knobs import DomainError, Knob
-from infra_agent.workspace.models import metric_direction
+from infra_agent.agent.proposers.search_objective import (  # re-exported: callers import them from here
+    Objective,
+    distribution,
+    is_calibration,
+    metric_value,
+    objective_for,
+    parse_gate,
+)
+from infra_agent.feedback import Location
+from infra_agent.workspace.knobs import DomainError
 
 # Calibration knobs (``help: Calibration only; ...``) inject an artificial slowdown
 # (a sleep per engine step, a fraction of steps lost) so the judge and the benchmarks
 # can be checked against a known effect.  They are never searched: setting them to 0
 # "wins" trivially against a calibrated baseline and tells nothing about the system,
 # and any other value only makes it slower on purpose.
-CALIBRATION_PREFIX = "calibration only"
-LOG_RATIO = 64  # numeric knobs whose max/min reaches this are sampled log-uniformly
 MAX_RESAMPLE = 24  # samples per proposal before a repeated configuration counts as exhaustion
 MAX_ENUMERATE = 4096  # discrete spaces up to this size are enumerated to find an untried point
 IMPROVEMENT = 0.01  # a value must beat the best by this relative margin to count as an improvement
 DEFAULT_STARTUP_TRIALS = 5  # random trials before TPE models; e2e trials are too costly for Optuna's 10
 
 # ``metric op threshold [@scenario]``; relative gates end in `` x baseline`` (judge.gates.gate_label).
-_GATE = re.compile(r"^\s*([A-Za-z0-9_.]+)\s*(>=|<=|>|<)\s*([-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|inf))"
-                   r"\s*(?:@\s*(\S+))?\s*(?:x\s+baseline)?\s*$")
-_STAT = re.compile(r"^(mean|median|std|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
 
 
 # ---------------------------------------------------------------- the objective
-
-
-@dataclass(frozen=True)
-class GateSpec:
-    metric: str
-    op: str
-    threshold: float
-    scenario: str | None
-
-
-def parse_gate(text: str) -> GateSpec | None:
-    """``output_throughput>=300 @chat`` (or ``p99_ttft_ms<=1.1 @chat x baseline``) -> metric, op,
-    threshold, scenario; None if not that form (``check ...`` gates)."""
-    m = _GATE.match(text)
-    if not m:
-        return None
-    return GateSpec(metric=m.group(1), op=m.group(2), threshold=float(m.group(3)), scenario=m.group(4))
-
-
-@dataclass(frozen=True)
-class Objective:
-    metric: str
-    direction: Direction
-    scenario: str | None = None
-    source: str = field(default="", compare=False)  # the gate or criterion it came from
-
-    def better(self, a: float, b: float, margin: float = 0.0) -> bool:
-        """``a`` beats ``b`` by more than ``margin`` (relative to ``|b|``)."""
-        slack = margin * abs(b)
-        return a > b + slack if self.direction == "higher" else a < b - slack
-
-
-def _direction(metric: str, op: str | None) -> Direction:
-    known = metric_direction(metric)
-    if known is not None:
-        return known
-    return "higher" if op in (">=", ">") else "lower"
-
-
-def objective_for(workspace: Any, gates: Iterable[GateResult]) -> Objective | None:
-    """The first failing criterion gate's metric; else the first criterion; else output throughput."""
-    for g in gates:
-        if g.outcome == "fail" and g.kind in ("absolute", "relative"):
-            spec = parse_gate(g.gate)
-            if spec is not None:
-                return Objective(spec.metric, _direction(spec.metric, spec.op), spec.scenario, source=g.gate)
-    for c in workspace.criteria:
-        return Objective(c.metric, _direction(c.metric, c.op), c.scenario, source=f"criterion {c.name}")
-    if workspace.scenarios:
-        return Objective("output_throughput", "higher", next(iter(workspace.scenarios)), source="no criteria")
-    return None
-
-
-def _find(feedback: Feedback, name: str, scenario: str | None) -> Measurement | None:
-    """The measurement of ``scenario``; else one without a scenario tag (as the judge reads it)."""
-    named = [m for m in feedback.measurements if m.name == name]
-    for m in named:
-        if scenario is None or m.tags.get("scenario") == scenario:
-            return m
-    return next((m for m in named if "scenario" not in m.tags), None)
-
-
-def _mean(samples: list[float]) -> float | None:
-    finite = [s for s in samples if math.isfinite(s)]
-    return float(np.mean(finite)) if finite else None
-
-
-def _from_results(feedback: Feedback, metric: str, scenario: str | None) -> float | None:
-    """A result key (e.g. ``total_token_throughput``) from the probe's result JSON files."""
-    values = []
-    for a in feedback.artifacts:
-        if a.kind != "result":
-            continue
-        if scenario is not None and not (a.description.startswith(f"{scenario} run")
-                                         or re.fullmatch(rf"serving-{re.escape(scenario)}-\d+\.json", Path(a.path).name)):
-            continue
-        try:
-            data = json.loads(Path(a.path).read_text())
-        except (OSError, ValueError):
-            continue
-        v = data.get(metric) if isinstance(data, dict) else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            values.append(float(v))
-    return float(np.median(values)) if values else None
-
-
-def metric_value(feedback: Feedback | None, metric: str, scenario: str | None = None) -> float | None:
-    """The value of ``metric`` in ``scenario`` measured in ``feedback``; None when it cannot be read.
-
-    In order: a number in ``feedback.meta`` under that name (kernel probes); a
-    measurement of that name (the mean of its samples, the statistic the judge's gates
-    use: one sample per measured window for throughput, pooled over a side's runs);
-    a latency statistic (``p99_ttft_ms``, ``median_tpot_ms``, ``mean_itl_ms``,
-    ``std_e2el_ms``) computed from the per-request samples of ``ttft_ms`` etc.; a key
-    of the probe's result JSON files.  Failed feedback gives None.
-    """
-    if feedback is None:
-        return None
-    meta = feedback.meta.get(metric)
-    if isinstance(meta, (int, float)) and not isinstance(meta, bool) and math.isfinite(meta):
-        return float(meta)
-    if not feedback.ok:
-        return None
-    m = _find(feedback, metric, scenario)
-    if m is not None:
-        return _mean(m.samples)
-    stat = _STAT.match(metric)
-    if stat is not None:
-        m = _find(feedback, f"{stat.group(3)}_ms", scenario)
-        samples = np.asarray([s for s in m.samples if math.isfinite(s)] if m is not None else [], dtype=np.float64)
-        if samples.size == 0:
-            return None
-        kind = stat.group(1)
-        if kind == "mean":
-            return float(samples.mean())
-        if kind == "median":
-            return float(np.median(samples))
-        if kind == "std":
-            return float(samples.std())  # population std, as vLLM's result files give it
-        return float(np.percentile(samples, float(stat.group(2))))
-    return _from_results(feedback, metric, scenario)
-
-
-# ---------------------------------------------------------------- the space
-
-
-def is_calibration(knob: Knob) -> bool:
-    return knob.help.strip().lower().startswith(CALIBRATION_PREFIX)
-
-
-def distribution(knob: Knob) -> BaseDistribution | None:
-    """The Optuna distribution of a knob's domain; None when it cannot be searched.
-
-    Numeric knobs need both bounds; ``str`` knobs have no domain to search.  Ints and
-    floats spanning a ratio of ``LOG_RATIO`` or more (from a positive minimum; ints
-    from 1) are sampled log-uniformly.  A domain of one value is not searched.
-    """
-    if knob.type == "bool":
-        return CategoricalDistribution([False, True])
-    if knob.type == "choice":
-        assert knob.choices is not None
-        return CategoricalDistribution(list(knob.choices)) if len(knob.choices) > 1 else None
-    if knob.type not in ("int", "float") or knob.min is None or knob.max is None:
-        return None
-    if knob.type == "int":
-        lo, hi = math.ceil(knob.min), math.floor(knob.max)
-        if lo >= hi:
-            return None
-        return IntDistribution(lo, hi, log=lo >= 1 and hi / lo >= LOG_RATIO)
-    lo_f, hi_f = float(knob.min), float(knob.max)
-    if lo_f >= hi_f:
-        return None
-    return FloatDistribution(lo_f, hi_f, log=lo_f > 0 and hi_f / lo_f >= LOG_RATIO)
 
 
 ConfigKey = tuple[tuple[str, str, str], ...]
@@ -716,3 +559,6 @@ class SearchProposer:
                      f"from {obj.source or 'the ledger'}; knobs outside the space stay at the best configuration's values")
         return Step(hypothesis=hypothesis, change=Change(knobs=values, diff=None, description=f"search: {assignment}"),
                     probe=None, rationale=rationale)
+
+
+__all__ = ["Objective", "SearchProposer", "distribution", "is_calibration", "metric_value", "objective_for", "parse_gate"]
