@@ -29,15 +29,16 @@ from infra_agent.kernels.work import WorkCounter
 from refstack.kernels.kda_decode_ref import kda_decode_inputs, kda_decode_reference
 
 
-def _kernel_module() -> Any:
+def _kernel_module(device: torch.device) -> Any:
+    # Checked where the kernel runs: the lab may build inputs on the CPU and move them.
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("the KDA decode kernel is Triton: on the CPU, run with TRITON_INTERPRET=1 set")
     import refstack.kernels.kda_decode as mod  # triton; imported only when a form runs
 
     return mod
 
 
 def _inputs(shape, dtype, seed, device):  # type: ignore[no-untyped-def]
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("the KDA decode kernel is Triton: on the CPU, run with TRITON_INTERPRET=1 set")
     x = kda_decode_inputs(shape["N"], shape["H"], shape["K"], shape["V"], num_slots=2 * shape["N"], dtype=dtype,
                           device=device, seed=seed)
     return x
@@ -51,7 +52,7 @@ def _reference(q, k, v, f, b, state, slots, A_log, dt_bias):  # type: ignore[no-
 def _ours(q, k, v, f, b, state, slots, A_log, dt_bias, *, form, precision="fp32", counter: WorkCounter | None = None):  # type: ignore[no-untyped-def]
     N, H, K = q.shape
     counts = torch.zeros(N * H, dtype=torch.int32, device=q.device) if counter is not None else None
-    o = _kernel_module().kda_decode(q, k, v, f, b, state, slots, A_log=A_log, dt_bias=dt_bias, form=form, counts=counts)
+    o = _kernel_module(q.device).kda_decode(q, k, v, f, b, state, slots, A_log=A_log, dt_bias=dt_bias, form=form, counts=counts)
     if counter is not None:
         per_key = counts.view(N, H)
         counter.add_counts("l2norm_qk", per_key, norm_flops(K))

@@ -76,6 +76,7 @@ class FindingKind:
     ROOFLINE: Final = "roofline"
     BENCH_REFUSED: Final = "bench_refused"
     BENCH_FAILED: Final = "bench_failed"
+    LAUNCH_BOUND: Final = "launch_bound"
     # command checks (unit tests, linters)
     COMMAND_FAILED: Final = "command_failed"
     # timeline

@@ -54,8 +54,13 @@ def _serve(**raw: Any) -> None:
     # Imported here: torch and the model are heavy, and `refstack knobs` needs neither.
     import uvicorn
 
+    from refstack.engine.device import PlacementError, resolve_placement
     from refstack.server import create_app
 
+    try:  # before anything is built: a combination that cannot run is one line, not a traceback
+        placement = resolve_placement(engine_config(values), disagg=values["disagg"])
+    except PlacementError as exc:
+        raise click.ClickException(str(exc)) from None
     if values["cpu_kernels"] == "native":
         from refstack.kernels import cpu_kernels
 
@@ -75,7 +80,8 @@ def _serve(**raw: Any) -> None:
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     engine = app.state.engine
     # What the machine-dependent "auto" knobs became, after the URL (parsers take the URL up to a space).
-    banner = (f"{url} (preset {values['preset']}, dtype {engine.dtype}, "
+    banner = (f"{url} (preset {values['preset']}, {_device_words(placement.device, values['kda_decode_kernel'])}"
+              f"dtype {engine.dtype}, "
               f"{'native' if engine.native_kernels else 'torch'} kernels"
               f"{', disaggregated' if values['disagg'] else ''})")
     server = uvicorn.Server(uvicorn.Config(app, log_level=values["log_level"], timeout_graceful_shutdown=5))
@@ -86,6 +92,13 @@ def _serve(**raw: Any) -> None:
         signal.signal(sig, _after_graceful_shutdown)
     asyncio.run(_serve_until_stopped(server, sock, banner))
     _exit_after_shutdown(1 if failures else 0, failures[0] if failures else "")
+
+
+def _device_words(device: str, kda_decode_kernel: str) -> str:
+    """The banner's device part: empty for the CPU defaults, so existing startup lines stay as they were."""
+    words = [f"device {device}"] if device != "cpu" else []
+    words += [f"{kda_decode_kernel} KDA decode"] if kda_decode_kernel != "torch" else []
+    return "".join(w + ", " for w in words)
 
 
 def _exit_after_shutdown(status: int = 0, reason: str = "") -> None:

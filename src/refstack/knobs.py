@@ -11,7 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from refstack.engine.config import CPU_KERNELS, DTYPES, LM_HEAD_PRECISIONS, EngineConfig
+from refstack.engine.config import (
+    CPU_KERNELS,
+    DEVICES,
+    DTYPES,
+    KDA_DECODE_KERNELS,
+    KDA_STATE_DTYPES,
+    KV_CACHE_DTYPES,
+    LM_HEAD_PRECISIONS,
+    QUANTIZATIONS,
+    EngineConfig,
+)
 
 PRESETS: tuple[str, ...] = ("tiny", "small")
 LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug")
@@ -118,6 +128,32 @@ KNOBS: tuple[Knob, ...] = (
          "Kernels of the model's hot path (Linears, norms, MoE, KDA recurrence, decode attention): 'native' "
          "kernels (fp32 or bf16, per dtype) built with the C compiler on first use, 'torch' (MKL and tensor ops), or 'auto' (native when it "
          "builds).", choices=CPU_KERNELS),
+    Knob("device", "choice", "cpu", ("model", "engine.cache", "engine.sampler"),
+         "Where the model's weights, the KV / KDA state cache and each step's tensors live: 'cpu', 'cuda' (refused "
+         "when no CUDA device is visible) or 'auto' (cuda when torch sees one, else cpu; logged once).  On cuda the "
+         "native CPU kernels are off (--cpu-kernels auto means torch, native is refused); sampling stays on the CPU "
+         "with each request's CPU generator (one copy of the step's logits per step).",
+         choices=DEVICES),
+    Knob("kda_decode_kernel", "choice", "torch", ("model.kda",),
+         "What runs the KDA layers' decode step on torch's path: 'torch' (the recurrent step in tensor ops) or "
+         "'triton' (refstack.kernels.kda_decode, one fused kernel; needs --device cuda, or TRITON_INTERPRET=1 on the "
+         "CPU, and makes --cpu-kernels auto mean torch).  Prefill stays on torch's chunked path.",
+         choices=KDA_DECODE_KERNELS),
+    Knob("quantization", "choice", "none", ("model.linear", "model.moe", "model.kda", "model.attention"),
+         "Weight/activation quantisation of the Linears of attention, the KDA projections and the experts: 'none', "
+         "or 'w8a8' (int8 weights per output channel, int8 activations per token after SmoothQuant smoothing "
+         "calibrated on a seeded prompt set at load).  The router, norms, KDA recurrence and LM head stay in "
+         "higher precision.", choices=QUANTIZATIONS),
+    Knob("kv_cache_dtype", "choice", "auto", ("engine.cache", "model.attention"),
+         "Storage type of the attention KV cache: 'auto' (fp32, the model's), 'fp32', 'bf16', 'fp8_e4m3' or "
+         "'int8' (both with a scale per (layer, head)).  Bytes per token and the sequences that fit are shown at "
+         "startup and in GET /debug/engine.", choices=KV_CACHE_DTYPES),
+    Knob("kv_cache_dtype_layers", "str", "", ("engine.cache", "model.attention"),
+         "Per-layer override of --kv-cache-dtype (a mixed cache): 'LAYER:DTYPE,...', e.g. '0:bf16,2:int8'; "
+         "layers are attention layer indices of the model."),
+    Knob("kda_state_dtype", "choice", "fp32", ("engine.cache", "model.kda"),
+         "Storage type of the KDA recurrent state: 'fp32' or 'bf16' (half the state bytes; the recurrence "
+         "re-rounds it every step, so its error compounds: see docs/refstack.md).", choices=KDA_STATE_DTYPES),
     Knob("step_delay_ms", "float", 0.0, ("engine.loop",),
          "CALIBRATION knob: sleep this long in every engine step.  Benchmarks use it to inject a "
          "slowdown of known size and check that their measurements detect it; leave 0 otherwise.",

@@ -78,6 +78,7 @@ def _render_check(console: Console, report: Any, show_skipped: bool = True) -> N
 
 
 def _render_bench(console: Console, report: Any) -> None:
+    from infra_agent.kernels.findings import launch_bound, launch_bound_finding
     from infra_agent.kernels.microbench import BenchReport
 
     assert isinstance(report, BenchReport)
@@ -87,14 +88,19 @@ def _render_bench(console: Console, report: Any) -> None:
     if c is not None:
         console.print(f"[bold]ceilings measured in this run on {c.device}:[/] " + "; ".join(c.notes), highlight=False)
     table = Table(title=f"{report.spec} timing", title_justify="left")
-    for col in ("variant", "precision", "shape", "median µs", "95% CI µs", "GB/s", "GFLOP/s", "bound", "fraction", "headroom", "status"):
+    # On a GPU "median µs" is GPU time (launch hidden) and "host µs" the host's time per
+    # call (Python + launch); host above GPU is a launch-bound kernel.  "-" on the CPU.
+    for col in ("variant", "precision", "shape", "median µs", "95% CI µs", "host µs", "GB/s", "GFLOP/s", "bound", "fraction", "headroom", "status"):
         table.add_column(col, overflow="fold")
     for e in report.entries:
         t, rl = e.timing, e.roofline
+        host = t.host_median_s if t else None
+        bound = bool(t and launch_bound(t))
         table.add_row(
             e.variant, e.precision, f"{e.shape} {e.dtype}",
             _fmt(t.median_s * 1e6 if t else None, ".4g"),
             f"[{t.ci_low_s * 1e6:.4g}, {t.ci_high_s * 1e6:.4g}]" if t else "-",
+            ("[yellow]" if bound else "") + _fmt(host * 1e6 if host is not None else None, ".4g") + (" launch-bound[/]" if bound else ""),
             _fmt(rl.achieved_Bps / 1e9 if rl and rl.achieved_Bps else None, ".4g"),
             _fmt(rl.achieved_flops_per_s / 1e9 if rl and rl.achieved_flops_per_s else None, ".4g"),
             rl.bound if rl else "-",
@@ -103,6 +109,10 @@ def _render_bench(console: Console, report: Any) -> None:
         )
     if report.entries:
         console.print(table)
+    for e in report.entries:
+        found = launch_bound_finding(report.spec, report.origin, e)
+        if found is not None:
+            console.print(f"  [yellow]launch-bound[/] {found.message}; {found.next_question}", highlight=False)
     if report.work:
         work = Table(title=f"{report.spec} work accounting", title_justify="left")
         for col in ("variant", "shape", "op", "calls", "distinct keys", "repeat x", "repeated FLOP", "share of counted"):

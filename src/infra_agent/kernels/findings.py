@@ -3,7 +3,8 @@
 Measurements carry the locality the agent acts on: ``kernel`` (spec), ``variant``,
 ``input`` (shape and dtype) and ``knob`` (``precision=...``).  Findings name the worst
 element, the failed criteria and the input condition of a mismatch, the bound and
-headroom of each timed entry, and the work repeated across tiles.
+headroom of each timed entry, the entries whose host launch cost exceeds their GPU
+time (``launch_bound``), and the work repeated across tiles.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from typing import Any
 
 from infra_agent.feedback import Finding, Location, Measurement
 from infra_agent.kernels.correctness import KERNEL, CheckReport, CheckResult
-from infra_agent.vocabulary import FindingKind
-from infra_agent.kernels.microbench import BenchReport
+from infra_agent.kernels.microbench import BenchEntry, BenchReport
+from infra_agent.kernels.timing import Timing
 from infra_agent.kernels.work import OpWork, describe_repeat
+from infra_agent.vocabulary import FindingKind
+
+LAUNCH_BOUND = FindingKind.LAUNCH_BOUND
 
 
 def _tags(spec: str, variant: str, shape: str, dtype: str, precision: str) -> dict[str, str]:
@@ -142,6 +146,11 @@ def bench_feedback_parts(report: BenchReport) -> tuple[list[Measurement], list[F
         if e.timing is None:
             continue
         ms.append(Measurement.from_samples("time", "s", e.timing.samples_s, better="lower", **tags))
+        if e.timing.host_samples_s:
+            ms.append(Measurement.from_samples("host_time", "s", e.timing.host_samples_s, better="lower", **tags))
+        launch = launch_bound_finding(report.spec, report.origin, e)
+        if launch is not None:
+            fs.append(launch)
         rl = e.roofline
         if rl is None:
             continue
@@ -170,3 +179,42 @@ def bench_feedback_parts(report: BenchReport) -> tuple[list[Measurement], list[F
                 )
             )
     return ms, fs
+
+
+def launch_bound(t: Timing) -> bool:
+    """The host's time per call exceeds the GPU's, beyond both 95% intervals.
+
+    Non-overlapping intervals, not just medians, so run-to-run noise on a kernel whose
+    launch and run take about as long does not flip the finding.
+    """
+    if t.host_median_s is None or t.host_ci_low_s is None:
+        return False
+    return t.host_median_s > t.median_s and t.host_ci_low_s > t.ci_high_s
+
+
+def launch_bound_finding(spec: str, origin: str, e: BenchEntry) -> Finding | None:
+    """A ``launch_bound`` finding for a timed GPU entry whose host time per call exceeds its GPU time."""
+    t = e.timing
+    if t is None or not launch_bound(t):
+        return None
+    host, gpu = t.host_median_s or 0.0, t.median_s
+    return Finding(
+        kind=LAUNCH_BOUND,
+        message=(
+            f"{e.variant} {e.precision} [{e.shape}] is launch-bound: the host spends {host * 1e6:.3g} µs per call "
+            f"(Python and launch) against {gpu * 1e6:.3g} µs on the GPU, {host / gpu:.3g}x; called back to back it runs "
+            f"at the host's pace and the GPU idles {1 - gpu / host:.0%} of the time"
+        ),
+        severity="warning",
+        location=Location(file=origin or None, kernel=spec, variant=e.variant, precision=e.precision),
+        evidence={
+            "host_median_s": host, "host_ci_low_s": t.host_ci_low_s, "host_ci_high_s": t.host_ci_high_s,
+            "gpu_median_s": gpu, "gpu_ci_low_s": t.ci_low_s, "gpu_ci_high_s": t.ci_high_s,
+            "ratio": host / gpu, "host_overhead_s": host - gpu, "method": t.method, "shape": e.shape, "dtype": e.dtype,
+        },
+        next_question=(
+            f"Does the call get faster by {(host - gpu) * 1e6:.3g} µs when the launch cost goes: capture it in a CUDA graph "
+            "and replay it (time it with method cuda_graph), pass fewer launch arguments (precomputed strides and "
+            "pointers, scalars packed into one tensor), or fuse the call's launches into one kernel?"
+        ),
+    )

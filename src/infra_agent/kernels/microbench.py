@@ -7,6 +7,9 @@ fails gets no speed number, only the reason.  Ceilings are measured in the same
 process on the same device, right before the kernels, so fractions compare like with
 like; they are measured again after the kernels and the higher of the two kept, so
 a neighbour's burst during one measurement does not inflate every fraction.
+On a GPU each entry is timed with its launch hidden (GPU time) and carries the host's
+time per call beside it (:mod:`infra_agent.kernels.timing`); ``findings`` flags the
+entries where the host is the bottleneck.
 """
 
 from __future__ import annotations

@@ -14,6 +14,17 @@ CPU_KERNELS: tuple[str, ...] = ("auto", "native", "torch")
 # refstack.model.config.DTYPES plus "auto" (resolve_dtype); spelled out, not imported:
 # that would import torch, and `refstack knobs` needs none of it (a test checks the two agree).
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
+# Where the model, its caches and each step's tensors live (refstack.engine.device).
+DEVICES: tuple[str, ...] = ("cpu", "cuda", "auto")
+# What runs the KDA layers' decode step: torch's recurrent step or the Triton kernel.
+KDA_DECODE_KERNELS: tuple[str, ...] = ("torch", "triton")
+# Weight/activation quantisation of the model's Linears (refstack.model.quant).
+QUANTIZATIONS: tuple[str, ...] = ("none", "w8a8")
+# Storage type of the attention KV cache ("auto": the model's fp32 cache, as before).
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp32", "bf16", "fp8_e4m3", "int8")
+# Storage type of the KDA recurrent state (its own knob: the recurrence reads and
+# rewrites it every step, so its rounding compounds).
+KDA_STATE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 
 
 def resolve_dtype(dtype: str, cpu_kernels: str) -> str:
@@ -80,6 +91,19 @@ class EngineConfig:
     # tokens per attention KV page.  Unused by a single engine.
     kv_transfer: bool = True
     kv_page_tokens: int = 16
+    # "cpu" (the default: nothing changes for existing launches), "cuda" (refused without a
+    # visible GPU) or "auto" (cuda when one is visible); resolved with the kernel knobs by
+    # refstack.engine.device.resolve_placement.  On cuda the native CPU kernels are off.
+    device: str = "cpu"
+    # The KDA layers' decode rows: torch's recurrent step, or refstack.kernels.kda_decode
+    # (Triton; imported only when chosen).  Prefill stays on torch's chunked path.
+    kda_decode_kernel: str = "torch"
+    # Quantisation (issue: W8A8 and a mixed-precision KV cache).  ``kv_cache_dtype_layers``
+    # overrides the KV cache dtype per attention layer: "LAYER:DTYPE,..." (e.g. "0:bf16,2:int8").
+    quantization: str = "none"
+    kv_cache_dtype: str = "auto"
+    kv_cache_dtype_layers: str = ""
+    kda_state_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         assert self.max_running >= 1, "max_running must be >= 1"
@@ -95,6 +119,11 @@ class EngineConfig:
         assert self.dtype in DTYPES, self.dtype
         assert self.ep_link_gbps >= 0.0, "ep_link_gbps must be >= 0"
         assert self.kv_page_tokens >= 1, "kv_page_tokens must be >= 1"
+        assert self.device in DEVICES, self.device
+        assert self.kda_decode_kernel in KDA_DECODE_KERNELS, self.kda_decode_kernel
+        assert self.quantization in QUANTIZATIONS, self.quantization
+        assert self.kv_cache_dtype in KV_CACHE_DTYPES, self.kv_cache_dtype
+        assert self.kda_state_dtype in KDA_STATE_DTYPES, self.kda_state_dtype
 
     @property
     def slots(self) -> int:

@@ -22,6 +22,7 @@ import torch
 from infra_agent import tracing
 from refstack.engine.config import EngineConfig, resolve_dtype
 from refstack.engine.consumers import RequestStream, run_to_completion
+from refstack.engine.device import resolve_placement, select_kernels
 from refstack.engine.request import Request, RequestOutput, RequestState, RequestStats, Sink
 from refstack.engine.sampling import SamplingParams, make_generator, sample_tokens
 from refstack.engine.scheduler import ScheduledChunk, Scheduler
@@ -40,6 +41,19 @@ def _shape_args(chunks: Sequence[ScheduledChunk]) -> dict[str, int]:
             "generated": sum(len(c.request.output_ids) for c in chunks)}
 
 
+def _rows_on_host(ready: list[tuple[ScheduledChunk, torch.Tensor]]) -> list[tuple[ScheduledChunk, torch.Tensor]]:
+    """The step's logits rows on the CPU, in one device-to-host copy.
+
+    Sampling stays on the CPU with each request's CPU generator, so the sampling code
+    and a seed's random stream are the same on every device (only the logits differ,
+    at fp32 rounding); the copy is the step's one sync.
+    """
+    if not ready[0][1].is_cuda:
+        return ready
+    rows = torch.stack([row for _, row in ready]).cpu()
+    return [(c, rows[i]) for i, (c, _) in enumerate(ready)]
+
+
 class QueueFullError(RuntimeError):
     """The waiting queue is at ``max_waiting``; the caller should retry later."""
 
@@ -52,27 +66,6 @@ class EngineObserver(Protocol):
     def on_request_finished(self, stats: RequestStats) -> None: ...
 
 
-def _select_kernels(choice: str, model: Any) -> bool:
-    """Switch the model's matmuls to the native CPU kernels per the ``cpu_kernels`` knob.
-
-    "native" insists (``NativeKernelsUnavailable`` says why it cannot); "auto" falls
-    back to torch with a warning; "torch" keeps torch's matmuls."""
-    from refstack.kernels import cpu_kernels
-
-    switch = getattr(model, "use_native_kernels", None)
-    if switch is None:  # a model without the switch runs as it is
-        return False
-    if choice == "torch":
-        switch(False)
-        return False
-    if choice == "auto" and not cpu_kernels.available():
-        log.warning("native CPU kernels unavailable (%s); running torch's matmuls", cpu_kernels.unavailable_reason())
-        switch(False)
-        return False
-    switch(True)
-    return True
-
-
 class Engine:
     def __init__(self, config: EngineConfig, model: Any = None, tokenizer: Any = None,
                  observer: EngineObserver | None = None) -> None:
@@ -82,11 +75,14 @@ class Engine:
         if model is not None and config.dtype != "auto" and getattr(model.config, "dtype", config.dtype) != config.dtype:
             raise ValueError(f"EngineConfig.dtype={config.dtype!r} but the model given was built with "
                              f"dtype={model.config.dtype!r}; pass dtype='auto' to take the model's")
+        placement = resolve_placement(config)
         if model is None:
             overrides: dict[str, Any] = {"lm_head_precision": config.lm_head_precision, "seed": config.seed,
-                                          "dtype": resolve_dtype(config.dtype, config.cpu_kernels)}
+                                          "dtype": resolve_dtype(config.dtype, placement.cpu_kernels)}
             if config.max_seq_len:
                 overrides["max_seq_len"] = config.max_seq_len
+            # Built on the CPU from the seeded CPU generator, then moved: every device
+            # serves the same weights.
             model = HybridModel(HybridConfig.preset(config.preset).with_overrides(**overrides))
         if tokenizer is None:
             tokenizer = ByteTokenizer()
@@ -94,7 +90,13 @@ class Engine:
         # What "auto" became (the model's GEMM operand type): /debug/engine and the
         # server's startup line show it, since it depends on the machine.
         self.dtype: str = getattr(model.config, "dtype", "float32")
-        self.native_kernels = _select_kernels(config.cpu_kernels, model)
+        # What "auto" became, for /debug/engine and the startup line.
+        self.device: str = placement.device
+        self.native_kernels = select_kernels(placement.cpu_kernels, model)  # off before a move: CPU-only
+        if placement.device != "cpu":
+            model.to(placement.device)  # a model passed in moves too: the engine owns where it runs
+        if hasattr(model, "use_kda_decode_kernel"):
+            model.use_kda_decode_kernel(placement.kda_decode_kernel)
         if hasattr(model, "configure_ep"):
             from refstack.model.moe import EPSettings
 
@@ -212,7 +214,7 @@ class Engine:
                 # One pass over the weights for both; the span is a "prefill" step that
                 # also carries the decode batch (see its args: tokens counts both kinds).
                 with tracing.span("prefill", cat="engine", chunks=len(out.prefill), decode_batch=len(decode),
-                                  prefill_tokens=prefill_tokens, **(step_span.args if traced else {})):
+                                  prefill_tokens=prefill_tokens, **((step_span.args or {}) if traced else {})):
                     ready += self._forward(decode + out.prefill)
             else:
                 if decode:
@@ -225,7 +227,7 @@ class Engine:
                         ready += self._forward(out.prefill)
             if ready:
                 with tracing.span("sample", cat="engine", batch=len(ready)):
-                    self._sample(ready)
+                    self._sample(_rows_on_host(ready))
             if self.config.step_delay_ms > 0:
                 with tracing.span("step_delay", cat="engine"):
                     time.sleep(self.config.step_delay_ms / 1000.0)

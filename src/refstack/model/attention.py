@@ -102,7 +102,7 @@ class AttentionLayer(nn.Module):
         group = self.num_heads // self.num_kv_heads
         qg = q.view(B, self.num_kv_heads, group, self.head_dim)
         scores = (qg @ k_ctx.transpose(-1, -2)) * self.head_dim**-0.5  # [B, kv_heads, group, L]
-        beyond = torch.arange(L) > pos.unsqueeze(1)  # positions a shorter sequence has not written
+        beyond = torch.arange(L, device=pos.device) > pos.unsqueeze(1)  # positions a shorter sequence has not written
         scores = scores.masked_fill(beyond.view(B, 1, 1, L), float("-inf"))
         out = torch.softmax(scores, dim=-1) @ v_ctx  # [B, kv_heads, group, D]
         return out.view(B, self.num_heads, self.head_dim)
@@ -121,7 +121,8 @@ class AttentionLayer(nn.Module):
             out = F.scaled_dot_product_attention(qh, k_ctx, v_ctx, is_causal=True, enable_gqa=True)
         else:
             # Query i sits at position start + i and sees keys 0..start + i.
-            mask = torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
+            keys_at, queries_at = torch.arange(end, device=q.device), torch.arange(start, end, device=q.device)
+            mask = keys_at.unsqueeze(0) <= queries_at.unsqueeze(1)
             out = F.scaled_dot_product_attention(qh, k_ctx, v_ctx, attn_mask=mask, enable_gqa=True)
         return out.squeeze(0).transpose(0, 1)  # [n, heads, D]
 
@@ -138,7 +139,7 @@ class AttentionLayer(nn.Module):
         v_ctx = values[:, :, :L].index_select(0, pp.slots)
         # Query i of chunk s sits at position start_s + i and sees keys up to there;
         # padded queries see something too (key 0), so no row is all -inf.
-        query_pos = pp.starts.unsqueeze(1) + torch.arange(n).unsqueeze(0)  # [S, n_max]
-        mask = torch.arange(L).view(1, 1, L) <= query_pos.unsqueeze(-1)
+        query_pos = pp.starts.unsqueeze(1) + torch.arange(n, device=q.device).unsqueeze(0)  # [S, n_max]
+        mask = torch.arange(L, device=q.device).view(1, 1, L) <= query_pos.unsqueeze(-1)
         out = F.scaled_dot_product_attention(q_p, k_ctx, v_ctx, attn_mask=mask.unsqueeze(1), enable_gqa=True)
-        return out.transpose(1, 2)[pp.valid]  # [prefill tokens, heads, D]
+        return out.transpose(1, 2)[pp.valid_at]  # [prefill tokens, heads, D]

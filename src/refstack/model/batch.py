@@ -9,7 +9,7 @@ slice ``[:num_decode]`` instead of gathering.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import torch
@@ -49,6 +49,9 @@ class PaddedPrefill:
 
     index: Tensor  # [S, n_max] stream index of each position; padding repeats a valid index
     valid: Tensor  # [S, n_max] bool: a real token, not padding
+    # valid.nonzero() as (chunk, offset) index tensors, made on the host: x[valid_at] is
+    # x[valid] without the device-to-host sync a boolean mask costs on a GPU.
+    valid_at: tuple[Tensor, Tensor]
     slots: Tensor  # [S]
     starts: Tensor  # [S] start_pos of each chunk
     token_slots: Tensor  # [P] slot of every prefill token, stream order
@@ -73,6 +76,7 @@ class PaddedPrefill:
         return cls(
             index=index,
             valid=valid,
+            valid_at=valid.nonzero(as_tuple=True),  # type: ignore[arg-type]  # a tuple of two for a 2-d mask
             slots=slots,
             starts=starts,
             token_slots=torch.repeat_interleave(slots, lens_t),
@@ -127,8 +131,35 @@ class ForwardBatch:
                                         torch.tensor(slots, dtype=torch.long), torch.tensor(fresh, dtype=torch.bool))
         return self._sequences
 
+    def to(self, device: torch.device) -> ForwardBatch:
+        """This batch with every tensor on ``device``, through one host-to-device copy."""
+        pp = self.padded_prefill
+        tensors = [self.token_ids, self.positions, self.decode_slots, self.decode_positions, self.last_token_index]
+        if self.fresh_decode_slots is not None:
+            tensors.append(self.fresh_decode_slots)
+        if pp is not None:
+            tensors += [pp.index, pp.valid, *pp.valid_at, pp.slots, pp.starts, pp.token_slots, pp.token_positions]
+        moved = iter(_to_device(tensors, device))
+        token_ids, positions, decode_slots, decode_positions, last_token_index = (next(moved) for _ in range(5))
+        fresh = next(moved) if self.fresh_decode_slots is not None else None
+        padded = None
+        if pp is not None:
+            index, valid, valid_rows, valid_cols, slots, starts, token_slots, token_positions = moved
+            padded = PaddedPrefill(index, valid, (valid_rows, valid_cols), slots, starts, token_slots, token_positions,
+                                   pp.max_len)
+        return replace(self, token_ids=token_ids, positions=positions, decode_slots=decode_slots,
+                       decode_positions=decode_positions, last_token_index=last_token_index,
+                       fresh_decode_slots=fresh, padded_prefill=padded)
+
     @classmethod
-    def from_chunks(cls, chunks: Sequence[SeqChunk], num_slots: int, max_seq_len: int) -> ForwardBatch:
+    def from_chunks(cls, chunks: Sequence[SeqChunk], num_slots: int, max_seq_len: int,
+                    device: torch.device | None = None) -> ForwardBatch:
+        """The step's batch; its tensors on ``device`` (default: the CPU)."""
+        batch = cls._build(chunks, num_slots, max_seq_len)
+        return batch if device is None or device.type == "cpu" else batch.to(device)
+
+    @classmethod
+    def _build(cls, chunks: Sequence[SeqChunk], num_slots: int, max_seq_len: int) -> ForwardBatch:
         if not chunks:
             raise ValueError("forward_chunks: got no chunks")
         seen: set[int] = set()
@@ -189,3 +220,19 @@ class ForwardBatch:
             padded_prefill=PaddedPrefill.build(spans) if len(spans) > 1 else None,
             last_token_index=torch.tensor(last, dtype=torch.long),
         )
+
+
+def _to_device(tensors: list[Tensor], device: torch.device) -> list[Tensor]:
+    """Copies of small CPU index tensors on ``device``, all through one pinned, non-blocking copy.
+
+    A copy from pageable memory blocks the host until the GPU has drained its queue; a
+    step builds a dozen such tensors, so one packed int64 buffer replaces a dozen syncs.
+    """
+    flat = torch.cat([t.reshape(-1).to(torch.long) for t in tensors])
+    moved = flat.pin_memory().to(device, non_blocking=True)
+    out, offset = [], 0
+    for t in tensors:
+        n = t.numel()
+        out.append(moved[offset : offset + n].view(t.shape).to(t.dtype))
+        offset += n
+    return out

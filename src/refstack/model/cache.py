@@ -17,7 +17,8 @@ class ModelCache:
     sequence into a new one.)
     """
 
-    def __init__(self, config: HybridConfig, num_slots: int, max_seq_len: int | None = None) -> None:
+    def __init__(self, config: HybridConfig, num_slots: int, max_seq_len: int | None = None,
+                 device: torch.device | str = "cpu") -> None:
         max_seq_len = config.max_seq_len if max_seq_len is None else max_seq_len
         if num_slots <= 0:
             raise ValueError(f"ModelCache: num_slots must be positive, got {num_slots}")
@@ -26,6 +27,7 @@ class ModelCache:
                 f"ModelCache: max_seq_len must be in 1..{config.max_seq_len} (the config's), got {max_seq_len}"
             )
         self.config = config
+        self.device = torch.device(device)  # the model's: every layer reads and writes these in place
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
         # Layout [slot, kv_head, position, head_dim]: a slot's prefix [:, :L] is what
@@ -37,10 +39,10 @@ class ModelCache:
         self.states: dict[int, Tensor] = {}
         for layer in range(config.num_layers):
             if config.is_full_attention(layer):
-                self.keys[layer] = torch.zeros(kv_shape)
-                self.values[layer] = torch.zeros(kv_shape)
+                self.keys[layer] = torch.zeros(kv_shape, device=self.device)
+                self.values[layer] = torch.zeros(kv_shape, device=self.device)
             else:
-                self.states[layer] = torch.zeros(state_shape)
+                self.states[layer] = torch.zeros(state_shape, device=self.device)
 
     def reset_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +60,7 @@ class KDALayer(nn.Module):
         # dt_bias rides on the up-projection's addmm; the gate part has no bias.
         self.low_rank_bias = nn.Parameter(torch.cat([dt_bias, torch.zeros(H * V)]), requires_grad=False)
         self.native = False  # see use_native
+        self.decode_kernel: Callable[..., Tensor] | None = None  # see use_decode_kernel
         self.bf16 = False  # see round_to_bf16
         self.low_rank_packed: Tensor | None = None
         # rms_norm with a constant K^-1/2 weight is an L2 normalisation in one fused op.
@@ -77,6 +81,15 @@ class KDALayer(nn.Module):
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.low_rank_packed = cpu_kernels.pack(self.low_rank_up.t(), dtype) if on else None
 
+    def use_decode_kernel(self, kernel: str) -> None:
+        """The decode rows' recurrence on torch's path: "torch" (``kda_recurrent_step``) or
+        "triton" (``refstack.kernels.kda_decode``, imported here so that Triton loads only
+        when chosen).  The native path (``use_native``) runs its own kernel either way."""
+        if kernel not in ("torch", "triton"):
+            raise ValueError(f"KDALayer.use_decode_kernel: expected 'torch' or 'triton', got {kernel!r}")
+        module: Any = importlib.import_module("refstack.kernels.kda_decode") if kernel == "triton" else None
+        self.decode_kernel = module.kda_decode if module is not None else None
+
     @property
     def dt_bias(self) -> Tensor:
         return self.low_rank_bias[: self.num_heads * self.k_dim]
@@ -93,37 +106,61 @@ class KDALayer(nn.Module):
             up = cpu_kernels.gemm(proj[:, -self.split_sizes[-1] :], self.low_rank_packed, self.low_rank_up.shape[0])
             q, k, v, g, beta = cpu_kernels.kda_prepare(proj, up, self.dt_bias, self.A_log, H, K, V, K**-0.5, 1e-12)
             return q, k, v, g, beta, up[:, H * K :].view(T, H, V)
+        qk, v, b, f, gate = self._raw_projections(x)
+        q, k, g, beta = self._gates(qk, f, b)
+        return q, k, v, g, beta, gate
+
+    def _raw_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Torch's path, before any activation: qk [T, 2H, K] (q heads, then k heads), v [T, H, V],
+        the beta logit b [T, H], the decay pre-activation f [T, H, K] (dt_bias included), gate [T, H, V]."""
+        T = x.shape[0]
+        H, K, V = self.num_heads, self.k_dim, self.v_dim
         qk, v, b, low = self.in_proj(x).split(self.split_sizes, dim=-1)
-        # q and k are adjacent in the fused projection: one normalisation for both.
-        q, k = F.rms_norm(qk.reshape(T, 2 * H, K), (K,), self.l2_weight, 1e-12).split(H, dim=1)
         up = F.linear(round_bf16(low) if self.bf16 else low, self.low_rank_up, self.low_rank_bias)
         f, gate = up.split([H * K, H * V], dim=-1)
-        g = F.softplus(f.reshape(T, H, K)) * torch.exp(self.A_log).neg_().view(H, 1)
-        beta = torch.sigmoid(b)
-        return q, k, v.reshape(T, H, V), g, beta, gate.reshape(T, H, V)
+        return qk.reshape(T, 2 * H, K), v.reshape(T, H, V), b, f.reshape(T, H, K), gate.reshape(T, H, V)
+
+    def _gates(self, qk: Tensor, f: Tensor, b: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """q, k (L2-normalised), the log decay g and beta from the raw projections."""
+        # q and k are adjacent in the fused projection: one normalisation for both.
+        q, k = F.rms_norm(qk, (self.k_dim,), self.l2_weight, 1e-12).split(self.num_heads, dim=1)
+        g = F.softplus(f) * torch.exp(self.A_log).neg_().view(self.num_heads, 1)
+        return q, k, g, torch.sigmoid(b)
 
     def forward(self, x: Tensor, batch: ForwardBatch, cache: ModelCache) -> Tensor:
         with tracing.span("kda", cat="kda", layer=self.layer, tokens=batch.num_tokens):
-            q, k, v, g, beta, gate = self.project(x)
             states = cache.states[self.layer]
             if self.native:
+                q, k, v, g, beta, gate = self.project(x)
                 # Decode tokens and prefill chunks alike, token by token from each slot's
                 # state, in one call: no padding, no gathered states.
                 seqs = batch.sequences()
                 o = cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, seqs.begins, seqs.lengths, seqs.slots,
                                                 seqs.fresh, self.scale)
                 o = cpu_kernels.rms_norm(o, self.o_norm.weight, self.o_norm.eps, gate=gate)
+                return self.o_proj(o.flatten(1))
+            qk, v, b, f, gate = self._raw_projections(x)
+            nd = batch.num_decode
+            decoded = None
+            if self.decode_kernel is not None and nd:
+                decoded = self._decode_kernel(qk[:nd], v[:nd], b[:nd], f[:nd], batch, states)
+            if decoded is not None and nd == x.shape[0]:
+                o = decoded  # a decode-only step needs none of the torch path's activations
             else:
-                o = self._torch_core(q, k, v, g, beta, batch, states)
-                o = self.o_norm(o) * torch.sigmoid(gate)
+                q, k, g, beta = self._gates(qk, f, b)
+                o = self._torch_core(q, k, v, g, beta, batch, states, decoded)
+            o = self.o_norm(o) * torch.sigmoid(gate)
             return self.o_proj(o.flatten(1))
 
     def _torch_core(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, batch: ForwardBatch,
-                    states: Tensor) -> Tensor:
-        """The reference: recurrent decode, chunked prefill (padded into one batch when worth it)."""
+                    states: Tensor, decoded: Tensor | None = None) -> Tensor:
+        """The reference: recurrent decode, chunked prefill (padded into one batch when worth it).
+        ``decoded``: the decode rows' output, already computed by the decode kernel."""
         nd = batch.num_decode
         parts: list[Tensor] = []
-        if nd:
+        if decoded is not None:
+            parts.append(decoded)
+        elif nd:
             parts.append(self._decode(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], batch, states))
         if batch.padded_prefill is not None:
             parts.append(self._prefill_padded(q, k, v, g, beta, batch.padded_prefill, states))
@@ -136,6 +173,23 @@ class KDALayer(nn.Module):
                 states[span.slot] = final
                 parts.append(o)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _decode_kernel(self, qk: Tensor, v: Tensor, b: Tensor, f: Tensor, batch: ForwardBatch,
+                       states: Tensor) -> Tensor:
+        """The decode rows through the chosen kernel, from the raw projections: it normalises
+        q and k, applies the decay and beta activations and updates the slots' states in place."""
+        assert self.decode_kernel is not None
+        # A decode at position 0 (a one-token prompt) must not see a stale state.
+        if batch.fresh_decode_slots is not None:
+            states.index_fill_(0, batch.fresh_decode_slots, 0.0)
+        q, k = qk.split(self.num_heads, dim=1)
+        K = self.k_dim
+        # rms_norm(x, weight=K^-1/2, eps=1e-12) == x / sqrt(sum x^2 + K * 1e-12): that eps
+        # and scale K^-1/2 make the kernel's L2 normalisation this path's.  dt_bias is
+        # already in f (the up-projection's bias), so the kernel adds none.
+        return self.decode_kernel(q.contiguous(), k.contiguous(), v.contiguous(), f.contiguous(), b.contiguous(),
+                                  states, batch.decode_slots, A_log=self.A_log, dt_bias=None, scale=self.scale,
+                                  eps=K * 1e-12)
 
     def _decode(
         self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, batch: ForwardBatch, states: Tensor
@@ -169,4 +223,4 @@ class KDALayer(nn.Module):
         init = states.index_select(0, pp.slots) * (pp.starts > 0).to(q.dtype).view(-1, 1, 1, 1)
         o, final = kda_chunked(q_p, k_p, v_p, g_p, beta_p, init, self.scale, self.chunk_size)
         states.index_copy_(0, pp.slots, final)
-        return o[pp.valid]
+        return o[pp.valid_at]

@@ -192,7 +192,7 @@ def kda_chunked(
         k_inv = (k_c * torch.exp(-G)).transpose(-1, -2)
         strict = torch.ones(C, C, dtype=torch.bool, device=G.device).tril(-1)
         A = (k_in @ k_inv).masked_fill_(~strict, 0.0) * beta_c
-        P = (q_in @ k_inv).masked_fill_(~strict.logical_or(torch.eye(C, dtype=torch.bool)), 0.0)
+        P = (q_in @ k_inv).masked_fill_(~strict.logical_or(torch.eye(C, dtype=torch.bool, device=G.device)), 0.0)
     else:
         A = _decay_scores(k_c, k_c, G, strict=True) * beta_c
         P = _decay_scores(q_c, k_c, G, strict=False)

@@ -45,7 +45,7 @@ def matmul_rows(x: Tensor, w: Tensor) -> Tensor:
     [out, in] and pass ``w`` as a transposed view, so no weight is ever copied.
     Measured on the 2-core bench box, fp32, weights 512-900 x 256-512.
     """
-    if x.dim() == 2 and x.shape[0] <= FEW_ROWS:
+    if x.dim() == 2 and x.shape[0] <= FEW_ROWS and not x.is_cuda:  # an MKL habit; cuBLAS needs no help
         # The copies are of M rows only; downstream ops and the next matmul_rows want
         # row-major activations.
         return (w.t() @ x.contiguous().t()).t().contiguous()

@@ -79,6 +79,8 @@ class HybridModel(nn.Module):
         once; raises ``NativeKernelsUnavailable`` when the kernels cannot be built here."""
         if on == self.native_kernels:
             return  # every Engine over a shared model asks again; nothing to repack
+        if on and self.device.type != "cpu":
+            raise ValueError(f"use_native_kernels: the native kernels take CPU tensors; this model is on {self.device}")
         if on:
             cpu_kernels.load()
         for module in self.modules():
@@ -90,6 +92,18 @@ class HybridModel(nn.Module):
         # Decode-only steps take one C call per block (see native_decode); it points
         # into the packed weights, so it goes when they do.
         self.native_decoder = NativeDecoder(self) if on else None
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live (``model.to(device)`` moves them; caches and batches follow)."""
+        return self.embed.weight.device
+
+    def use_kda_decode_kernel(self, kernel: str) -> None:
+        """The KDA layers' decode step: "torch" or "triton" (``refstack.kernels.kda_decode``,
+        imported now, so only a model that asks for it imports Triton)."""
+        for module in self.modules():
+            if isinstance(module, KDALayer):
+                module.use_decode_kernel(kernel)
 
     def configure_ep(self, ep: EPSettings) -> None:
         """The expert-parallel exchange's GIL and link model for every MoE layer (both paths)."""
@@ -120,7 +134,7 @@ class HybridModel(nn.Module):
                 setattr(module, attr, tuple(parts))
 
     def new_cache(self, num_slots: int, max_seq_len: int | None = None) -> ModelCache:
-        return ModelCache(self.config, num_slots, max_seq_len)
+        return ModelCache(self.config, num_slots, max_seq_len, device=self.device)
 
     @torch.inference_mode()
     def forward_chunks(self, chunks: Sequence[SeqChunk], cache: ModelCache) -> Tensor:
@@ -130,7 +144,7 @@ class HybridModel(nn.Module):
         are decoded together in batched tensor ops; longer chunks are prefilled one
         sequence at a time (chunkwise-parallel inside).
         """
-        batch = ForwardBatch.from_chunks(chunks, cache.num_slots, cache.max_seq_len)
+        batch = ForwardBatch.from_chunks(chunks, cache.num_slots, cache.max_seq_len, device=self.device)
         with tracing.span("model.forward", cat="model", num_chunks=len(chunks), tokens=batch.num_tokens):
             if self.native_decoder is not None and self.native_decoder.takes(batch):
                 return self.native_decoder.forward(batch, cache)

@@ -15,7 +15,8 @@ its experts' rows in one of two layouts:
   (decode at batch >= 8), streaming the experts' weights on both cores wins.
 
 ``auto`` (the default) picks ``padded`` when there are several threads and on
-average at least two copies per expert, ``grouped`` otherwise.
+average at least two copies per expert, ``grouped`` otherwise; on a GPU always
+``padded``, with room for every token per expert, so no step waits on a host read.
 
 ``combine`` brings the outputs back and sums them per token with the router
 weights.  All ranks live in this process, but the three phases are separate
@@ -72,7 +73,7 @@ class Dispatched:
     """Per-rank token buffers plus what combine needs to route the results back."""
 
     buffers: list[Tensor]  # per rank: grouped [rows, hidden] or padded [experts_per_rank, capacity, hidden]
-    counts: list[int]  # routed copies per expert, global expert order
+    counts: list[int]  # routed copies per expert, global expert order (empty: padded on a GPU)
     token_ids: Tensor  # [T*k] source token of each copy, in expert order
     weights: Tensor  # [T*k] router weight of each copy, in expert order
     num_tokens: int
@@ -153,25 +154,32 @@ def _dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: in
     _ep_wait(cross, ep)  # torch's copies release the GIL themselves; only the wait is native
     flat = topk_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts_t = torch.bincount(flat, minlength=num_experts)
-    counts = counts_t.tolist()
+    # On a GPU the padded layout never reads the counts on the host (that would stall
+    # every layer on a sync, as bincount's size check does): its capacity is T, since a
+    # token picks an expert at most once, and ``counts`` stays empty.
+    on_device = layout == "padded" and x.is_cuda
+    if on_device:
+        counts_t = torch.zeros(num_experts, dtype=torch.long, device=x.device).index_add_(0, flat, torch.ones_like(flat))
+    else:
+        counts_t = torch.bincount(flat, minlength=num_experts)
+    counts = [] if on_device else counts_t.tolist()
     token_ids = order // k
     weights = topk_weights.reshape(-1)[order]
     if layout == "grouped":
         rows = x.index_select(0, token_ids)
         # Copy i (expert order) sits at output row i; invert the sort for combine.
-        slot = torch.empty_like(order).index_copy_(0, order, torch.arange(T * k))
+        slot = torch.empty_like(order).index_copy_(0, order, torch.arange(T * k, device=x.device))
         return Dispatched(list(rows.split(_rows_per_rank(counts, per_rank))), counts, token_ids, weights, T, slot.view(T, k), topk_weights,
                           grouped=rows)
     assert layout == "padded", f"unknown MoE dispatch layout {layout!r}"
-    capacity = max(counts)
+    capacity = T if on_device else max(counts)
     # The sorted ids are each copy's expert; its row is its rank within the expert.
     expert_of_row = flat[order]
     starts = counts_t.cumsum(0) - counts_t
-    index = expert_of_row * capacity + (torch.arange(T * k) - starts[expert_of_row])
+    index = expert_of_row * capacity + (torch.arange(T * k, device=x.device) - starts[expert_of_row])
     # One gather fills the buffer: empty rows read an appended zero row (index T),
     # instead of zero-filling the buffer and scattering the rows into it.
-    src = torch.full((num_experts * capacity,), T, dtype=torch.long).index_copy_(0, index, token_ids)
+    src = torch.full((num_experts * capacity,), T, dtype=torch.long, device=x.device).index_copy_(0, index, token_ids)
     padded = torch.cat([x, x.new_zeros(1, x.shape[-1])]).index_select(0, src)
     buffers = list(padded.view(ep_ranks, per_rank, capacity, -1).unbind(0))
     slot = torch.empty_like(order).index_copy_(0, order, index)
@@ -267,6 +275,8 @@ class MoE(nn.Module):
             return self.dispatch_layout
         if self.packed is not None:
             return "native"  # grouped, by the native kernels: each expert reads exactly its rows
+        if self.w_down.is_cuda:
+            return "padded"  # the one layout with no host read of the counts (see _dispatch)
         busy = num_tokens * self.top_k >= 2 * self.num_experts
         return "padded" if busy and torch.get_num_threads() > 1 else "grouped"
 

@@ -44,7 +44,9 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
         if model is not None or tokenizer is not None:
             raise ValueError("create_app(disagg=True) builds its models in the workers; pass no model or tokenizer")
         from refstack.disagg.frontend import DisaggEngine
+        from refstack.engine.device import resolve_placement
 
+        resolve_placement(config, disagg=True)  # PlacementError: the workers run on the CPU only
         engine = DisaggEngine(config, observer=metrics, on_failure=on_failure)
     else:
         engine = LogprobEngine(config, model=model, tokenizer=tokenizer, observer=metrics)
@@ -105,6 +107,7 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
             # What the "auto" knobs resolved to on this machine.
             "dtype": engine.dtype,
             "native_kernels": engine.native_kernels,
+            "device": getattr(engine, "device", "cpu"),  # the disaggregated workers run on the CPU only
             "num_running": engine.num_running,
             "num_waiting": engine.num_waiting,
             "num_slots_used": engine.num_slots_used,

@@ -18,7 +18,9 @@ FAST_BENCH = {"mode": "bench", "budget_s": 0.02, "copy_bytes": 4 * 2**20, "matmu
 
 def test_check_feedback_names_worst_element_and_round_trips(specs_dir: Path, tmp_path: Path) -> None:
     probe = get_probe("kernel")()
-    fb = probe.run({"spec": str(specs_dir / "splitk_bug_spec.py"), "seeds": 2}, ProbeContext(workdir=tmp_path))
+    # Pinned to the CPU, like the other tests of the Feedback's shape (the GPU's counts:
+    # test_gpu.py::test_splitk_bug_counts_on_cuda_whatever_tf32_allows).
+    fb = probe.run({"spec": str(specs_dir / "splitk_bug_spec.py"), "seeds": 2, "device": "cpu"}, ProbeContext(workdir=tmp_path))
     assert fb.tier == Tier.check and not fb.ok
     (mismatch,) = [f for f in fb.findings if f.kind == "mismatch"]
     assert mismatch.evidence["precision"] == "tf32" and mismatch.evidence["against"] == "kernel"
@@ -54,7 +56,8 @@ def test_bench_feedback_has_roofline_and_repeated_work(specs_dir: Path, tmp_path
 
 
 def test_bench_refuses_speed_for_failing_combination(specs_dir: Path, tmp_path: Path) -> None:
-    fb = get_probe("kernel")().run({"spec": str(specs_dir / "splitk_bug_spec.py"), **FAST_BENCH}, ProbeContext(workdir=tmp_path))
+    config = {"spec": str(specs_dir / "splitk_bug_spec.py"), **FAST_BENCH, "device": "cpu"}
+    fb = get_probe("kernel")().run(config, ProbeContext(workdir=tmp_path))
     assert not fb.ok
     # One failing check row and the one entry it refuses: counted apart, not "2".
     assert fb.error == "1 failed check, 1 refused bench entry"

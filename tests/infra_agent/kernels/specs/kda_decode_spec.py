@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from functools import partial
+from contextlib import contextmanager
+from functools import partial, wraps
 
 import torch
 
@@ -15,13 +16,41 @@ from infra_agent.kernels.tiled_kda import (
     kda_decode_tiled,
 )
 
+
+@contextmanager
+def ieee_fp32():
+    """True fp32 GEMMs while the kernel runs, whatever the process allows.
+
+    On CUDA a plain fp32 ``a @ b`` becomes a TF32 product when the process allows it
+    (``torch.set_float32_matmul_precision("high")``, ``allow_tf32``), so a spec that
+    means IEEE fp32 says so.
+    """
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prev)
+
+
+def in_fp32(fn):
+    """``fn`` with its einsums and matvecs in IEEE fp32 (the spec's only mode) on CUDA too."""
+
+    @wraps(fn)
+    def run(*args, **kwargs):
+        with ieee_fp32():
+            return fn(*args, **kwargs)
+
+    return run
+
+
 # V columns are independent, so any BV computes the same per-column sums; only the
 # BLAS reduction order over K may differ between tile widths.
 SAME_COLUMNS = Tolerance(rel_fro=1e-6)
 
 SPEC = KernelSpec(
     name="kda_decode",
-    kernel=partial(kda_decode_tiled, BV=32),
+    kernel=in_fp32(partial(kda_decode_tiled, BV=32)),
     reference=kda_decode_reference,
     inputs=kda_decode_inputs,
     shapes=[{"N": 2, "H": 2, "K": 32, "V": 128}],
@@ -30,7 +59,7 @@ SPEC = KernelSpec(
     tolerances={"fp32": Tolerance(rel_fro=1e-5)},
     out_dtypes=lambda dt, p: {"o": dt, "state": torch.float32},
     variants=[
-        Variant(f"BV={bv}", partial(kda_decode_tiled, BV=bv), work=partial(kda_decode_tiled, BV=bv))
+        Variant(f"BV={bv}", in_fp32(partial(kda_decode_tiled, BV=bv)), work=partial(kda_decode_tiled, BV=bv))
         for bv in (16, 64, 128)
     ],
     partition_tolerances={"fp32": SAME_COLUMNS},

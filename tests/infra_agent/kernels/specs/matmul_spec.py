@@ -5,6 +5,8 @@ Used by the kernel-lab tests; also the smallest worked example of the spec API.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from infra_agent.kernels.numerics import split_3xtf32, tf32_truncate
@@ -18,17 +20,35 @@ def inputs(shape, dtype, seed, device):
     return {"a": a.to(device=device, dtype=dtype), "b": b.to(device=device, dtype=dtype)}
 
 
+@contextmanager
+def ieee_fp32():
+    """True fp32 GEMMs while the kernel runs, whatever the process allows.
+
+    On CUDA a plain fp32 ``a @ b`` becomes a TF32 product when the process allows it
+    (``torch.set_float32_matmul_precision("high")``, ``allow_tf32``), so a spec that
+    means IEEE fp32 says so.
+    """
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prev)
+
+
 def matmul(a, b, *, precision="fp32"):
+    # Every mode is emulated on rounded operands with fp32 GEMMs, on any device.
     a, b = a.float(), b.float()
-    if precision == "tf32":
-        return tf32_truncate(a) @ tf32_truncate(b)
-    if precision == "3xtf32":
-        ab, as_ = split_3xtf32(a)
-        bb, bs = split_3xtf32(b)
-        return as_ @ bb + ab @ bs + ab @ bb
-    if precision == "bf16":
-        return a.bfloat16().float() @ b.bfloat16().float()
-    return a @ b
+    with ieee_fp32():
+        if precision == "tf32":
+            return tf32_truncate(a) @ tf32_truncate(b)
+        if precision == "3xtf32":
+            ab, as_ = split_3xtf32(a)
+            bb, bs = split_3xtf32(b)
+            return as_ @ bb + ab @ bs + ab @ bb
+        if precision == "bf16":
+            return a.bfloat16().float() @ b.bfloat16().float()
+        return a @ b
 
 
 def reference(a, b):

@@ -6,6 +6,8 @@ unpartitioned kernel.  The lab must catch it under tf32 and not under fp32.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from infra_agent.kernels.numerics import tf32_truncate
@@ -20,10 +22,28 @@ def inputs(shape, dtype, seed, device):
     }
 
 
+@contextmanager
+def ieee_fp32():
+    """True fp32 GEMMs while the kernel runs, whatever the process allows.
+
+    On CUDA a plain fp32 ``a @ b`` becomes a TF32 product when the process allows it
+    (``torch.set_float32_matmul_precision("high")``, ``allow_tf32``), so a spec that
+    means IEEE fp32 says so.
+    """
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prev)
+
+
 def matmul(a, b, *, precision="fp32"):
-    if precision == "tf32":
-        return tf32_truncate(a) @ tf32_truncate(b)
-    return a @ b
+    # tf32 is emulated by truncating the operands; the GEMM itself is fp32 on any device.
+    with ieee_fp32():
+        if precision == "tf32":
+            return tf32_truncate(a) @ tf32_truncate(b)
+        return a @ b
 
 
 def split_k_gemm_reduce(a, b, *, precision="fp32", splits=4):

@@ -1,0 +1,336 @@
+"""What tracing costs refstack: engine tokens/s with tracing off, infra_agent.tracing on,
+torch.profiler on and py-spy sampling, interleaved in one run (issue #14).
+
+    python bench/tracer_overhead.py [--preset tiny] [--batch 8] [--prompt-len 32] [--gen-len 64]
+                                    [--window-s 1.0] [--repeats 40] [--torch-threads 1] [--no-pyspy]
+                                    [--quick] [--json [PATH]]
+
+Goal: our tracing costs <= 2% of throughput; torch.profiler's and py-spy's costs are
+reported beside it.  Why the shape of the run:
+
+- A worker process runs off, tracing and pyspy on one engine, so they differ only in
+  what is switched on; a server per setting would add the per-process offset that
+  bench/ab_power.py measures, larger than the 2% asked about.  It is a process of its
+  own because py-spy samples from outside, as the timeline probe does.  torch.profiler
+  runs in a second worker with its own ``off`` windows (its ratio is to those): its first
+  use loads ~130k objects into the heap for good, which would tax tracing (next points).
+- The engine is stepped on the worker's main thread (``Engine.generate`` without the
+  loop thread): torch.profiler records only the thread that starts it, so with the
+  serving loop thread it would record nothing and cost nothing.
+- ``tracing``: ``tracing.enable()`` + ``reset()`` before the window, which is what
+  ``--trace true`` (the timeline probe's trace knob) and its ``/debug/trace?reset=true``
+  do in a server.  ``torch_profiler``: CPU activities, ``record_shapes=False``.
+  ``pyspy``: the timeline probe's own sampler (``PySpyDumpSampler``, back-to-back
+  ``py-spy dump`` at its default ``sample_interval_s``) on the worker, tracing off.
+  Reading the results out (snapshot, profiler stop) happens after the window, as the
+  probe fetches spans after its window; its time is the ``post s`` column.
+- The workers import refstack's server modules and none of this script's analysis: span
+  events kept in memory are objects the garbage collector walks, and each full collection
+  walks the whole heap, so tracing's cost grows with the heap and a server's is the one
+  that matters (``gc_objects`` in the JSON: each worker's count after its warm-up).
+- A window is a fixed number of ``generate`` calls (calibrated to ``--window-s`` with
+  tracing off); tokens/s = output tokens / wall.  Settings run in cycles with the order
+  rotated each cycle (A B C D E, B C D E A, ...) so drift and position hit all alike.
+- ``--torch-threads 1`` by default: this machine has 2 cores shared with other work, and
+  two OpenMP threads that lose a core to a sampler or a neighbour wait at every barrier,
+  which measures the oversubscription rather than the tracer (``0`` takes torch's default).
+- Intervals are the project's (infra_agent.judge): tokens/s is a bootstrap CI of the
+  median; a ratio vs off is per cycle (both windows ran within seconds, so drift slower
+  than a cycle cancels), summarised by the median ratio with its bootstrap CI (with < 10
+  cycles, the judge's t-interval of the geometric mean), and its verdict against
+  ``ratio >= 0.98`` is the judge's ``decide``: pass/fail only when the whole CI is on one side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+GOAL = 0.02  # issue #14: tracing may cost at most 2% of throughput
+# Each series: (worker, what it runs, the series its ratio is to).
+SERIES = {"off": ("main", "off", None), "tracing": ("main", "tracing", "off"), "pyspy": ("main", "off", "off"),
+          "off (profiler worker)": ("profiler", "off", None),
+          "torch_profiler": ("profiler", "torch_profiler", "off (profiler worker)")}
+
+
+# ---------------------------------------------------------------- worker (the measured process)
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import uvicorn  # noqa: F401 - with the server's modules below: a server's heap (docstring)
+
+    import refstack.server.app  # noqa: F401
+    from infra_agent import tracing
+    from refstack.engine import Engine, EngineConfig, SamplingParams
+    from refstack.model import ByteTokenizer
+
+    # Protocol lines go to the real stdout; anything a library prints goes to stderr.
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    engine = Engine(EngineConfig(preset=args.preset, max_running=args.batch, max_batch_tokens=args.batch * args.prompt_len,
+                                 prefill_chunk=args.prompt_len, torch_threads=args.torch_threads),
+                    tokenizer=ByteTokenizer())
+    prompts = [[(31 * b + 7 * i) % 256 for i in range(args.prompt_len)] for b in range(args.batch)]
+    params = SamplingParams(max_tokens=args.gen_len, temperature=0.0, ignore_eos=True)
+
+    def window(calls: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            engine.generate(prompts, params)
+        return time.perf_counter() - t0
+
+    def run(setting: str, calls: int, count: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"setting": setting}
+        if setting == "tracing":
+            tracing.enable()
+            tracing.reset()
+            wall = window(calls)
+            t0 = time.perf_counter()
+            out["events"] = len(tracing.snapshot()["traceEvents"])  # what GET /debug/trace builds
+            post = time.perf_counter() - t0
+            tracing.disable()
+            tracing.reset()
+        elif setting == "torch_profiler":
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=False)
+            prof.start()
+            wall = window(calls)
+            t0 = time.perf_counter()
+            prof.stop()
+            post = time.perf_counter() - t0
+            if count:  # events() builds Python objects, seconds for a window: warm-up only
+                out["events"] = len(prof.events())
+        else:  # off, and pyspy (sampled from the parent)
+            wall, post = window(calls), 0.0
+        return {**out, "wall_s": wall, "post_s": post, "tokens_per_s": calls * args.batch * args.gen_len / wall}
+
+    # First-use costs (allocations, profiler init) out of the way; events per generate show
+    # that each setting records the engine's work (a profiler that saw nothing would cost nothing).
+    run("off", 1)
+    measured = "tracing" if args.worker == "main" else "torch_profiler"
+    events = run(measured, 1, count=True)["events"]
+    gc.collect()  # the warm-up's garbage (the profiler's event objects) out of the heap the windows see
+    calls = args.calls or max(1, round(args.window_s / statistics.median(window(1) for _ in range(3))))
+    proto.write(json.dumps({"ready": True, "pid": os.getpid(), "calls": calls, "torch_threads": torch.get_num_threads(),
+                            "dtype": str(engine.dtype), "native_kernels": engine.native_kernels,
+                            "events_per_generate": {measured: events}, "gc_objects": len(gc.get_objects())}) + "\n")
+    for line in sys.stdin:
+        proto.write(json.dumps(run(json.loads(line)["setting"], calls)) + "\n")
+
+
+# ---------------------------------------------------------------- parent (schedules, samples, reports)
+
+class Worker:
+    def __init__(self, args: argparse.Namespace, role: str, calls: int, log: IO[str]) -> None:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", role, "--calls", str(calls), "--preset", args.preset,
+               "--batch", str(args.batch), "--prompt-len", str(args.prompt_len), "--gen-len", str(args.gen_len),
+               "--window-s", str(args.window_s), "--torch-threads", str(args.torch_threads)]
+        self.log = log
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        self.hello = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.log.flush()
+            tail = Path(self.log.name).read_text()[-2000:]
+            raise SystemExit(f"the benchmark worker exited ({self.proc.wait()}):\n{tail}")
+        return dict(json.loads(line))
+
+    def run(self, setting: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"setting": setting}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def pyspy_unavailable(pid: int) -> str | None:
+    """Why py-spy cannot sample ``pid`` here, or None: one dump, as the probe's sampler runs it."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return "py-spy is not on PATH (pip install py-spy, in the test extras)"
+    proc = subprocess.run([exe, "dump", "--json", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True,
+                          check=False, timeout=60)
+    if proc.returncode != 0:
+        first = next((ln.strip() for ln in proc.stderr.splitlines() if ln.strip()), f"exit {proc.returncode}")
+        return f"py-spy dump failed (ptrace refused?): {first}"
+    return None
+
+
+def measure(args: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
+    from infra_agent.probes.timeline import TimelineConfig
+    from infra_agent.trace.sampler import PySpyDumpSampler
+
+    interval_s = float(TimelineConfig.model_fields["sample_interval_s"].default)  # the probe's rate
+    workers: dict[str, Worker] = {}
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SERIES}
+    try:
+        # One after the other: the second takes the first's window, so both windows do the same work.
+        workers["main"] = Worker(args, "main", 0, log)
+        workers["profiler"] = Worker(args, "profiler", workers["main"].hello["calls"], log)
+        pid = workers["main"].hello["pid"]
+        reason = "skipped (--no-pyspy)" if args.no_pyspy else pyspy_unavailable(pid)
+        series = [s for s in SERIES if s != "pyspy" or reason is None]
+        with tempfile.TemporaryDirectory(prefix="tracer-overhead-") as tmp:
+            for r in range(args.repeats):
+                k = r % len(series)
+                for s in series[k:] + series[:k]:
+                    if s == "pyspy" and reason is not None:
+                        continue  # failed in an earlier cycle: the cycles keep going without it
+                    role, setting, _ = SERIES[s]
+                    sampler = PySpyDumpSampler(pid, Path(tmp) / f"gil-{r}.jsonl", interval_s).start() if s == "pyspy" else None
+                    res = workers[role].run(setting)
+                    if sampler is not None:
+                        spy = sampler.stop()
+                        res["samples"], res["sample_hz"] = sampler.samples, sampler.samples / res["wall_s"]
+                        if spy.path is None:
+                            reason = (spy.warning or "py-spy took no sample").removeprefix("py-spy unavailable, spans only: ")
+                    runs[s].append(res)
+                    print(f"  cycle {r + 1}/{args.repeats} {s:>21}: {res['tokens_per_s']:9.1f} tok/s", file=sys.stderr, flush=True)
+    finally:
+        for w in workers.values():
+            w.close()
+    if reason is not None:
+        runs.pop("pyspy")
+    return {"workers": {k: w.hello for k, w in workers.items()}, "runs": runs, "pyspy_unavailable": reason,
+            "pyspy_interval_s": interval_s}
+
+
+def summarise(m: dict[str, Any]) -> dict[str, Any]:
+    from infra_agent.judge import bootstrap, verdict
+
+    out: dict[str, Any] = {}
+    for s, (_, _, base) in SERIES.items():
+        if s not in m["runs"]:
+            out[s] = {"available": False, "reason": f"unavailable: {m['pyspy_unavailable']}"}
+            continue
+        runs = m["runs"][s]
+        vals = [r["tokens_per_s"] for r in runs]
+        ci = bootstrap.bootstrap_ci(vals, stat="median")
+        row: dict[str, Any] = {"available": True, "tokens_per_s": vals, "median": ci.value, "ci": [ci.low, ci.high],
+                               "post_s_median": statistics.median(r["post_s"] for r in runs)}
+        if "sample_hz" in runs[0]:
+            row["sample_hz_median"] = statistics.median(r["sample_hz"] for r in runs)
+        if base is not None:
+            # Both windows of cycle i ran within seconds: their ratio cancels drift slower than
+            # a cycle, and the median of the ratios shrugs off a cycle that another process hit.
+            ratios = [b / a["tokens_per_s"] for a, b in zip(m["runs"][base], vals, strict=True)]
+            if len(ratios) < bootstrap.SMALL_N:
+                (centre, low, high), stat = bootstrap.t_interval_log(ratios), "geomean"
+                how = f"95% t-interval of the geometric-mean ratio over {len(ratios)} cycles"
+            else:
+                rc = bootstrap.bootstrap_ci(ratios, stat="median")
+                centre, low, high, stat = rc.value, rc.low, rc.high, "median"
+                how = f"95% bootstrap CI of the median per-cycle ratio over {len(ratios)} cycles"
+            rci = bootstrap.RatioCI(ratio=centre, low=low, high=high, confidence=0.95, stat=stat, n_candidate=len(ratios),
+                          n_baseline=len(ratios), paired=True, n_boot=0)
+            v = verdict.decide(verdict.Gate("tokens_per_s", ">=", 1.0 - GOAL), rci)
+            row.update({"ratios": ratios, "ratio": centre, "ratio_ci": [low, high], "interval": how,
+                        "overhead": 1.0 - centre, "overhead_ci": [1.0 - high, 1.0 - low],
+                        "verdict": v.outcome, "verdict_message": v.message, "more_cycles": v.more_samples})
+        out[s] = row
+    return out
+
+
+def table(doc: dict[str, Any]) -> str:
+    meta, rows = doc["meta"], doc["settings"]
+    lines = [(f"# preset={meta['preset']} batch={meta['batch']} prompt_len={meta['prompt_len']} gen_len={meta['gen_len']} "
+              f"dtype={meta['dtype']} native_kernels={meta['native_kernels']} torch_threads={meta['torch_threads']}"),
+             (f"# window: {meta['calls_per_window']} generate calls ({meta['tokens_per_window']} output tokens); "
+              f"{meta['repeats']} interleaved cycles; py-spy: probe's PySpyDumpSampler, interval_s="
+              f"{meta['pyspy_interval_s']:g}; load average at the end {meta['loadavg_1m_end']:.2f}"),
+             "# events recorded per generate call: " + ", ".join(f"{k} {v}" for k, v in meta["events_per_generate"].items())
+             + "; objects the GC tracks: " + ", ".join(f"{k} worker {v}" for k, v in meta["gc_objects"].items()),
+             "",
+             f"| setting | tok/s median [95% CI] | ratio vs off [95% CI] | overhead [95% CI] | <= {GOAL:.0%} goal | post s |",
+             "|---|---|---|---|---|---|"]
+    for s, r in rows.items():
+        if not r["available"]:
+            lines.append(f"| {s} | {r['reason']} | | | | |")
+            continue
+        cells = [f"{r['median']:.1f} [{r['ci'][0]:.1f}, {r['ci'][1]:.1f}]"]
+        if "ratio" not in r:
+            cells += ["1", "-", "-"]
+        else:
+            cells += [f"{r['ratio']:.4f} [{r['ratio_ci'][0]:.4f}, {r['ratio_ci'][1]:.4f}]",
+                      f"**{r['overhead']:+.2%}** [{r['overhead_ci'][0]:+.2%}, {r['overhead_ci'][1]:+.2%}]",
+                      r["verdict"] + (f" (~{r['more_cycles']} more cycles)" if r["verdict"] == "inconclusive"
+                                      and r["more_cycles"] else "")]
+        note = f"{r['post_s_median']:.3f}" + (f" ({r['sample_hz_median']:.1f} dumps/s)" if "sample_hz_median" in r else "")
+        lines.append(f"| {s} | " + " | ".join(cells) + f" | {note} |")
+    t = rows["tracing"]
+    lines += ["", f"goal (tracing overhead <= {GOAL:.0%}): {t['verdict'].upper()} - {t['verdict_message']}; {t['interval']}"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="tiny", help="refstack model preset (tiny: what refstack serve and the examples run)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--window-s", type=float, default=None, help="target window length, tracing off (default 1, quick 0.25)")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved cycles (default 40, quick 6)")
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch intra-op threads (0: torch's default); see the module docstring for why 1")
+    ap.add_argument("--no-pyspy", action="store_true", help="leave the py-spy setting out")
+    ap.add_argument("--quick", action="store_true", help="a smoke run (< 2 min): short windows, few cycles")
+    ap.add_argument("--json", nargs="?", const="-", default=None,
+                    help="write the results as JSON to PATH; without PATH, to stdout (the table then goes to stderr)")
+    ap.add_argument("--worker", choices=("main", "profiler"), help=argparse.SUPPRESS)
+    ap.add_argument("--calls", type=int, default=0, help=argparse.SUPPRESS)  # a worker's window; 0: calibrate
+    args = ap.parse_args()
+    args.window_s = args.window_s if args.window_s is not None else (0.25 if args.quick else 1.0)
+    args.repeats = args.repeats if args.repeats is not None else (6 if args.quick else 40)
+    if args.worker:
+        worker(args)
+        return
+    if args.repeats < 2:
+        ap.error("--repeats must be >= 2: an interval needs repeated cycles")
+    t0 = time.perf_counter()
+    with tempfile.NamedTemporaryFile("w", prefix="tracer-overhead-worker-", suffix=".log") as log:
+        m = measure(args, log)
+    hello = m["workers"]["main"]
+    doc = {"meta": {"preset": args.preset, "batch": args.batch, "prompt_len": args.prompt_len, "gen_len": args.gen_len,
+                    "repeats": args.repeats, "window_s": args.window_s, "calls_per_window": hello["calls"],
+                    "tokens_per_window": hello["calls"] * args.batch * args.gen_len, "dtype": hello["dtype"],
+                    "native_kernels": hello["native_kernels"], "torch_threads": hello["torch_threads"],
+                    "pyspy_interval_s": m["pyspy_interval_s"], "goal_max_overhead": GOAL, "quick": args.quick,
+                    "events_per_generate": {k: v for w in m["workers"].values() for k, v in w["events_per_generate"].items()},
+                    "gc_objects": {k: w["gc_objects"] for k, w in m["workers"].items()},
+                    "command": " ".join(["python", "bench/tracer_overhead.py", *sys.argv[1:]]),
+                    "loadavg_1m_end": os.getloadavg()[0]},  # other work on the machine, for the reader
+           "settings": summarise(m)}
+    doc["goal"] = {"setting": "tracing", "max_overhead": GOAL, "outcome": doc["settings"]["tracing"]["verdict"]}
+    doc["meta"]["elapsed_s"] = time.perf_counter() - t0
+    text = table(doc)
+    if args.json == "-":
+        print(text, file=sys.stderr)
+        print(json.dumps(doc, indent=1))
+    else:
+        print(text)
+        if args.json:
+            Path(args.json).write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()

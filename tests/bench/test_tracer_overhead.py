@@ -1,0 +1,66 @@
+"""Smoke test of bench/tracer_overhead.py: a tiny ``--quick --json`` run has the structure
+docs and readers rely on (the numbers are the full run's business, not this test's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "tracer_overhead.py"
+SETTINGS = ("off", "tracing", "pyspy", "off (profiler worker)", "torch_profiler")
+
+
+def _run(repeats: int, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
+    # The smallest workload and tiny windows keep a run to seconds; the structure is the same.
+    cmd = [sys.executable, str(BENCH), "--quick", "--json", "--batch", "1", "--prompt-len", "4", "--gen-len", "4",
+           "--repeats", str(repeats), "--window-s", "0.02"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout), proc.stderr  # --json without a path: the document alone on stdout
+
+
+def test_quick_json_run_reports_every_setting_with_ratio_interval_and_verdict() -> None:
+    doc, stderr = _run(10)  # 10 cycles: the path a full run takes (bootstrap CI of the median ratio)
+    assert "| setting | tok/s median [95% CI] | ratio vs off [95% CI]" in stderr  # the table went to stderr
+
+    meta = doc["meta"]
+    assert meta["quick"] is True and meta["repeats"] == 10 and meta["calls_per_window"] >= 1
+    assert meta["goal_max_overhead"] == 0.02 and meta["command"].startswith("python bench/tracer_overhead.py")
+    assert set(doc["settings"]) == set(SETTINGS)
+    assert doc["goal"] == {"setting": "tracing", "max_overhead": 0.02,
+                           "outcome": doc["settings"]["tracing"]["verdict"]}
+
+    assert set(meta["gc_objects"]) == {"main", "profiler"}
+    for name in ("off", "off (profiler worker)"):  # each worker's baseline
+        off = doc["settings"][name]
+        assert off["available"] and len(off["tokens_per_s"]) == 10 and "ratio" not in off
+        assert off["ci"][0] <= off["median"] <= off["ci"][1]
+    for name in ("tracing", "torch_profiler"):
+        row = doc["settings"][name]
+        assert row["available"] and len(row["tokens_per_s"]) == len(row["ratios"]) == 10
+        assert row["ratio_ci"][0] <= row["ratio"] <= row["ratio_ci"][1]
+        assert abs(row["overhead"] - (1 - row["ratio"])) < 1e-12
+        assert row["verdict"] in ("pass", "fail", "inconclusive")
+        assert "bootstrap CI of the median per-cycle ratio over 10 cycles" in row["interval"]
+        assert meta["events_per_generate"][name] > 0  # the setting recorded the engine's work: a real cost
+
+    spy = doc["settings"]["pyspy"]
+    if spy["available"]:
+        assert spy["sample_hz_median"] > 0 and spy["verdict"] in ("pass", "fail", "inconclusive")
+    else:  # no ptrace, or py-spy missing: reported, not a crash
+        assert spy["reason"].startswith("unavailable: ")
+
+
+def test_without_py_spy_the_run_says_why_and_still_reports_the_rest() -> None:
+    # An empty PATH hides py-spy (the interpreter is called by its absolute path); 3 cycles
+    # take the judge's small-sample t-interval.
+    doc, _ = _run(3, env={**os.environ, "PATH": ""})
+    assert doc["settings"]["pyspy"] == {"available": False,
+                                        "reason": "unavailable: py-spy is not on PATH (pip install py-spy, in the test extras)"}
+    tracing = doc["settings"]["tracing"]
+    assert "t-interval of the geometric-mean ratio over 3 cycles" in tracing["interval"]
+    assert tracing["ratio_ci"][0] <= tracing["ratio"] <= tracing["ratio_ci"][1]
