@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from time import perf_counter_ns
 from typing import Any, TypeVar
 
 ENV_VAR = "INFRA_AGENT_TRACE"
@@ -26,7 +27,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _ThreadBuffer:
-    __slots__ = ("tid", "ident", "name", "events", "dropped")
+    __slots__ = ("dropped", "flat", "ident", "name", "tid")
 
     def __init__(self, tid: int, name: str, ident: int = 0) -> None:
         self.tid = tid
@@ -34,9 +35,20 @@ class _ThreadBuffer:
         # sampler's threads can be matched to these spans' (native-id) threads.
         self.ident = ident
         self.name = name
-        # (name, cat, start_ns, dur_ns or -1 for instant, args)
-        self.events: list[tuple[str, str, int, int, dict[str, Any] | None]] = []
+        # Events laid end to end, FIELDS values each: name, cat, start_ns, dur_ns (-1 for
+        # an instant event), args.  Not a tuple per event: recording a span must leave
+        # no object the garbage collector tracks.  A tuple per event stays tracked (for
+        # good when it holds the args dict), and a long trace of them triggered full
+        # collections that walked the whole heap: a traced engine lost 26% of its
+        # throughput (bench/tracer_overhead.py).  The args are the span's keyword dict,
+        # which CPython leaves untracked while its values are atomic.  One extend per
+        # event keeps a concurrent snapshot whole (list.extend holds the GIL throughout).
+        self.flat: list[Any] = []
         self.dropped = 0
+
+
+FIELDS = 5
+MAX_FLAT = MAX_EVENTS_PER_THREAD * FIELDS
 
 
 class Tracer:
@@ -64,16 +76,18 @@ class Tracer:
         return buf
 
     def record(self, name: str, cat: str, start_ns: int, dur_ns: int, args: dict[str, Any] | None) -> None:
-        buf = self._buffer()
-        if len(buf.events) >= MAX_EVENTS_PER_THREAD:
+        buf: _ThreadBuffer | None = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._buffer()
+        if len(buf.flat) >= MAX_FLAT:
             buf.dropped += 1
             return
-        buf.events.append((name, cat, start_ns, dur_ns, args))
+        buf.flat.extend((name, cat, start_ns, dur_ns, args))
 
     def reset(self) -> None:
         with self._lock:
             for buf in self._buffers:
-                buf.events.clear()
+                buf.flat.clear()
                 buf.dropped = 0
 
     def snapshot(self) -> dict[str, Any]:
@@ -88,7 +102,9 @@ class Tracer:
         for buf in buffers:
             events.append({"ph": "M", "pid": pid, "tid": buf.tid, "name": "thread_name", "args": {"name": buf.name, "ident": buf.ident}})
             dropped += buf.dropped
-            for name, cat, start_ns, dur_ns, args in list(buf.events):
+            flat = list(buf.flat)
+            for i in range(0, len(flat), FIELDS):
+                name, cat, start_ns, dur_ns, args = flat[i : i + FIELDS]
                 ev: dict[str, Any] = {
                     "name": name,
                     "cat": cat,
@@ -148,10 +164,10 @@ def _dump_at_exit(tracer: Tracer) -> None:
         tracer.dump(tracer.path)
 
 
-class span:  # noqa: N801 - reads as a function at call sites, like contextlib helpers
+class span:
     """A timed interval; a context manager and a decorator."""
 
-    __slots__ = ("name", "cat", "args", "_start")
+    __slots__ = ("_start", "args", "cat", "name")
 
     def __init__(self, name: str, cat: str = "default", **args: Any) -> None:
         self.name = name
@@ -162,14 +178,21 @@ class span:  # noqa: N801 - reads as a function at call sites, like contextlib h
     def __enter__(self) -> span:
         tracer = _TRACER or get_tracer()
         if tracer.enabled:
-            self._start = time.perf_counter_ns()
+            self._start = perf_counter_ns()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._start:
-            end = time.perf_counter_ns()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        start = self._start
+        if start:
+            # Tracer.record inlined: this runs ~30 times per engine step, and every call
+            # and lookup saved here is throughput the trace does not take away.
+            end = perf_counter_ns()
             tracer = _TRACER or get_tracer()
-            tracer.record(self.name, self.cat, self._start, end - self._start, self.args)
+            buf = getattr(tracer._local, "buf", None) or tracer._buffer()
+            if len(buf.flat) < MAX_FLAT:
+                buf.flat.extend((self.name, self.cat, start, end - start, self.args))
+            else:
+                buf.dropped += 1
             self._start = 0
 
     def __call__(self, fn: F) -> F:
