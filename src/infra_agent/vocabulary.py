@@ -89,6 +89,10 @@ class FindingKind:
     LATENCY_RISES_WITH_POSITION: Final = "latency_rises_with_position"
     DELTA_ATTRIBUTION: Final = "delta_attribution"
     SAMPLER_UNAVAILABLE: Final = "sampler_unavailable"
+    # quality probe (teacher-forced logprobs, candidate against baseline)
+    NO_LOGPROBS: Final = "no_logprobs"
+    LOGPROB_DIVERGENCE: Final = "logprob_divergence"
+    TOKENIZATION_MISMATCH: Final = "tokenization_mismatch"
     # the loop itself
     PROBE_TIMEOUT: Final = "probe_timeout"
     PROBE_ERROR: Final = "probe_error"

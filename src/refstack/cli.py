@@ -55,7 +55,9 @@ def _serve(**raw: Any) -> None:
     import uvicorn
 
     from refstack.engine.device import PlacementError, resolve_placement
+    from refstack.model.kv_dtypes import describe
     from refstack.server import create_app
+    from refstack.server.app import cache_info
 
     try:  # before anything is built: a combination that cannot run is one line, not a traceback
         placement = resolve_placement(engine_config(values), disagg=values["disagg"])
@@ -84,6 +86,8 @@ def _serve(**raw: Any) -> None:
               f"dtype {engine.dtype}, "
               f"{'native' if engine.native_kernels else 'torch'} kernels"
               f"{', disaggregated' if values['disagg'] else ''})")
+    # The cache's storage and what a sequence costs in it (also in GET /debug/engine "cache").
+    print(f"refstack cache: {describe(cache_info(engine))}", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=values["log_level"], timeout_graceful_shutdown=5))
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
     # handler it found.  A Python handler (not the default "die") lets the process end

@@ -149,8 +149,8 @@ KNOBS: tuple[Knob, ...] = (
          "'int8' (both with a scale per (layer, head)).  Bytes per token and the sequences that fit are shown at "
          "startup and in GET /debug/engine.", choices=KV_CACHE_DTYPES),
     Knob("kv_cache_dtype_layers", "str", "", ("engine.cache", "model.attention"),
-         "Per-layer override of --kv-cache-dtype (a mixed cache): 'LAYER:DTYPE,...', e.g. '0:bf16,2:int8'; "
-         "layers are attention layer indices of the model."),
+         "Per-layer override of --kv-cache-dtype (a mixed cache): 'LAYER:DTYPE,...', e.g. '1:bf16,3:int8'; "
+         "LAYER is the model's layer index and must be an attention layer (1 and 3 in tiny)."),
     Knob("kda_state_dtype", "choice", "fp32", ("engine.cache", "model.kda"),
          "Storage type of the KDA recurrent state: 'fp32' or 'bf16' (half the state bytes; the recurrence "
          "re-rounds it every step, so its error compounds: see docs/refstack.md).", choices=KDA_STATE_DTYPES),

@@ -28,8 +28,9 @@ def run_confirm(loop: Any, base: Experiment, best: Experiment, again: Experiment
     from infra_agent.workspace import metric_direction
 
     scenarios = loop.opts.get("scenarios") or sorted({c.scenario for c in loop.ws.criteria if c.scenario} or loop.ws.scenarios)
-    # The headline criterion: the first one measured in the scenarios this run uses.
-    crit = next((c for c in loop.ws.criteria if c.scenario is None or c.scenario in scenarios), None)
+    # The headline criterion: the first one measured in the scenarios this run uses (not one judged on a check).
+    crit = next((c for c in loop.ws.criteria if getattr(c, "check", None) is None
+                 and (c.scenario is None or c.scenario in scenarios)), None)
     metric = crit.metric if crit else "output_throughput"
     hyp = Hypothesis(statement="the accepted changes together hold every gate against the baseline", metric=metric,
                      direction=metric_direction(metric) or "higher",

@@ -57,8 +57,13 @@ def side_feedback(side: dict[str, list[Feedback]]) -> Feedback | None:
 
 
 def gates_of(workspace: Any, ex: Execution, exp_id: str, plan: Plan | None, relative: bool = True) -> list[GateResult]:
+    # The checks run on the candidate, for criteria that name one (the main probe's too, in a pair).
+    checks = dict(ex.checks)
+    if plan is not None and plan.mode == "pair" and plan.check and ex.candidate.get(plan.check):
+        checks[plan.check] = ex.candidate[plan.check][-1]
     gates = criteria_gates(workspace, ex.candidate if (plan is None or plan.mode == "ab") else {},
-                           ex.baseline if relative and (plan is None or plan.mode == "ab") else None, exp_id)
+                           ex.baseline if relative and (plan is None or plan.mode == "ab") else None, exp_id,
+                           checks=checks)
     for name, fb in ex.checks.items():
         gates.append(check_gate(name, fb, exp_id))
     if plan is not None and plan.mode == "pair" and plan.check:

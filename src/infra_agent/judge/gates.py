@@ -11,6 +11,9 @@ interleaved A/B is two lists of such Feedback, index-paired (pair i ran side by 
   bootstrap interval of its mean over runs must lie on its side.
 - A **check** (a kernel check, a unit test command) passes when its probe's Feedback
   is ok.
+- A criterion with ``check:`` (the quality probe's ``kl_div <= 0.01``) is an absolute
+  gate on that check's Feedback: the interval is over its samples (one per prompt for
+  the quality probe), pooled over the check's runs.
 - The **hypothesis** is a ratio gate (``metric`` moves in ``direction`` by at least
   ``min_effect``): supported when the interval clears it, refuted when the interval
   lies wholly on the other side, inconclusive otherwise.  Count metrics reported by a
@@ -27,7 +30,7 @@ of runs that would decide.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from infra_agent.agent.experiment import (
@@ -82,7 +85,7 @@ def _result(name: str, gate: str, kind: Any, ci: RatioCI | None, g: Gate, interv
 
 
 def absolute_gate(name: str, metric: str, op: str, value: float, scenario: str | None, candidate: Sequence[Feedback],
-                  measured_in: str | None = None) -> GateResult:
+                  measured_in: str | None = None, samples: str = "run(s)") -> GateResult:
     vals = side_values(candidate, metric, scenario)
     label = gate_label(metric, op, value, scenario)
     if not vals:
@@ -90,11 +93,11 @@ def absolute_gate(name: str, metric: str, op: str, value: float, scenario: str |
                           message=f"no run measured {metric}" + (f" in scenario {scenario}" if scenario else ""))
     if len(vals) < SMALL_N and min(vals) > 0:
         centre, low, high = t_interval_log(vals)
-        interval = f"95% t-interval of the geometric mean over {len(vals)} run(s)"
+        interval = f"95% t-interval of the geometric mean over {len(vals)} {samples}"
     else:
         ci = bootstrap_ci(vals, stat=_RUN_STAT)
         centre, low, high = ci.value, ci.low, ci.high
-        interval = f"{ci.confidence:.0%} bootstrap CI of the mean over {ci.n} run(s)"
+        interval = f"{ci.confidence:.0%} bootstrap CI of the mean over {ci.n} {samples}"
     as_ratio = RatioCI(ratio=centre, low=low, high=high, confidence=0.95, stat=_RUN_STAT,
                        n_candidate=len(vals), n_baseline=len(vals), paired=False, n_boot=0)
     return _result(name, label, "absolute", as_ratio, Gate(metric, op, value), interval, measured_in, absolute=True)  # type: ignore[arg-type]
@@ -131,10 +134,18 @@ def relative_gate(name: str, metric: str, op: str, ratio: float, scenario: str |
 
 
 def criteria_gates(workspace: Any, candidate: dict[str, list[Feedback]], baseline: dict[str, list[Feedback]] | None,
-                   measured_in: str | None = None) -> list[GateResult]:
-    """Every workspace criterion whose scenario was measured; relative ones need a baseline side."""
+                   measured_in: str | None = None, checks: Mapping[str, Feedback] | None = None) -> list[GateResult]:
+    """Every workspace criterion whose scenario (or check) was measured; relative ones need a baseline side.
+
+    ``checks``: the Feedback of the workspace checks run on the candidate, by check name,
+    for criteria that name a ``check`` (the quality probe's metrics)."""
     out: list[GateResult] = []
     for c in workspace.criteria:
+        check = getattr(c, "check", None)
+        if check is not None:
+            if checks is not None and check in checks and c.value is not None:
+                out.append(check_criterion_gate(c.name, c.metric, c.op, float(c.value), checks[check], measured_in))
+            continue
         if c.scenario not in candidate:
             continue
         if c.ratio is None:
@@ -145,6 +156,20 @@ def criteria_gates(workspace: Any, candidate: dict[str, list[Feedback]], baselin
         else:
             out.append(self_relative_gate(c.name, c.metric, c.op, float(c.ratio), c.scenario, measured_in))
     return out
+
+
+def check_criterion_gate(name: str, metric: str, op: str, value: float, fb: Feedback,
+                         measured_in: str | None = None) -> GateResult:
+    """An absolute criterion on a check's Feedback (``kl_div <= 0.01`` on the quality check).
+
+    A check that measured nothing (a server without logprobs) is an ``error`` gate naming
+    why, never a pass on missing numbers."""
+    if not fb.ok and not any(m.name == metric for m in fb.measurements):
+        label = gate_label(metric, op, value, None)
+        return GateResult(name=name, gate=label, kind="absolute", outcome="error", measured_in=measured_in,
+                          message=f"{metric} was not measured: {fb.error or 'the check failed'}")
+    unit = "prompt(s)" if fb.probe == "quality" else "sample(s)"
+    return absolute_gate(name, metric, op, value, None, [fb.model_copy(update={"ok": True})], measured_in, samples=unit)
 
 
 def holds_on_itself(op: str, ratio: float) -> bool:

@@ -140,6 +140,7 @@ _REGISTRY: dict[str, str] = {
     "kernel": "infra_agent.kernels.probe:KernelProbe",
     "command": "infra_agent.probes.command:CommandProbe",
     "timeline": "infra_agent.probes.timeline:TimelineProbe",
+    "quality": "infra_agent.probes.quality:QualityProbe",
 }
 
 

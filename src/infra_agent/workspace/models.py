@@ -224,6 +224,15 @@ def metric_direction(metric: str) -> Literal["higher", "lower"] | None:
     return None
 
 
+def check_metric_direction(metric: str) -> Literal["higher", "lower"] | None:
+    """Which way is better for a metric a shipped check probe reports (the quality probe's
+    ``kl_div``, ``top1_agreement`` ...); None when no such probe reports it.  A criterion
+    on such a metric names the check that measures it (``check:``)."""
+    from infra_agent.judge.check_metrics import quality_metric_direction
+
+    return quality_metric_direction(metric)
+
+
 def known_metric(metric: str) -> bool:
     """Whether a serving benchmark result holds ``metric`` (``pNN`` with 0 < NN <= 100)."""
     if metric in _HIGHER_BETTER or metric in _LOWER_BETTER or metric in _COUNTS:
@@ -249,6 +258,9 @@ class Criterion(_Strict):
     name: str
     metric: str
     scenario: str | None = None  # may be left out when there is one scenario
+    # The workspace check whose probe measures ``metric`` (the quality probe's ``kl_div``):
+    # the criterion is then judged on that check's Feedback, not on a scenario's windows.
+    check: str | None = None
     op: Literal[">=", "<=", ">", "<"] | None = None  # defaults from the metric's direction
     ratio: float | None = Field(None, gt=0)
     value: float | None = None
@@ -258,6 +270,8 @@ class Criterion(_Strict):
 
     @model_validator(mode="after")
     def _known_metric(self) -> Criterion:
+        if self.check is not None or check_metric_direction(self.metric) is not None:
+            return self  # a check's metric (Workspace._cross_checks pairs the two)
         if not self.custom and not known_metric(self.metric):
             close = metric_suggestions(self.metric)
             known = f"did you mean {close[0]!r}?" if close else f"one of {METRIC_FORMS}"
@@ -271,7 +285,7 @@ class Criterion(_Strict):
             got = "both" if self.ratio is not None else "neither"
             raise DomainError((), "exactly one of `ratio` (relative to baseline) or `value` (absolute)", got)
         if self.op is None:
-            direction = metric_direction(self.metric)
+            direction = metric_direction(self.metric) or check_metric_direction(self.metric)
             if direction is None:
                 raise DomainError(("op",), f"an explicit op (>=, <=, >, <), as metric {self.metric!r} has no known direction", MISSING)
             self.op = ">=" if direction == "higher" else "<="
@@ -352,6 +366,21 @@ DEFAULT_PROTECTED: tuple[str, ...] = (
 )
 
 
+def _check_criterion(ws: Workspace, i: int, crit: Criterion) -> None:
+    """A criterion judged on a check's Feedback: the check exists, and the gate is absolute."""
+    checks = [c.name for c in ws.checks]
+    if crit.check is None:
+        raise DomainError(("criteria", i, "check"), f"the name of the workspace check that measures {crit.metric!r} "
+                          f"(a quality probe check; checks: {', '.join(checks) or 'none declared'})", MISSING)
+    if crit.check not in checks:
+        raise DomainError(("criteria", i, "check"), f"one of the workspace checks {checks}", crit.check)
+    if crit.scenario is not None:
+        raise DomainError(("criteria", i, "scenario"), "no scenario on a criterion judged on a check", crit.scenario)
+    if crit.ratio is not None:
+        raise DomainError(("criteria", i, "ratio"), "an absolute `value` (a check criterion is judged on the candidate's "
+                          "check alone; the quality probe already compares against its baseline server)", crit.ratio)
+
+
 # ---------------------------------------------------------------- workspace
 
 
@@ -399,6 +428,9 @@ class Workspace(_Strict):
                     if name not in self.knobs:
                         raise DomainError(("checks", i, "config", *sub), f"placeholders among the declared knobs ({', '.join(sorted(self.knobs)) or 'none'})", "{" + name + "}")
         for i, crit in enumerate(self.criteria):
+            if crit.check is not None or check_metric_direction(crit.metric) is not None:
+                _check_criterion(self, i, crit)
+                continue
             if crit.scenario is None:
                 if len(self.scenarios) != 1:
                     raise DomainError(("criteria", i, "scenario"), f"a scenario name (one of {sorted(self.scenarios)})", MISSING)

@@ -99,7 +99,7 @@ class EngineConfig:
     # (Triton; imported only when chosen).  Prefill stays on torch's chunked path.
     kda_decode_kernel: str = "torch"
     # Quantisation (issue: W8A8 and a mixed-precision KV cache).  ``kv_cache_dtype_layers``
-    # overrides the KV cache dtype per attention layer: "LAYER:DTYPE,..." (e.g. "0:bf16,2:int8").
+    # overrides the KV cache dtype per attention layer: "LAYER:DTYPE,..." (e.g. "1:bf16,3:int8").
     quantization: str = "none"
     kv_cache_dtype: str = "auto"
     kv_cache_dtype_layers: str = ""

@@ -96,11 +96,49 @@ def _conflict(config: EngineConfig, device: str, disagg: bool) -> str | None:
     return None
 
 
+def _cache_conflict(config: EngineConfig, disagg: bool) -> str | None:
+    """The cache storage knobs (kv_cache_dtype, kv_cache_dtype_layers, kda_state_dtype):
+    a bad layer override (checked against the preset's layers), fp8 on a torch without
+    float8 types, or a non-fp32 cache with the disaggregated workers, as an error line."""
+    if config.kv_cache_dtype == "auto" and not config.kv_cache_dtype_layers and config.kda_state_dtype == "fp32":
+        return None
+    # Imported here: the default launch imports no model code for this check.
+    from refstack.model.config import HybridConfig
+    from refstack.model.kv_dtypes import parse_kv_cache_dtype_layers
+
+    try:
+        model = HybridConfig.preset(config.preset)
+        layers = parse_kv_cache_dtype_layers(config.kv_cache_dtype_layers, model, f"preset {config.preset}")
+    except ValueError as exc:
+        return str(exc)
+    # (dtype, the knob as given) of every storage choice, for the error lines below
+    asked = [(config.kv_cache_dtype, f"--kv-cache-dtype {config.kv_cache_dtype}"),
+             *((d, f"--kv-cache-dtype-layers {layer}:{d}") for layer, d in layers.items()),
+             (config.kda_state_dtype, f"--kda-state-dtype {config.kda_state_dtype}")]
+    fp8 = [knob for d, knob in asked if d == "fp8_e4m3"]
+    if fp8:
+        import torch
+
+        if not hasattr(torch, "float8_e4m3fn"):
+            return (f"{fp8[0]}: this torch ({torch.__version__}) has no float8_e4m3fn type to store it in; "
+                    "pass int8 or bf16, or use a torch with float8 types (2.1 or later)")
+    # (a default of int8 that every attention layer overrides back to fp32 stores fp32)
+    kv_default_used = set(layers) != set(model.full_attention_layers)
+    not_fp32 = [knob for d, knob in asked[int(not kv_default_used):] if d not in ("auto", "fp32")]
+    if disagg and not_fp32:
+        return (f"{not_fp32[0]} with --disagg: the disaggregated workers move KV pages and KDA states as fp32 "
+                "bytes; keep the cache fp32 (--kv-cache-dtype auto, --kda-state-dtype fp32) or serve without --disagg")
+    return None
+
+
 def resolve_placement(config: EngineConfig, *, disagg: bool = False) -> Placement:
     """The device and kernels an engine with ``config`` runs; ``PlacementError`` if none.
 
     Pure knob conflicts are checked before the machine is asked, so an impossible
     combination reads the same on every machine."""
+    problem = _cache_conflict(config, disagg)
+    if problem:
+        raise PlacementError(problem)
     wanted = "cuda" if config.device == "cuda" else "cpu"
     if config.device != "auto":
         problem = _conflict(config, wanted, disagg)
@@ -119,7 +157,18 @@ def resolve_placement(config: EngineConfig, *, disagg: bool = False) -> Placemen
             raise PlacementError(f"--kda-decode-kernel triton with --device {device}: cannot import the Triton "
                                  f"KDA kernel ({reason}); install triton or pass --kda-decode-kernel torch")
     native_possible = device == "cpu" and config.kda_decode_kernel == "torch"
-    return Placement(device, config.cpu_kernels if native_possible else "torch", config.kda_decode_kernel)
+    kernels = config.cpu_kernels if native_possible else "torch"
+    if config.quantization == "w8a8" and kernels == "torch":
+        # (imports torch and the model: only when asked for)
+        from refstack.model.quant import int_mm_unavailable_reason
+
+        reason = int_mm_unavailable_reason(device)  # W8A8 on torch's path is torch._int_mm
+        if reason:
+            knob = f"--cpu-kernels {config.cpu_kernels}" if device == "cpu" else f"--device {config.device}"
+            raise PlacementError(f"--quantization w8a8 with {knob}: {reason}; pass "
+                                 f"{'--cpu-kernels auto or native' if device == 'cpu' else '--device cpu'} "
+                                 "or --quantization none")
+    return Placement(device, kernels, config.kda_decode_kernel)
 
 
 def select_kernels(choice: str, model: Any) -> bool:

@@ -95,6 +95,11 @@ class Engine:
         self.native_kernels = select_kernels(placement.cpu_kernels, model)  # off before a move: CPU-only
         if placement.device != "cpu":
             model.to(placement.device)  # a model passed in moves too: the engine owns where it runs
+        if config.quantization != "none" or getattr(model, "quantization", "none") != "none":
+            from refstack.model.quant import apply_quantization
+
+            # W8A8: calibrated, smoothed and quantised here, where it runs (once per model).
+            apply_quantization(model, config.quantization)
         if hasattr(model, "use_kda_decode_kernel"):
             model.use_kda_decode_kernel(placement.kda_decode_kernel)
         if hasattr(model, "configure_ep"):
@@ -103,7 +108,16 @@ class Engine:
             model.configure_ep(EPSettings(release_gil=config.ep_release_gil, link_gbps=config.ep_link_gbps))
         self.tokenizer = tokenizer
         self.max_seq_len = config.max_seq_len or model.config.max_seq_len
-        self.cache = model.new_cache(num_slots=config.slots, max_seq_len=self.max_seq_len)
+        # The cache's storage types (kv_cache_dtype, kv_cache_dtype_layers, kda_state_dtype);
+        # at the defaults new_cache is called as before (a model given may not take them).
+        cache_types: dict[str, Any] = {}
+        if config.kv_cache_dtype != "auto" or config.kv_cache_dtype_layers or config.kda_state_dtype != "fp32":
+            from refstack.model.kv_dtypes import resolve_kv_dtypes
+
+            cache_types = {"kv_dtypes": resolve_kv_dtypes(config.kv_cache_dtype, config.kv_cache_dtype_layers,
+                                                          model.config),
+                           "state_dtype": config.kda_state_dtype}
+        self.cache = model.new_cache(num_slots=config.slots, max_seq_len=self.max_seq_len, **cache_types)
         self.scheduler = Scheduler(config, config.slots)
         self.observer = observer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
@@ -258,10 +272,8 @@ class Engine:
                 pass
 
     def _forward(self, chunks: list[ScheduledChunk]) -> list[tuple[ScheduledChunk, torch.Tensor]]:
-        logits = self.model.forward_chunks(
-            [SeqChunk(slot=c.request.slot, token_ids=c.token_ids, start_pos=c.start_pos) for c in chunks],
-            self.cache,
-        )
+        logits = self._run_model(
+            chunks, [SeqChunk(slot=c.request.slot, token_ids=c.token_ids, start_pos=c.start_pos) for c in chunks])
         ready = []
         prompt_done = 0
         for i, c in enumerate(chunks):
@@ -273,6 +285,12 @@ class Engine:
         if prompt_done and self.observer is not None:
             self.observer.on_prompt_tokens(prompt_done)
         return ready
+
+    def _run_model(self, chunks: list[ScheduledChunk], seqs: list[SeqChunk]) -> torch.Tensor:
+        """The model's next-token logits for the step's chunks.  A subclass may ask the model
+        for more (``LogprobEngine``: every prompt position of a request that echoes its
+        prompt with logprobs)."""
+        return self.model.forward_chunks(seqs, self.cache)
 
     def _sample(self, ready: list[tuple[ScheduledChunk, torch.Tensor]]) -> None:
         reqs = [c.request for c, _ in ready]

@@ -1,4 +1,5 @@
-"""Build and load the native kernels (``cpu_kernels.c``, ``cpu_bf16.c``, ``cpu_attention.c``, ``cpu_common.h``):
+"""Build and load the native kernels (``cpu_kernels.c``, ``cpu_bf16.c``, ``cpu_attention.c``, ``cpu_int8.c``,
+``cpu_common.h``):
 compiled on first use, cached per source, compiler and CPU.
 
 The source is compiled with the system C compiler (``$CC``, else ``cc``) with
@@ -26,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 _HERE = Path(__file__).parent
-SOURCES = (_HERE / "cpu_kernels.c", _HERE / "cpu_bf16.c", _HERE / "cpu_attention.c")
+SOURCES = (_HERE / "cpu_kernels.c", _HERE / "cpu_bf16.c", _HERE / "cpu_attention.c", _HERE / "cpu_int8.c")
 HEADERS = (_HERE / "cpu_common.h",)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 300
@@ -128,6 +129,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         "refstack_attn_decode_block": [ptr, i64, i64, ptr, ptr, cint, i64, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64,
                                        i64, f32, ptr, ptr, cint],
         "refstack_gqa_decode": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, ptr, cint],
+        # The same two over a cache of any storage type (kv_type, K scales, V scales after the cache).
+        "refstack_attn_decode_block_kv": [ptr, i64, i64, ptr, ptr, cint, i64, i64, i64, ptr, ptr, i64, ptr, ptr, cint, ptr,
+                                          ptr, ptr, ptr, i64, i64, f32, ptr, ptr, cint],
+        "refstack_gqa_decode_kv": [ptr, ptr, ptr, ptr, ptr, cint, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, ptr,
+                                   cint],
         "refstack_kda_prepare": [ptr, i64, ptr, i64, ptr, ptr, f32, f32, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, cint],
         "refstack_kda_decode_block": [ptr, i64, i64, ptr, i64, ptr, ptr, ptr, f32, f32, ptr, i64, i64, i64, f32, ptr, f32,
                                       ptr, cint, ptr, ptr, ptr, cint],
@@ -137,6 +143,15 @@ def _declare(lib: ctypes.CDLL) -> None:
         "refstack_kda_scan": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr, cint],
         "refstack_kda_scan_varlen": [ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32, ptr,
                                      cint],
+        # cpu_int8.c: W8A8 (refstack.model.quant)
+        "refstack_int8_dot_native": [],
+        "refstack_int8_force_portable": [cint],
+        "refstack_pack_header_bytes": [],
+        "refstack_gemm_w8a8": [ptr, i64, i64, i64, ptr, i64, ptr, i64, cint],
+        "refstack_gemm_tagged": [ptr, i64, i64, i64, ptr, i64, ptr, i64, cint],
+        "refstack_int8_mm": [ptr, i64, i64, ptr, i64, ptr, cint],
+        "refstack_int8_quantize": [ptr, i64, i64, ptr, ptr, ptr],
+        "refstack_moe_experts_w8a8": [ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, cint],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)

@@ -113,9 +113,14 @@ int refstack_gemm(const float *x, int64_t M, int64_t K, int64_t ldx, const float
 int refstack_gemm_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *wp, int64_t N, float *y,
                        int64_t ldy, int nthreads);
 
-/* The fp32 or the bf16 GEMM, by the packed weight's type. */
+int refstack_gemm_tagged(const float *x, int64_t M, int64_t K, int64_t ldx, const void *pack, int64_t N, float *y,
+                         int64_t ldy, int nthreads);
+
+/* The fp32 or the bf16 GEMM, by the packed weight's type; kind 2: a tagged pack (cpu_int8.c:
+ * W8A8, or fp32 / bf16 behind a header), so one block can mix W8A8 and higher-precision weights. */
 static inline int gemm_any(int bf16, const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int64_t N, float *y,
                            int64_t ldy, int nthreads) {
+    if (bf16 == 2) return refstack_gemm_tagged(x, M, K, ldx, w, N, y, ldy, nthreads);
     return bf16 ? refstack_gemm_bf16(x, M, K, ldx, (const uint16_t *)w, N, y, ldy, nthreads)
                 : refstack_gemm(x, M, K, ldx, (const float *)w, N, y, ldy, nthreads);
 }

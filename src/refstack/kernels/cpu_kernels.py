@@ -11,7 +11,8 @@
   (``ep_wait``: the bytes that cross ranks, ``ep_cross_bytes``, over the link); each
   call releases the GIL (``load()``, a ``CDLL``) or holds it (``load_holding_gil()``, a
   ``PyDLL``), per its ``release_gil`` argument;
-- ``gqa_decode``: one query token per sequence against its slot of the KV cache;
+- ``gqa_decode``: one query token per sequence against its slot of the KV cache (fp32,
+  bf16, fp8 e4m3 or int8: new rows encoded, stored rows widened to fp32 as they are read);
 - ``rms_norm``: RMSNorm, optionally after a residual add or with a sigmoid gate;
 - ``kda_prepare``: KDA's q/k normalisation, decay, beta from its projections;
 - ``kda_scan`` / ``kda_decode``: the KDA recurrence over T tokens of B equal-length
@@ -32,10 +33,19 @@ Every packing function takes ``dtype``: ``torch.float32``, or ``torch.bfloat16``
 the bf16 GEMMs of ``cpu_bf16.c`` (weights rounded to bf16 when packed, activations
 rounded to bf16 inside the call, fp32 accumulation): ``gemm``, ``moe_experts`` and
 ``kda_decode_block`` pick the kernel from the packed weights' dtype.
+
+W8A8 (``cpu_int8.c``, ``refstack.model.quant``): ``pack_w8a8`` / ``pack_gate_up_w8a8`` /
+``pack_down_w8a8`` build *tagged* packs, 1-d int8 tensors that start with a 64-byte header
+(format, K, N, section offsets); ``pack(..., tagged=True)`` puts an fp32 or bf16 pack behind
+the same header.  ``gemm`` and ``moe_experts`` take them too; ``gemm_kind`` is the kind
+number the native decode blocks take (0 fp32, 1 bf16, 2 tagged).
 """
 
 from __future__ import annotations
 
+import contextlib
+import struct
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -59,18 +69,27 @@ __all__ = [
     "ep_dispatch",
     "ep_wait",
     "gemm",
+    "gemm_kind",
     "gqa_decode",
+    "int8_dot_native",
+    "int8_mm",
+    "int8_portable",
+    "int8_quantize",
     "kda_decode",
     "kda_prepare",
     "kda_scan",
     "kda_scan_varlen",
+    "kv_cache_args",
     "load",
     "moe_combine",
     "moe_dispatch",
     "moe_experts",
     "pack",
     "pack_down",
+    "pack_down_w8a8",
     "pack_gate_up",
+    "pack_gate_up_w8a8",
+    "pack_w8a8",
     "rms_norm",
     "unavailable_reason",
 ]
@@ -100,8 +119,10 @@ def _check_index(name: str, *tensors: Tensor) -> None:
 
 
 def _check_packed(name: str, *tensors: Tensor) -> None:
-    """fp32 packs end in [..., K, NB]; bf16 packs in [..., K2, NB, 2] (see ``pack``)."""
+    """fp32 packs end in [..., K, NB]; bf16 packs in [..., K2, NB, 2] (see ``pack``); tagged packs are 1-d int8."""
     for t in tensors:
+        if is_tagged(t) and t.device.type == "cpu" and t.is_contiguous() and t.numel() >= HEADER_BYTES:
+            continue
         fp32 = t.dtype == torch.float32 and t.shape[-1] == NB
         bf16 = t.dtype == torch.bfloat16 and t.dim() >= 2 and t.shape[-2:] == (NB, 2)
         if not (fp32 or bf16) or not t.is_contiguous() or t.device.type != "cpu":
@@ -127,15 +148,153 @@ def _fits(packed: Tensor, k: int) -> bool:
     return packed.shape[-2] == k if packed.dtype == torch.float32 else packed.shape[-3] == -(-k // 2)
 
 
-def pack(w: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+def pack(w: Tensor, dtype: torch.dtype = torch.float32, *, tagged: bool = False) -> Tensor:
     """A weight [K, N] (any strides) as contiguous column blocks [ceil(N/NB), K, NB], zero-padded;
-    with ``dtype=torch.bfloat16``, rounded to bf16 as [ceil(N/NB), ceil(K/2), NB, 2]."""
+    with ``dtype=torch.bfloat16``, rounded to bf16 as [ceil(N/NB), ceil(K/2), NB, 2].
+    ``tagged``: the same blocks behind a W8A8-style header (a 1-d int8 tensor; see the module doc)."""
     K, N = w.shape
     nb = -(-N // NB)
     padded = w.new_zeros(K, nb * NB)
     padded[:, :N] = w
     blocks = padded.view(K, nb, NB).transpose(0, 1).contiguous()
-    return _to_pairs(blocks) if dtype == torch.bfloat16 else blocks
+    blocks = _to_pairs(blocks) if dtype == torch.bfloat16 else blocks
+    if not tagged:
+        return blocks
+    payload = blocks.reshape(-1).view(torch.int8)
+    fmt = FORMAT_BF16 if dtype == torch.bfloat16 else FORMAT_FP32
+    total = HEADER_BYTES + payload.numel()
+    return torch.cat([_header(fmt, K, N, HEADER_BYTES, 0, 0, 0, total), payload])
+
+
+# ---------------------------------------------------------------- W8A8 (cpu_int8.c)
+HEADER_BYTES = 64
+_MAGIC = 0x38575352  # "RSW8"
+FORMAT_FP32, FORMAT_BF16, FORMAT_W8A8 = 0, 1, 2
+_HEADER = struct.Struct("<ii7q")
+
+
+def is_tagged(t: Tensor) -> bool:
+    """A tagged pack: a 1-d int8 tensor that starts with the 64-byte header."""
+    return t.dtype == torch.int8 and t.dim() == 1
+
+
+def gemm_kind(dtype: torch.dtype | None) -> int:
+    """The native blocks' weight kind for packs of ``dtype``: 0 fp32 (or None), 1 bf16, 2 tagged (int8)."""
+    return {torch.bfloat16: 1, torch.int8: 2}.get(dtype, 0) if dtype is not None else 0
+
+
+def _header(fmt: int, K: int, N: int, off_w: int, off_scale: int, off_corr: int, off_inv_s: int, total: int) -> Tensor:
+    raw = bytearray(HEADER_BYTES)
+    _HEADER.pack_into(raw, 0, _MAGIC, fmt, K, N, off_w, off_scale, off_corr, off_inv_s, total)
+    return torch.frombuffer(raw, dtype=torch.int8).clone()
+
+
+def read_header(pack: Tensor) -> dict[str, int]:
+    """A tagged pack's header fields (``format``, ``K``, ``N``, the offsets, ``total``)."""
+    if not is_tagged(pack) or pack.numel() < HEADER_BYTES:
+        raise ValueError(f"read_header: expected a 1-d int8 tagged pack, got {pack.dtype} {tuple(pack.shape)}")
+    fields = _HEADER.unpack(pack[:HEADER_BYTES].numpy().tobytes()[: _HEADER.size])
+    if fields[0] != _MAGIC:
+        raise ValueError("read_header: not a tagged pack (bad magic)")
+    return dict(zip(("magic", "format", "K", "N", "off_w", "off_scale", "off_corr", "off_inv_s", "total"), fields))
+
+
+def _align(n: int) -> int:
+    return -(-n // 64) * 64
+
+
+def pack_w8a8(qweight: Tensor, scale: Tensor, inv_s: Tensor | None = None) -> Tensor:
+    """A W8A8 weight for ``gemm``: ``qweight`` [N, K] int8 (rows: output channels), ``scale`` [N]
+    fp32 per output channel, ``inv_s`` [K] fp32 activation multipliers (None: none).  Returns the
+    tagged pack: header, int8 [ceil(N/NB)][ceil(K/4)][NB][4], scales, 128 * column sums, inv_s."""
+    N, K = qweight.shape
+    if qweight.dtype != torch.int8 or scale.shape != (N,) or (inv_s is not None and inv_s.shape != (K,)):
+        raise ValueError(f"pack_w8a8: qweight {qweight.dtype} {tuple(qweight.shape)}, scale {tuple(scale.shape)}, "
+                         f"inv_s {None if inv_s is None else tuple(inv_s.shape)} do not fit")
+    nb, K4 = -(-N // NB), -(-K // 4)
+    q = torch.zeros(nb * NB, K4 * 4, dtype=torch.int8)
+    q[:N, :K] = qweight.cpu()
+    blocks = q.view(nb, NB, K4, 4).permute(0, 2, 1, 3).contiguous().view(-1)  # [nb][K4][NB][4]
+    sw = torch.zeros(nb * NB, dtype=torch.float32)
+    sw[:N] = scale.float().cpu()
+    corr = (q.to(torch.int32).sum(1) * 128).to(torch.int32)
+    off_w = HEADER_BYTES
+    off_scale = _align(off_w + blocks.numel())
+    off_corr = _align(off_scale + 4 * nb * NB)
+    off_inv = _align(off_corr + 4 * nb * NB) if inv_s is not None else 0
+    total = _align((off_inv + 4 * K) if inv_s is not None else (off_corr + 4 * nb * NB))
+    out = torch.zeros(total, dtype=torch.int8)
+    out[:HEADER_BYTES] = _header(FORMAT_W8A8, K, N, off_w, off_scale, off_corr, off_inv, total)
+    out[off_w : off_w + blocks.numel()] = blocks
+    out[off_scale : off_scale + 4 * nb * NB] = sw.view(torch.int8)
+    out[off_corr : off_corr + 4 * nb * NB] = corr.view(torch.int8)
+    if inv_s is not None:
+        out[off_inv : off_inv + 4 * K] = inv_s.float().cpu().contiguous().view(torch.int8)
+    return out
+
+
+def pack_gate_up_w8a8(qweight: Tensor, scale: Tensor, inv_s: Tensor | None = None) -> Tensor:
+    """Experts' gate|up as W8A8: ``qweight`` [E, 2I, D] int8 (gate rows, then up), ``scale`` [E, 2I],
+    ``inv_s`` [E, D] or None.  Each expert's pack has its columns in ``pack_gate_up``'s order
+    (block j: gate 16j.. | up 16j..), so a tile ends in silu(gate) * up; the packs are back to back."""
+    E, two_i = qweight.shape[:2]
+    inner = two_i // 2
+    if inner % HALF:
+        raise ValueError(f"pack_gate_up_w8a8: expert hidden size {inner} is not a multiple of {HALF}")
+    order = torch.arange(two_i).view(2, inner // HALF, HALF).transpose(0, 1).reshape(-1)  # gate block j, up block j
+    return torch.cat([pack_w8a8(qweight[e][order], scale[e][order], None if inv_s is None else inv_s[e])
+                      for e in range(E)])
+
+
+def pack_down_w8a8(qweight: Tensor, scale: Tensor, inv_s: Tensor | None = None) -> Tensor:
+    """Experts' down projections as W8A8: ``qweight`` [E, D, I] int8, ``scale`` [E, D], ``inv_s`` [E, I] or None."""
+    return torch.cat([pack_w8a8(qweight[e], scale[e], None if inv_s is None else inv_s[e])
+                      for e in range(qweight.shape[0])])
+
+
+def int8_dot_native() -> bool:
+    """True when the kernels load and their int8 tiles run on AVX512-VNNI's ``vpdpbusd``;
+    elsewhere the portable path computes the same integers."""
+    return available() and bool(load().refstack_int8_dot_native())
+
+
+@contextlib.contextmanager
+def int8_portable(on: bool = True) -> Iterator[None]:
+    """Run the int8 tiles on the portable path inside the block (tests compare the two paths).
+    Process-wide: not while another thread runs a W8A8 kernel."""
+    lib = load()
+    was = lib.refstack_int8_force_portable(int(on))
+    try:
+        yield
+    finally:
+        lib.refstack_int8_force_portable(was)
+
+
+def int8_mm(a: Tensor, pack: Tensor) -> Tensor:
+    """The exact int32 products ``a [M, K] (int8) @ W`` for a W8A8 pack's int8 weights W [K, N]."""
+    h = read_header(pack)
+    if a.dtype != torch.int8 or a.dim() != 2 or a.shape[1] != h["K"] or h["format"] != FORMAT_W8A8:
+        raise ValueError(f"int8_mm: a {a.dtype} {tuple(a.shape)} does not fit a pack of K={h['K']} format {h['format']}")
+    a = a.contiguous()
+    c = torch.empty(a.shape[0], h["N"], dtype=torch.int32)
+    if load().refstack_int8_mm(a.data_ptr(), a.shape[0], h["K"], pack.data_ptr(), h["N"], c.data_ptr(),
+                               torch.get_num_threads()):
+        raise ValueError("refstack_int8_mm rejected its arguments")
+    return c
+
+
+def int8_quantize(x: Tensor, inv_s: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The kernels' per-row activation quantisation of x [M, K]: int8 codes [M, K] and scales [M]."""
+    _check("int8_quantize", x, *(t for t in (inv_s,) if t is not None))
+    x = x.contiguous()
+    M, K = x.shape
+    codes = torch.empty(M, K, dtype=torch.int8)
+    scales = torch.empty(M, dtype=torch.float32)
+    inv = inv_s.contiguous() if inv_s is not None else None
+    if load().refstack_int8_quantize(x.data_ptr(), M, K, inv.data_ptr() if inv is not None else None, codes.data_ptr(),
+                                     scales.data_ptr()):
+        raise ValueError(f"refstack_int8_quantize rejected M={M} K={K}")
+    return codes, scales
 
 
 def pack_gate_up(w_gate_up: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -163,6 +322,8 @@ def gemm(x: Tensor, packed: Tensor, n: int) -> Tensor:
     A bf16 pack runs the bf16 kernel: x rounded to bf16, fp32 accumulation and result."""
     _check("gemm", x)
     _check_packed("gemm", packed)
+    if is_tagged(packed):
+        return _gemm_tagged(x, packed, n)
     bf16 = packed.dtype == torch.bfloat16
     if x.dim() != 2 or packed.dim() != (4 if bf16 else 3) or not _fits(packed, x.shape[1]) or packed.shape[0] != -(-n // NB):
         raise ValueError(f"gemm: x {tuple(x.shape)} does not fit a packed weight {tuple(packed.shape)} with n={n}")
@@ -177,6 +338,40 @@ def gemm(x: Tensor, packed: Tensor, n: int) -> Tensor:
     return y
 
 
+def _gemm_tagged(x: Tensor, packed: Tensor, n: int) -> Tensor:
+    h = read_header(packed)
+    if x.dim() != 2 or x.shape[1] != h["K"] or n != h["N"] or packed.numel() < h["total"]:
+        raise ValueError(f"gemm: x {tuple(x.shape)} does not fit a tagged pack of K={h['K']} N={h['N']} with n={n}")
+    if x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) < x.shape[1]):
+        x = x.contiguous()
+    M, K = x.shape
+    y = torch.empty(M, n, dtype=x.dtype)
+    ldx = x.stride(0) if M > 1 else K
+    if M and load().refstack_gemm_tagged(x.data_ptr(), M, K, ldx, packed.data_ptr(), n, y.data_ptr(), n,
+                                         torch.get_num_threads()):
+        raise ValueError(f"refstack_gemm_tagged rejected M={M} K={K} N={n} format={h['format']}")
+    return y
+
+
+def _moe_experts_w8a8(rows: Tensor, counts: list[int], gate_up: Tensor, down: Tensor) -> Tensor:
+    h1, h2 = read_header(gate_up), read_header(down)
+    D, inner, E = h1["K"], h1["N"] // 2, len(counts)
+    if rows.dim() != 2 or rows.shape[1] != D or (h2["K"], h2["N"]) != (inner, D) or sum(counts) != rows.shape[0] \
+            or gate_up.numel() != E * h1["total"] or down.numel() != E * h2["total"]:
+        raise ValueError(f"moe_experts: rows {tuple(rows.shape)}, {E} counts, W8A8 packs of {gate_up.numel()} / "
+                         f"{down.numel()} bytes (D={D}, I={inner}) do not match")
+    rows = rows.contiguous()
+    y = torch.empty_like(rows)
+    if rows.shape[0] == 0:
+        return y
+    offsets = torch.tensor([0, *counts], dtype=torch.int64).cumsum_(0)
+    hidden = torch.empty(rows.shape[0], inner, dtype=rows.dtype)
+    if load().refstack_moe_experts_w8a8(rows.data_ptr(), offsets.data_ptr(), E, D, inner, gate_up.data_ptr(),
+                                        down.data_ptr(), hidden.data_ptr(), y.data_ptr(), torch.get_num_threads()):
+        raise ValueError(f"refstack_moe_experts_w8a8 rejected E={E} D={D} I={inner} counts={counts}")
+    return y
+
+
 def moe_experts(rows: Tensor, counts: list[int], gate_up: Tensor, down: Tensor) -> Tensor:
     """SwiGLU experts over ``rows`` [n, D] grouped by expert, ``counts`` rows per expert.
 
@@ -184,6 +379,8 @@ def moe_experts(rows: Tensor, counts: list[int], gate_up: Tensor, down: Tensor) 
     bf16); returns [n, D]."""
     _check("moe_experts", rows)
     _check_packed("moe_experts", gate_up, down)
+    if is_tagged(gate_up) and is_tagged(down):  # W8A8: pack_gate_up_w8a8 / pack_down_w8a8
+        return _moe_experts_w8a8(rows, counts, gate_up, down)
     bf16 = gate_up.dtype == torch.bfloat16
     dims = 5 if bf16 else 4
     if gate_up.dim() != dims or down.dim() != dims or down.dtype != gate_up.dtype:
@@ -444,29 +641,59 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: 
     return kda_scan(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], state, scale)[:, 0]
 
 
+# The cache storage types the decode attention kernel reads (its kv_type argument).
+KV_TYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 3}
+if hasattr(torch, "float8_e4m3fn"):
+    KV_TYPE_CODES[torch.float8_e4m3fn] = 2
+
+
+def kv_cache_args(name: str, keys: Tensor, values: Tensor, k_scale: Tensor | None,
+                  v_scale: Tensor | None) -> tuple[int, int | None, int | None]:
+    """The kernel's (kv_type, K scales pointer, V scales pointer) for a cache's K / V
+    storage: contiguous CPU tensors of one type in ``KV_TYPE_CODES``; fp8 and int8 need
+    their scales ([kv_heads] fp32 CPU, stored value * scale = the value)."""
+    code = KV_TYPE_CODES.get(keys.dtype)
+    if code is None or values.dtype != keys.dtype or keys.device.type != "cpu" or values.device.type != "cpu" \
+            or not keys.is_contiguous() or not values.is_contiguous():
+        raise ValueError(f"{name}: the cache must be contiguous CPU tensors of one of "
+                         f"{[str(d) for d in KV_TYPE_CODES]}, got {keys.dtype} / {values.dtype} on {keys.device}")
+    if code not in (2, 3):
+        return code, None, None
+    heads = keys.shape[1]
+    for t in (k_scale, v_scale):
+        if t is None or t.dtype != torch.float32 or t.device.type != "cpu" or t.shape != (heads,) or not t.is_contiguous():
+            raise ValueError(f"{name}: a {keys.dtype} cache needs K and V scales of [{heads}] fp32 on the CPU, got "
+                             f"{None if t is None else (t.dtype, tuple(t.shape))}")
+    assert k_scale is not None and v_scale is not None
+    return code, k_scale.data_ptr(), v_scale.data_ptr()
+
+
 def gqa_decode(q: Tensor, k_new: Tensor, v_new: Tensor, keys: Tensor, values: Tensor, slots: Tensor, positions: Tensor,
-               scale: float) -> Tensor:
+               scale: float, *, k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
     """One query token per sequence: write k_new / v_new into the cache at ``positions``,
     then attend over positions 0..pos of the sequence's slot.
 
     q [B, Hq, D]; k_new, v_new [B, Hkv, D]; keys, values [slots, Hkv, max_len, D]
-    (contiguous, written in place); slots, positions [B] int64.  Returns [B, Hq, D]."""
-    _check("gqa_decode", q, k_new, v_new, keys, values)
+    (contiguous, written in place; fp32, bf16, float8_e4m3fn or int8, the last two with
+    ``k_scale`` / ``v_scale`` [Hkv]: new rows are stored as ``x / scale`` rounded, read
+    back times the scale); slots, positions [B] int64.  Returns [B, Hq, D] (fp32)."""
+    _check("gqa_decode", q, k_new, v_new)
     _check_index("gqa_decode", slots, positions)
+    kv_type, k_scale_ptr, v_scale_ptr = kv_cache_args("gqa_decode", keys, values, k_scale, v_scale)
     B, Hq, D = q.shape
     n_slots, Hkv, max_len, _ = keys.shape
     if k_new.shape != (B, Hkv, D) or v_new.shape != k_new.shape or values.shape != keys.shape or keys.shape[-1] != D \
-            or Hq % Hkv or slots.shape != (B,) or positions.shape != (B,) \
-            or not keys.is_contiguous() or not values.is_contiguous():
+            or Hq % Hkv or slots.shape != (B,) or positions.shape != (B,):
         raise ValueError(f"gqa_decode: q {tuple(q.shape)}, k/v {tuple(k_new.shape)}, cache {tuple(keys.shape)}, "
                          f"slots {tuple(slots.shape)}, positions {tuple(positions.shape)} do not match")
     if B == 0:
         return torch.empty_like(q)
     q, k_new, v_new, slots, positions = (t.contiguous() for t in (q, k_new, v_new, slots, positions))
     out = torch.empty_like(q)
-    rc = load().refstack_gqa_decode(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                                    slots.data_ptr(), positions.data_ptr(), B, n_slots, Hkv, Hq // Hkv, max_len, D, scale,
-                                    out.data_ptr(), torch.get_num_threads())
+    rc = load().refstack_gqa_decode_kv(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), keys.data_ptr(),
+                                       values.data_ptr(), kv_type, k_scale_ptr, v_scale_ptr, slots.data_ptr(),
+                                       positions.data_ptr(), B, n_slots, Hkv, Hq // Hkv, max_len, D, scale, out.data_ptr(),
+                                       torch.get_num_threads())
     if rc:
         raise ValueError(f"gqa_decode: positions must be in [0, {max_len}) and slots in [0, {n_slots})" if rc == 2 else
                          f"refstack_gqa_decode rejected B={B} Hkv={Hkv} D={D}")

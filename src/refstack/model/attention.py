@@ -1,4 +1,10 @@
-"""Grouped-query full attention with RoPE over a slotted KV cache."""
+"""Grouped-query full attention with RoPE over a slotted KV cache.
+
+The cache may store K / V as fp32, bf16, fp8 e4m3 or int8 (per layer, see
+``refstack.model.cache``): new rows are encoded as they are written, and attention
+reads every row back as stored, dequantized to fp32 (the new token's own row too, so a
+prefill in one chunk or in several, and the native decode, all attend to the same keys).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from torch import Tensor, nn
 from infra_agent import tracing
 from refstack.kernels import cpu_blocks, cpu_kernels
 from refstack.model.batch import ForwardBatch, PaddedPrefill
-from refstack.model.cache import ModelCache
+from refstack.model.cache import KVCodec, ModelCache
 from refstack.model.config import HybridConfig
 from refstack.model.layers import Linear
 
@@ -59,18 +65,21 @@ class AttentionLayer(nn.Module):
                 qk = apply_rope(qk.reshape(T, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             v = v.reshape(T, self.num_kv_heads, self.head_dim)
-            keys, values = cache.keys[self.layer], cache.values[self.layer]
+            # The storage as the torch path indexes it, and how to encode into it and decode
+            # out of it (None: fp32, stored and read as it is).
+            keys, values = cache.kv_raw(self.layer)
+            codec = cache.codecs.get(self.layer)
             nd = batch.num_decode
             parts: list[Tensor] = []
             if nd:
-                parts.append(self._decode(q[:nd], k[:nd], v[:nd], batch, keys, values))
+                parts.append(self._decode(q[:nd], k[:nd], v[:nd], batch, keys, values, codec, cache))
             if batch.padded_prefill is not None:
                 p = slice(nd, T)
-                parts.append(self._prefill_padded(q, k[p], v[p], batch.padded_prefill, keys, values))
+                parts.append(self._prefill_padded(q, k[p], v[p], batch.padded_prefill, keys, values, codec))
             else:
                 for span in batch.prefills:
                     s = slice(span.begin, span.end)
-                    parts.append(self._prefill(q[s], k[s], v[s], span.slot, span.start_pos, keys, values))
+                    parts.append(self._prefill(q[s], k[s], v[s], span.slot, span.start_pos, keys, values, codec))
             o = parts[0] if len(parts) == 1 else torch.cat(parts)
             return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
 
@@ -78,16 +87,19 @@ class AttentionLayer(nn.Module):
         """Decode attention through ``cpu_kernels.gqa_decode`` (the projections switch themselves)."""
         self.native = on
 
-    def _decode(self, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch, keys: Tensor, values: Tensor) -> Tensor:
+    def _decode(self, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch, keys: Tensor, values: Tensor,
+                codec: KVCodec | None, cache: ModelCache) -> Tensor:
         """All decode tokens at once; shorter sequences mask the padded tail."""
         if self.native:
-            return cpu_kernels.gqa_decode(q, k, v, keys, values, batch.decode_slots, batch.decode_positions,
-                                          self.head_dim**-0.5)
+            # The kernel encodes the new rows and dequantizes as it reads (any storage type).
+            return cpu_kernels.gqa_decode(q, k, v, cache.keys[self.layer], cache.values[self.layer], batch.decode_slots,
+                                          batch.decode_positions, self.head_dim**-0.5,
+                                          k_scale=cache.k_scales.get(self.layer), v_scale=cache.v_scales.get(self.layer))
         B = q.shape[0]
         pos = batch.decode_positions
         # Advanced indices on dims 0 and 2 around a slice: the indexed view is [B, kv_heads, D].
-        keys[batch.decode_slots, :, pos] = k
-        values[batch.decode_slots, :, pos] = v
+        keys[batch.decode_slots, :, pos] = k if codec is None else codec.encode(k, 0)
+        values[batch.decode_slots, :, pos] = v if codec is None else codec.encode(v, 1)
         L = batch.max_decode_len
         if batch.decode_slot_range is not None:
             lo, hi = batch.decode_slot_range
@@ -96,6 +108,8 @@ class AttentionLayer(nn.Module):
             # Narrow to the longest live length first so the gather copies only that.
             k_ctx = keys[:, :, :L].index_select(0, batch.decode_slots)
             v_ctx = values[:, :, :L].index_select(0, batch.decode_slots)
+        if codec is not None:  # attention reads what was stored (the new row too), in fp32
+            k_ctx, v_ctx = codec.decode(k_ctx, 0), codec.decode(v_ctx, 1)
         # Grouped-query attention without expanding K/V: the query heads sharing a KV
         # head become rows of one small matmul.  (Faster on the CPU than SDPA for a
         # single query per sequence, and it never copies the cache per query head.)
@@ -108,14 +122,17 @@ class AttentionLayer(nn.Module):
         return out.view(B, self.num_heads, self.head_dim)
 
     def _prefill(
-        self, q: Tensor, k: Tensor, v: Tensor, slot: int, start: int, keys: Tensor, values: Tensor
+        self, q: Tensor, k: Tensor, v: Tensor, slot: int, start: int, keys: Tensor, values: Tensor,
+        codec: KVCodec | None = None,
     ) -> Tensor:
         """One sequence's chunk: causal over the cached prefix plus the chunk itself."""
         n = q.shape[0]
         end = start + n
-        keys[slot, :, start:end] = k.transpose(0, 1)
-        values[slot, :, start:end] = v.transpose(0, 1)
+        keys[slot, :, start:end] = (k if codec is None else codec.encode(k, 0)).transpose(0, 1)
+        values[slot, :, start:end] = (v if codec is None else codec.encode(v, 1)).transpose(0, 1)
         k_ctx, v_ctx = keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end]
+        if codec is not None:  # the chunk attends to its own keys as stored, as a later decode will
+            k_ctx, v_ctx = codec.decode(k_ctx, 0), codec.decode(v_ctx, 1)
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, D]
         if start == 0:
             out = F.scaled_dot_product_attention(qh, k_ctx, v_ctx, is_causal=True, enable_gqa=True)
@@ -127,16 +144,19 @@ class AttentionLayer(nn.Module):
         return out.squeeze(0).transpose(0, 1)  # [n, heads, D]
 
     def _prefill_padded(
-        self, q: Tensor, k: Tensor, v: Tensor, pp: PaddedPrefill, keys: Tensor, values: Tensor
+        self, q: Tensor, k: Tensor, v: Tensor, pp: PaddedPrefill, keys: Tensor, values: Tensor,
+        codec: KVCodec | None = None,
     ) -> Tensor:
         """All prefill chunks at once: q from the whole stream, k/v of the prefill tokens."""
-        keys[pp.token_slots, :, pp.token_positions] = k
-        values[pp.token_slots, :, pp.token_positions] = v
+        keys[pp.token_slots, :, pp.token_positions] = k if codec is None else codec.encode(k, 0)
+        values[pp.token_slots, :, pp.token_positions] = v if codec is None else codec.encode(v, 1)
         n = pp.index.shape[1]
         L = pp.max_len
         q_p = q[pp.index].transpose(1, 2)  # [S, heads, n_max, D]
         k_ctx = keys[:, :, :L].index_select(0, pp.slots)
         v_ctx = values[:, :, :L].index_select(0, pp.slots)
+        if codec is not None:
+            k_ctx, v_ctx = codec.decode(k_ctx, 0), codec.decode(v_ctx, 1)
         # Query i of chunk s sits at position start_s + i and sees keys up to there;
         # padded queries see something too (key 0), so no row is all -inf.
         query_pos = pp.starts.unsqueeze(1) + torch.arange(n, device=q.device).unsqueeze(0)  # [S, n_max]

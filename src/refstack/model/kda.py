@@ -79,7 +79,10 @@ class KDALayer(nn.Module):
         Linears and o_norm switch themselves)."""
         self.native = on
         dtype = torch.bfloat16 if self.bf16 else torch.float32
-        self.low_rank_packed = cpu_kernels.pack(self.low_rank_up.t(), dtype) if on else None
+        # W8A8 projections (refstack.model.quant): this stays fp32 / bf16, behind the tagged
+        # header the decode block's one weight kind needs.
+        self.low_rank_packed = cpu_kernels.pack(self.low_rank_up.t(), dtype, tagged=self.in_proj.w8a8 is not None) \
+            if on else None
 
     def use_decode_kernel(self, kernel: str) -> None:
         """The decode rows' recurrence on torch's path: "torch" (``kda_recurrent_step``) or
@@ -135,8 +138,14 @@ class KDALayer(nn.Module):
                 # Decode tokens and prefill chunks alike, token by token from each slot's
                 # state, in one call: no padding, no gathered states.
                 seqs = batch.sequences()
-                o = cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, seqs.begins, seqs.lengths, seqs.slots,
-                                                seqs.fresh, self.scale)
+                if states.dtype == torch.float32:
+                    o = cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, seqs.begins, seqs.lengths, seqs.slots,
+                                                    seqs.fresh, self.scale)
+                else:  # a bf16 state: the step's rows in fp32, rounded back once the call is done
+                    work = states.index_select(0, seqs.slots).float()
+                    o = cpu_kernels.kda_scan_varlen(q, k, v, g, beta, work, seqs.begins, seqs.lengths,
+                                                    torch.arange(len(seqs.slots)), seqs.fresh, self.scale)
+                    states.index_copy_(0, seqs.slots, work.to(states.dtype))
                 o = cpu_kernels.rms_norm(o, self.o_norm.weight, self.o_norm.eps, gate=gate)
                 return self.o_proj(o.flatten(1))
             qk, v, b, f, gate = self._raw_projections(x)
@@ -168,9 +177,9 @@ class KDALayer(nn.Module):
             for span in batch.prefills:
                 s = slice(span.begin, span.end)
                 # start_pos 0 starts from zero whatever the slot held before.
-                init = states[span.slot] if span.start_pos > 0 else torch.zeros_like(states[span.slot])
+                init = states[span.slot].float() if span.start_pos > 0 else q.new_zeros(states.shape[1:])
                 o, final = kda_chunked(q[s], k[s], v[s], g[s], beta[s], init, self.scale, self.chunk_size)
-                states[span.slot] = final
+                states[span.slot] = final  # (rounded to the state's dtype)
                 parts.append(o)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -184,12 +193,17 @@ class KDALayer(nn.Module):
             states.index_fill_(0, batch.fresh_decode_slots, 0.0)
         q, k = qk.split(self.num_heads, dim=1)
         K = self.k_dim
+        # A bf16 state: the kernel updates fp32 copies of the rows, rounded back after.
+        work, rows = (states, batch.decode_slots) if states.dtype == torch.float32 else \
+            (states.index_select(0, batch.decode_slots).float(), torch.arange(qk.shape[0], device=states.device))
         # rms_norm(x, weight=K^-1/2, eps=1e-12) == x / sqrt(sum x^2 + K * 1e-12): that eps
         # and scale K^-1/2 make the kernel's L2 normalisation this path's.  dt_bias is
         # already in f (the up-projection's bias), so the kernel adds none.
-        return self.decode_kernel(q.contiguous(), k.contiguous(), v.contiguous(), f.contiguous(), b.contiguous(),
-                                  states, batch.decode_slots, A_log=self.A_log, dt_bias=None, scale=self.scale,
-                                  eps=K * 1e-12)
+        o = self.decode_kernel(q.contiguous(), k.contiguous(), v.contiguous(), f.contiguous(), b.contiguous(),
+                               work, rows, A_log=self.A_log, dt_bias=None, scale=self.scale, eps=K * 1e-12)
+        if work is not states:
+            states.index_copy_(0, batch.decode_slots, work.to(states.dtype))
+        return o
 
     def _decode(
         self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, batch: ForwardBatch, states: Tensor
@@ -197,13 +211,14 @@ class KDALayer(nn.Module):
         # A decode at position 0 (a one-token prompt) must not see a stale state.
         if batch.fresh_decode_slots is not None:
             states.index_fill_(0, batch.fresh_decode_slots, 0.0)
-        if batch.decode_slot_range is not None:
+        if batch.decode_slot_range is not None and states.dtype == torch.float32:
             # Consecutive slots: update the cache's states in place, no gather/scatter.
             lo, hi = batch.decode_slot_range
             return self._step(q, k, v, g, beta, states[lo:hi])
-        state = states.index_select(0, batch.decode_slots)
+        # (A bf16 state is stepped in fp32 and rounded back to bf16: every step rounds it.)
+        state = states.index_select(0, batch.decode_slots).float()
         o = self._step(q, k, v, g, beta, state)
-        states.index_copy_(0, batch.decode_slots, state)
+        states.index_copy_(0, batch.decode_slots, state.to(states.dtype))
         return o
 
     def _step(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> Tensor:
@@ -220,7 +235,7 @@ class KDALayer(nn.Module):
         keep = pp.valid.to(q.dtype).view(*pp.valid.shape, 1, 1)  # [S, n_max, 1, 1]
         k_p, g_p = k[pp.index] * keep, g[pp.index] * keep
         q_p, v_p, beta_p = q[pp.index], v[pp.index], beta[pp.index]
-        init = states.index_select(0, pp.slots) * (pp.starts > 0).to(q.dtype).view(-1, 1, 1, 1)
+        init = states.index_select(0, pp.slots).float() * (pp.starts > 0).to(q.dtype).view(-1, 1, 1, 1)
         o, final = kda_chunked(q_p, k_p, v_p, g_p, beta_p, init, self.scale, self.chunk_size)
-        states.index_copy_(0, pp.slots, final)
+        states.index_copy_(0, pp.slots, final.to(states.dtype))
         return o[pp.valid_at]

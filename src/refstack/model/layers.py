@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,9 @@ from torch import Tensor, nn
 from infra_agent import tracing
 from refstack.kernels import cpu_kernels
 from refstack.kernels.precision import matmul as precision_matmul
+
+if TYPE_CHECKING:
+    from refstack.model.quant import QuantizedLinear
 
 
 def seeded_weight(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter:
@@ -59,6 +63,8 @@ class Linear(nn.Module):
     on a column-blocked copy of the weight; the parameter itself stays as it is.
     After ``round_to_bf16()`` it is a bf16 GEMM: bf16 weight, input rounded to bf16, fp32
     accumulation (the torch path computes the same in fp32 on the rounded values).
+    With ``w8a8`` set (``refstack.model.quant``) it is a W8A8 GEMM: the native kernel on its
+    tagged int8 pack, or ``torch._int_mm``; ``weight`` then is the unquantised (smoothed) weight.
     """
 
     def __init__(self, in_features: int, out_features: int, gen: torch.Generator, scale: float = 1.0) -> None:
@@ -66,6 +72,7 @@ class Linear(nn.Module):
         self.weight = seeded_weight(gen, out_features, in_features, std=scale / math.sqrt(in_features))
         self.packed: Tensor | None = None  # not a buffer: derived, never saved
         self.bf16 = False
+        self.w8a8: QuantizedLinear | None = None  # set by refstack.model.quant
 
     def round_to_bf16(self) -> None:
         """Make this a bf16 GEMM (irreversible: the weight itself is rounded); before ``use_native``."""
@@ -73,6 +80,9 @@ class Linear(nn.Module):
         self.bf16 = True
 
     def use_native(self, on: bool) -> None:
+        if self.w8a8 is not None:
+            self.packed = self.w8a8.pack() if on else None
+            return
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.packed = cpu_kernels.pack(self.weight.t(), dtype) if on else None
 
@@ -80,6 +90,8 @@ class Linear(nn.Module):
         if self.packed is not None and x.dtype == torch.float32:
             y = cpu_kernels.gemm(x.reshape(-1, x.shape[-1]), self.packed, self.weight.shape[0])
             return y.view(*x.shape[:-1], y.shape[-1])
+        if self.w8a8 is not None:
+            return self.w8a8(x)
         return matmul_rows(round_bf16(x) if self.bf16 else x, self.weight.t())
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -133,8 +133,18 @@ class HybridModel(nn.Module):
                 parts[index] = t
                 setattr(module, attr, tuple(parts))
 
-    def new_cache(self, num_slots: int, max_seq_len: int | None = None) -> ModelCache:
-        return ModelCache(self.config, num_slots, max_seq_len, device=self.device)
+    def new_cache(self, num_slots: int, max_seq_len: int | None = None, *, kv_dtypes: dict[int, str] | None = None,
+                  state_dtype: str = "fp32") -> ModelCache:
+        """A cache on the model's device.  ``kv_dtypes``: {attention layer: "fp32" | "bf16" |
+        "fp8_e4m3" | "int8"} (others fp32); fp8 / int8 layers take their per-head scales from
+        a calibration prefill through this model (``cache.calibrate_kv_amax``, once per model).
+        ``state_dtype``: the KDA states' ("fp32" or "bf16")."""
+        from refstack.model.cache import calibrate_kv_amax
+        from refstack.model.kv_dtypes import SCALED
+
+        scaled = any(d in SCALED for d in (kv_dtypes or {}).values())
+        return ModelCache(self.config, num_slots, max_seq_len, device=self.device, kv_dtypes=kv_dtypes,
+                          kv_amax=calibrate_kv_amax(self) if scaled else None, state_dtype=state_dtype)
 
     @torch.inference_mode()
     def forward_chunks(self, chunks: Sequence[SeqChunk], cache: ModelCache) -> Tensor:
@@ -144,17 +154,53 @@ class HybridModel(nn.Module):
         are decoded together in batched tensor ops; longer chunks are prefilled one
         sequence at a time (chunkwise-parallel inside).
         """
+        return self._forward_chunks(chunks, cache, ())[0]
+
+    @torch.inference_mode()
+    def forward_chunks_all_positions(self, chunks: Sequence[SeqChunk], cache: ModelCache,
+                                     every: Collection[int]) -> tuple[Tensor, dict[int, Tensor]]:
+        """``forward_chunks``, plus the logits after *every* position of the chunks in ``every``.
+
+        Returns the next-token logits ``[len(chunks), vocab]`` as ``forward_chunks`` does,
+        and for each chunk index ``i`` in ``every`` a tensor ``[len(chunks[i].token_ids),
+        vocab]`` whose row ``j`` is the logits for the token after position
+        ``start_pos + j`` (its last row is row ``i`` of the first result).  Teacher-forced
+        prompt logprobs need them (completions with ``echo``); the cache and state
+        updates are the ones ``forward_chunks`` makes, so a prompt may arrive in chunks
+        over several steps.  The LM head then runs over those chunks' every row."""
+        return self._forward_chunks(chunks, cache, every)
+
+    def _forward_chunks(self, chunks: Sequence[SeqChunk], cache: ModelCache,
+                        every: Collection[int]) -> tuple[Tensor, dict[int, Tensor]]:
         batch = ForwardBatch.from_chunks(chunks, cache.num_slots, cache.max_seq_len, device=self.device)
         with tracing.span("model.forward", cat="model", num_chunks=len(chunks), tokens=batch.num_tokens):
             if self.native_decoder is not None and self.native_decoder.takes(batch):
-                return self.native_decoder.forward(batch, cache)
+                last = self.native_decoder.forward(batch, cache)
+                return last, {i: last[i : i + 1] for i in every}  # one token per chunk: its row is all of it
             batch.rope = (self.rope_cos[batch.positions], self.rope_sin[batch.positions])
             x = self.embed(batch.token_ids)
             for layer in self.layers:
                 x = layer(x, batch, cache)
             # Only each chunk's last position needs logits: the LM head is the widest matmul.
             h = self.norm(x.index_select(0, batch.last_token_index))
-            return self.lm_head(h)
+            last = self.lm_head(h)
+            if not every:
+                return last, {}
+            # The other rows of the chunks in ``every`` go through an LM head call of their
+            # own, so the rows above (what every request samples from) are computed
+            # exactly as without them.
+            lasts = batch.last_token_index.tolist()
+            rows: list[int] = []
+            spans: dict[int, tuple[int, int]] = {}
+            for i in sorted(set(every)):
+                m = len(chunks[i].token_ids) - 1  # a chunk's tokens are consecutive rows of the stream
+                spans[i] = (len(rows), m)
+                rows.extend(range(lasts[i] - m, lasts[i]))
+            if not rows:
+                return last, {i: last[i : i + 1] for i in spans}
+            index = torch.tensor(rows, dtype=torch.long).to(batch.last_token_index.device)
+            inner = self.lm_head(self.norm(x.index_select(0, index)))
+            return last, {i: torch.cat([inner[o : o + m], last[i : i + 1]]) for i, (o, m) in spans.items()}
 
     def forward(self, chunks: Sequence[SeqChunk], cache: ModelCache) -> Tensor:
         return self.forward_chunks(chunks, cache)

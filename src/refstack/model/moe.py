@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,9 @@ from infra_agent import tracing
 from refstack.kernels import cpu_blocks, cpu_kernels
 from refstack.model.config import HybridConfig
 from refstack.model.layers import Linear, round_bf16, seeded_weight
+
+if TYPE_CHECKING:
+    from refstack.model.quant import QuantizedExperts
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +257,8 @@ class MoE(nn.Module):
         # Column-blocked copies for the native kernel (use_native); derived, never saved.
         self.packed: tuple[Tensor, Tensor] | None = None
         self.bf16 = False  # see round_to_bf16
+        # W8A8 experts (refstack.model.quant): int8 gate|up and down; the router stays as it is.
+        self.w8a8: QuantizedExperts | None = None
 
     def round_to_bf16(self) -> None:
         """bf16 experts (weights rounded in place, irreversibly; before ``use_native``).
@@ -262,6 +268,9 @@ class MoE(nn.Module):
         self.bf16 = True
 
     def use_native(self, on: bool) -> None:
+        if self.w8a8 is not None:
+            self.packed = self.w8a8.pack() if on else None
+            return
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.packed = (cpu_kernels.pack_gate_up(self.w_gate_up, dtype), cpu_kernels.pack_down(self.w_down, dtype)) \
             if on else None
@@ -290,6 +299,9 @@ class MoE(nn.Module):
                 # The ranks share this process: gate/up, silu and down of all their
                 # experts in one native call (one fork/join of the threads, not one per rank).
                 outputs = [cpu_kernels.moe_experts(d.grouped, d.counts, *self.packed)]
+            elif self.w8a8 is not None:  # W8A8 on torch's path: torch._int_mm per expert
+                outputs = [self.w8a8.padded(d.padded, 0)] if d.padded is not None else [
+                    self.w8a8.grouped(buf, d.counts[r * per : (r + 1) * per], r * per) for r, buf in enumerate(d.buffers)]
             elif d.padded is not None:
                 # The ranks share this process: one batched GEMM pair over all their
                 # experts lets MKL spread the experts over the threads.

@@ -52,6 +52,7 @@ class _Layer:
     gate_up: int
     down: int
     experts_bf16: bool
+    experts_w8a8: bool = False  # tagged W8A8 packs (refstack.model.quant)
 
 
 class NativeDecoder:
@@ -96,13 +97,13 @@ class NativeDecoder:
             args: tuple[Any, ...] = (
                 self._ptr(mixer.in_proj.packed, wt), n_in, self._ptr(mixer.low_rank_packed, wt), self._ptr(mixer.dt_bias, f32),
                 self._ptr(mixer.A_log, f32), K**-0.5, 1e-12, H, K, V, mixer.scale, self._ptr(mixer.o_norm.weight, f32),
-                mixer.o_norm.eps, self._ptr(mixer.o_proj.packed, wt), int(wt == torch.bfloat16),
+                mixer.o_norm.eps, self._ptr(mixer.o_proj.packed, wt), cpu_kernels.gemm_kind(wt),
             )
         else:
             assert isinstance(mixer, AttentionLayer)
             wt = mixer.qkv_proj.packed.dtype if mixer.qkv_proj.packed is not None else None
             args = (
-                self._ptr(mixer.qkv_proj.packed, wt), self._ptr(mixer.o_proj.packed, wt), int(wt == torch.bfloat16),
+                self._ptr(mixer.qkv_proj.packed, wt), self._ptr(mixer.o_proj.packed, wt), cpu_kernels.gemm_kind(wt),
                 mixer.num_heads, mixer.num_kv_heads, mixer.head_dim, mixer.head_dim**-0.5,
             )
         if moe.packed is None:
@@ -113,7 +114,7 @@ class NativeDecoder:
             mixer_norm=(self._ptr(layer.mixer_norm.weight, f32), layer.mixer_norm.eps),
             mlp_norm=(self._ptr(layer.mlp_norm.weight, f32), layer.mlp_norm.eps),
             router=self._ptr(moe.router.packed, f32), gate_up=self._ptr(moe.packed[0], et), down=self._ptr(moe.packed[1], et),
-            experts_bf16=et == torch.bfloat16,
+            experts_bf16=et == torch.bfloat16, experts_w8a8=et == torch.int8,
         )
 
     @staticmethod
@@ -166,17 +167,27 @@ class NativeDecoder:
                     states = cache.states[layer.index]
                     if batch.fresh_decode_slots is not None:  # a one-token prompt starts from a zero state
                         states.index_fill_(0, batch.fresh_decode_slots, 0.0)
+                    # A bf16 state (kda_state_dtype): the kernel updates fp32 copies of the
+                    # batch's rows, rounded back into the cache after the step.
+                    work, rows = (states, slots) if states.dtype == torch.float32 else \
+                        (states.index_select(0, slots).float(), torch.arange(B))
                     a = layer.mixer_args
                     self._check(lib.refstack_kda_decode_block(
-                        p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], a[6], states.data_ptr(), a[7], a[8], a[9], a[10],
-                        a[11], a[12], a[13], a[14], slots.data_ptr(), p["delta"], p["scratch"], nt), "kda_decode_block")
+                        p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], a[6], work.data_ptr(), a[7], a[8], a[9], a[10],
+                        a[11], a[12], a[13], a[14], rows.data_ptr(), p["delta"], p["scratch"], nt), "kda_decode_block")
+                    if work is not states:
+                        states.index_copy_(0, slots, work.to(states.dtype))
             else:
                 with tracing.span("attention", cat="attn", layer=layer.index, tokens=B):
                     keys, values = cache.keys[layer.index], cache.values[layer.index]
+                    # The cache's storage type (fp32, bf16, fp8 e4m3, int8) and scales: the
+                    # kernel encodes the new rows and widens stored ones as it reads.
+                    kv = cpu_kernels.kv_cache_args("native decode", keys, values, cache.k_scales.get(layer.index),
+                                                   cache.v_scales.get(layer.index))
                     a = layer.mixer_args
-                    self._check(lib.refstack_attn_decode_block(
+                    self._check(lib.refstack_attn_decode_block_kv(
                         p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], self.rope[0], self.rope[1], self.rope[2],
-                        keys.data_ptr(), values.data_ptr(), slots.data_ptr(), positions.data_ptr(), cache.num_slots,
+                        keys.data_ptr(), values.data_ptr(), *kv, slots.data_ptr(), positions.data_ptr(), cache.num_slots,
                         keys.shape[2], a[6], p["delta"], p["scratch"], nt), "attn_decode_block")
             # x += delta; h = norm(x)
             self._check(lib.refstack_rms_norm(xp, p["delta"], B, D, layer.mlp_norm[0], layer.mlp_norm[1], None, p["h"], nt),
@@ -200,7 +211,8 @@ class NativeDecoder:
                                                     p["slot"], p["token"], p["weights"], p["offsets"], nt, cross, ns),
                         "ep_dispatch")
         with tracing.span("moe.experts", cat="moe", layer=layer.index, tokens=B):
-            experts = lib.refstack_moe_experts_bf16 if layer.experts_bf16 else lib.refstack_moe_experts
+            experts = lib.refstack_moe_experts_w8a8 if layer.experts_w8a8 else \
+                lib.refstack_moe_experts_bf16 if layer.experts_bf16 else lib.refstack_moe_experts
             self._check(experts(p["rows"], p["offsets"], E, D, self.expert_hidden, layer.gate_up, layer.down,
                                 p["hidden"], p["expert_out"], nt), "moe_experts")
         with tracing.span("moe.combine", cat="moe", tokens=B), \

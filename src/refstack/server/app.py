@@ -28,6 +28,20 @@ from refstack.server.openai_routes import register_openai_routes
 DEFAULT_MAX_REQUEST_BYTES: int = knob("max_request_bytes").default
 
 
+def cache_info(engine: Any) -> dict[str, Any]:
+    """The KV cache / KDA state storage and what it costs (``refstack.model.kv_dtypes.footprint``:
+    KV bytes per token, KDA state bytes per sequence, sequences of max_seq_len per GiB), plus
+    the cache's allocated bytes where this process holds it (not the disaggregated front end)."""
+    from refstack.model.kv_dtypes import footprint, resolve_kv_dtypes
+
+    cache = getattr(engine, "cache", None)
+    if cache is not None and hasattr(cache, "footprint"):
+        return {**cache.footprint(), "num_slots": cache.num_slots, "allocated_bytes": cache.nbytes}
+    config, model_config = engine.config, engine.model.config
+    kv = resolve_kv_dtypes(config.kv_cache_dtype, config.kv_cache_dtype_layers, model_config)
+    return footprint(model_config, kv, config.kda_state_dtype, engine.max_seq_len)
+
+
 def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, disagg: bool = False,
                on_failure: Callable[[str], None] | None = None) -> FastAPI:
@@ -113,6 +127,7 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
             "num_slots_used": engine.num_slots_used,
             "num_slots": config.slots,
             "max_seq_len": engine.max_seq_len,
+            "cache": cache_info(engine),
             "server": {"max_request_bytes": max_request_bytes},
             "disagg": None if not disagg else {
                 "kv_transfer": config.kv_transfer, "store_pid": engine.store.pid,

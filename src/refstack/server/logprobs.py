@@ -14,6 +14,17 @@ can sample (unused padding ids and prompt-only specials are masked, as the sampl
 masks them), before temperature and top-p, like vLLM's default ``raw_logprobs``.  One
 entry per generated token, the EOS that ends a request included, so the entries sum to
 the log-probability of the whole completion under the model.
+
+**Prompt logprobs** (completions with ``echo``, ``LogprobParams.prompt_logprobs``):
+teacher-forced, the log-probability of each *actual* prompt token given the tokens
+before it, with the same top alternatives and the same masking as generated tokens.
+The engine asks the model for the logits after every position of such a request's
+prefill chunks (``HybridModel.forward_chunks_all_positions``), so a prompt prefilled
+in chunks over several steps gets every entry; requests that do not ask cost nothing
+more.  The first prompt token has no entry (nothing comes before it: OpenAI's shape
+reports it as null).  A prompt token the engine never samples (a special token after
+the first position) has probability 0 under that masked distribution, reported as
+``FLOOR``.
 """
 
 from __future__ import annotations
@@ -43,6 +54,9 @@ class LogprobParams(SamplingParams):
 
     logprobs: int = 0  # alternatives per token, 0 to MAX_LOGPROBS
     entries: list[Entry] = field(default_factory=list, compare=False, repr=False)
+    # Also the prompt's tokens (echo): ``prompt_entries[j]`` is prompt token j + 1's entry.
+    prompt_logprobs: bool = False
+    prompt_entries: list[Entry] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         SamplingParams.__post_init__(self)
@@ -51,6 +65,12 @@ class LogprobParams(SamplingParams):
 
 class LogprobEngine(Engine):
     """The engine, recording logprob entries for requests whose params are ``LogprobParams``."""
+
+    @property
+    def prompt_logprobs_supported(self) -> bool:
+        """Whether prompt logprobs (``LogprobParams.prompt_logprobs``) are filled in: the
+        model must give the logits after every prompt position."""
+        return hasattr(self.model, "forward_chunks_all_positions")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -68,6 +88,33 @@ class LogprobEngine(Engine):
             super()._sample(ready)
         finally:
             self._step_logprobs = {}
+
+    def _run_model(self, chunks: list[Any], seqs: list[Any]) -> torch.Tensor:
+        every = [i for i, c in enumerate(chunks) if _prompt_rows(c) > 0]
+        if not every or not self.prompt_logprobs_supported:
+            return super()._run_model(chunks, seqs)
+        last, rows = self.model.forward_chunks_all_positions(seqs, self.cache, every)
+        for i in every:
+            self._record_prompt(chunks[i], rows[i])
+        return last  # type: ignore[no-any-return]
+
+    def _record_prompt(self, chunk: Any, logits: torch.Tensor) -> None:
+        """Entries for the prompt tokens this chunk's positions predict (teacher forcing)."""
+        req, params = chunk.request, chunk.request.params
+        m = _prompt_rows(chunk)
+        first = chunk.start_pos + 1  # the prompt token the chunk's first position predicts
+        rows = logits[:m].float().cpu()  # an inference tensor: masked out of place
+        lp = torch.log_softmax(rows.masked_fill(self._unsampleable[: rows.shape[-1]], float("-inf")), dim=-1)
+        targets = req.prompt_ids[first : first + m]
+        chosen = lp.gather(1, torch.tensor(targets, dtype=torch.long).unsqueeze(1)).squeeze(1).tolist()
+        k = min(params.logprobs, lp.shape[-1])
+        if k:
+            values, ids = lp.topk(k, dim=-1)
+            tops = [tuple((i, finite(v)) for i, v in zip(r_ids, r_vals))
+                    for r_ids, r_vals in zip(ids.tolist(), values.tolist())]
+        else:
+            tops = [()] * m
+        params.prompt_entries.extend((tok, finite(v), top) for tok, v, top in zip(targets, chosen, tops))
 
     def _log_softmax(self, wanted: list[tuple[Request, LogprobParams, torch.Tensor]]) -> dict[Request, _Row]:
         logits = torch.stack([row for _, _, row in wanted]).float()
@@ -93,6 +140,16 @@ class LogprobEngine(Engine):
 
 # A request's share of a step: its params, its log-softmax row, its top alternatives.
 _Row = tuple[LogprobParams, torch.Tensor, list[tuple[int, float]]]
+
+
+def _prompt_rows(chunk: Any) -> int:
+    """How many prompt tokens (after the first) this scheduled chunk's positions predict,
+    for a request that wants prompt logprobs; 0 otherwise."""
+    params = chunk.request.params
+    if not (isinstance(params, LogprobParams) and params.prompt_logprobs):
+        return 0
+    end = min(chunk.start_pos + len(chunk.token_ids), len(chunk.request.prompt_ids) - 1)
+    return max(0, end - chunk.start_pos)
 
 
 def finite(x: float) -> float:
@@ -128,9 +185,27 @@ class CompletionLogprobs:
         self._decoder = tokenizer.stream_decoder()
         self._offset = 0
 
-    def render(self, entries: list[Entry]) -> dict[str, Any]:
+    def render_prompt(self, prompt_ids: list[int], entries: list[Entry], text_len: int) -> dict[str, Any]:
+        """The echoed prompt's part (``echo``): its first token with null logprobs, then one
+        entry per later prompt token; ``text_len`` is the echoed prompt text's length,
+        where the generated tokens' offsets start."""
         text = self._tok.token_text
+        first = prompt_ids[0]
+        out: dict[str, Any] = {"tokens": [text(first)], "token_logprobs": [None], "top_logprobs": [None],
+                               "text_offset": [0]}
+        self._offset += len(self._decoder.feed(first))
+        self._add(out, entries)
+        self._offset = text_len
+        self._decoder = self._tok.stream_decoder()
+        return out
+
+    def render(self, entries: list[Entry]) -> dict[str, Any]:
         out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        self._add(out, entries)
+        return out
+
+    def _add(self, out: dict[str, Any], entries: list[Entry]) -> None:
+        text = self._tok.token_text
         for tok, lp, top in entries:
             out["tokens"].append(text(tok))
             out["token_logprobs"].append(lp)
@@ -139,7 +214,6 @@ class CompletionLogprobs:
             out["top_logprobs"].append(alts)
             out["text_offset"].append(self._offset)
             self._offset += len(self._decoder.feed(tok))
-        return out
 
 
 class ChatLogprobs:

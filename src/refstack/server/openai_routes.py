@@ -3,6 +3,11 @@
 Streaming answers are server-sent events ending in ``data: [DONE]``.  A client that
 goes away aborts its request: the engine frees its slot at the next step.  A ``model``
 other than the served one is a 404; logprobs ride with the text of each chunk.
+
+Completions with ``echo`` (not streamed) return the prompt's text before the
+completion, and with ``logprobs`` the prompt tokens' teacher-forced logprobs before
+the generated ones (the first prompt token's are null), as vLLM does; ``max_tokens:
+0`` returns the prompt's alone (``finish_reason`` "length", no completion tokens).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from refstack.engine import Engine, QueueFullError, RequestOutput, SamplingParam
 from refstack.engine.consumers import RequestStream
 from refstack.model.tokenizer import UnencodableTextError
 from refstack.server.errors import APIError, bad_request, model_not_found
-from refstack.server.logprobs import ChatLogprobs, CompletionLogprobs, Entry, LogprobCursor
+from refstack.server.logprobs import ChatLogprobs, CompletionLogprobs, Entry, LogprobCursor, LogprobParams
 from refstack.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body, sampling_params
 
 # How often a request with nothing to send checks whether its client is still there.
@@ -59,6 +64,7 @@ def register_openai_routes(app: FastAPI, engine: Engine, model_name: str) -> Non
     async def completions(request: Request) -> Any:
         body = parse_body(await request.body(), CompletionRequest)
         check_model(body)
+        body.check_echo(bool(getattr(engine, "prompt_logprobs_supported", False)))
         if isinstance(body.prompt, str):
             prompt_ids = encode(body.prompt, "prompt", add_bos=True)
         else:
@@ -68,12 +74,17 @@ def register_openai_routes(app: FastAPI, engine: Engine, model_name: str) -> Non
         params = sampling_params(body, len(prompt_ids), engine.max_seq_len, COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         logprobs = CompletionLogprobs(tok)
+        echo_text = "" if not body.echo else body.prompt if isinstance(body.prompt, str) else tok.decode(prompt_ids)
 
         def chunk(text: str, finish: str | None, usage: dict[str, int] | None,
                   entries: list[Entry] | None) -> dict[str, Any]:
+            if body.echo:  # never streamed (check_echo), so this is the one whole answer
+                text, finish, usage, rendered = _echoed(body, echo_text, prompt_ids, params, logprobs, text, finish,
+                                                        usage, entries)
+            else:
+                rendered = None if entries is None else logprobs.render(entries)
             out: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                                   "choices": [{"index": 0, "text": text,
-                                                "logprobs": None if entries is None else logprobs.render(entries),
+                                   "choices": [{"index": 0, "text": text, "logprobs": rendered,
                                                 "finish_reason": finish}]}
             if usage is not None:
                 out["usage"] = usage
@@ -115,6 +126,23 @@ def register_openai_routes(app: FastAPI, engine: Engine, model_name: str) -> Non
                                    "logprobs": None, "finish_reason": None}]}
         return await _respond(engine, request, body.stream, _include_usage(body), prompt_ids, params, chunk,
                               role_chunk)
+
+
+def _echoed(body: CompletionRequest, echo_text: str, prompt_ids: list[int], params: SamplingParams,
+            logprobs: CompletionLogprobs, text: str, finish: str | None, usage: dict[str, int] | None,
+            entries: list[Entry] | None) -> tuple[str, str | None, dict[str, int] | None, dict[str, Any] | None]:
+    """A completion's answer with its prompt echoed before it (text, finish reason, usage, logprobs)."""
+    if body.prompt_only:  # max_tokens 0: the one token the engine sampled after the prompt is left out
+        text, finish, entries = "", "length", (None if entries is None else [])
+        if usage is not None:
+            usage = {**usage, "completion_tokens": 0, "total_tokens": usage["prompt_tokens"]}
+    rendered = None
+    if entries is not None:
+        prompt_entries = params.prompt_entries if isinstance(params, LogprobParams) else []
+        head = logprobs.render_prompt(prompt_ids, prompt_entries, len(echo_text))
+        tail = logprobs.render(entries)
+        rendered = {k: head[k] + tail[k] for k in head}
+    return echo_text + text, finish, usage, rendered
 
 
 def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:

@@ -63,7 +63,6 @@ _REJECTED_COMMON: dict[str, tuple[Any, ...]] = {
 _REJECTED_COMPLETIONS: dict[str, tuple[Any, ...]] = {
     **_REJECTED_COMMON,
     "best_of": (1,),
-    "echo": (False,),
     "suffix": ("",),
 }
 _REJECTED_CHAT: dict[str, tuple[Any, ...]] = {
@@ -79,6 +78,8 @@ _REJECTED_CHAT: dict[str, tuple[Any, ...]] = {
     "reasoning_effort": (),
     "web_search_options": (),
     "verbosity": (),
+    # vLLM's chat extension (echo the last message); only completions echo here.
+    "echo": (False,),
 }
 
 
@@ -162,9 +163,31 @@ class CompletionRequest(_Body):
 
     prompt: str | list[int]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # The prompt comes back before the completion, and with ``logprobs`` its tokens'
+    # teacher-forced logprobs (the first one null), as vLLM does; ``max_tokens: 0``
+    # then returns the prompt's alone.
+    echo: bool = False
 
     def logprob_count(self) -> int | None:
         return self.logprobs
+
+    def check_echo(self, prompt_logprobs: bool) -> None:
+        """400 for what refstack does not do with ``echo`` (``prompt_logprobs``: whether the
+        engine can give prompt logprobs)."""
+        if not self.echo:
+            return
+        if self.stream:
+            raise bad_request("'echo' with 'stream': true is not supported by refstack; ask without streaming",
+                              param="echo", code="unsupported_value")
+        if self.logprobs is not None and not prompt_logprobs:
+            raise bad_request("'echo' with 'logprobs' is not supported by this server (its engine cannot give "
+                              "prompt logprobs: the disaggregated server, or a model without "
+                              "forward_chunks_all_positions)", param="echo", code="unsupported_value")
+
+    @property
+    def prompt_only(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: the answer is the prompt alone."""
+        return self.echo and self.max_tokens == 0
 
 
 class ChatMessage(BaseModel):
@@ -262,19 +285,23 @@ def sampling_params(body: _Body, prompt_len: int, max_seq_len: int, default_max_
                        f"reduce the length of the prompt.", param=prompt_param, code="context_length_exceeded")
     requested = body.requested_max_tokens()
     param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+    echo = bool(getattr(body, "echo", False))
     if requested is None:
         max_tokens = max_seq_len - prompt_len
         if default_max_tokens is not None:
             max_tokens = min(max_tokens, default_max_tokens)
     else:
-        if requested <= 0:
-            raise bad_request(f"'{param}' must be at least 1, got {requested}", param=param, code="invalid_value")
+        if requested < 0 or (requested == 0 and not echo):
+            raise bad_request(f"'{param}' must be at least 1 (0 only with 'echo': true), got {requested}",
+                              param=param, code="invalid_value")
         if prompt_len + requested > max_seq_len:
             raise APIError(400, f"This model's maximum context length is {max_seq_len} tokens. However, you "
                            f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} "
                            f"in the completion). Please reduce the length of the prompt or completion.",
                            param=param, code="context_length_exceeded")
-        max_tokens = requested
+        # echo with max_tokens 0: the engine still runs one step after the prompt (its
+        # logits are the prompt's last); the route leaves that token out.
+        max_tokens = max(requested, 1)
     temperature = body.temperature if body.temperature >= MIN_TEMPERATURE else 0.0
     kwargs: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature,
                               "top_p": max(body.top_p, MIN_TOP_P),
@@ -282,4 +309,4 @@ def sampling_params(body: _Body, prompt_len: int, max_seq_len: int, default_max_
     count = body.logprob_count()
     if count is None:
         return SamplingParams(**kwargs)
-    return LogprobParams(**kwargs, logprobs=count)
+    return LogprobParams(**kwargs, logprobs=count, prompt_logprobs=echo)

@@ -97,7 +97,7 @@ def test_unknown_model_is_a_404(refstack_server: Any, path: str) -> None:
     (CHAT, {"n": 2}),
     (COMPLETIONS, {"n": True}),  # a bool is no 1
     (COMPLETIONS, {"best_of": 2}),
-    (COMPLETIONS, {"echo": True}),
+    (CHAT, {"echo": True}),  # completions echo (test_echo_logprobs.py); chat does not
     (COMPLETIONS, {"suffix": "end"}),
     (COMPLETIONS, {"frequency_penalty": 0.5}),
     (CHAT, {"presence_penalty": -1}),
