@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "tracer_overhead.py"
-SETTINGS = ("off", "tracing", "pyspy", "off (profiler worker)", "torch_profiler")
+SETTINGS = ("off", "tracing", "tracing (step level)", "pyspy", "off (profiler worker)", "torch_profiler")
 
 
 def _run(repeats: int, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
@@ -32,14 +32,15 @@ def test_quick_json_run_reports_every_setting_with_ratio_interval_and_verdict() 
     assert meta["goal_max_overhead"] == 0.02 and meta["command"].startswith("python bench/tracer_overhead.py")
     assert set(doc["settings"]) == set(SETTINGS)
     assert doc["goal"] == {"setting": "tracing", "max_overhead": 0.02,
-                           "outcome": doc["settings"]["tracing"]["verdict"]}
+                           "outcome": doc["settings"]["tracing"]["verdict"],
+                           "step_level_outcome": doc["settings"]["tracing (step level)"]["verdict"]}
 
     assert set(meta["gc_objects"]) == {"main", "profiler"}
     for name in ("off", "off (profiler worker)"):  # each worker's baseline
         off = doc["settings"][name]
         assert off["available"] and len(off["tokens_per_s"]) == 10 and "ratio" not in off
         assert off["ci"][0] <= off["median"] <= off["ci"][1]
-    for name in ("tracing", "torch_profiler"):
+    for name in ("tracing", "tracing (step level)", "torch_profiler"):
         row = doc["settings"][name]
         assert row["available"] and len(row["tokens_per_s"]) == len(row["ratios"]) == 10
         assert row["ratio_ci"][0] <= row["ratio"] <= row["ratio_ci"][1]

@@ -67,3 +67,30 @@ def test_env_var_writes_chrome_trace_at_exit(tmp_path: Path):
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
     trace = json.loads(out.read_text())
     assert any(e["name"] == "hello" and e["ph"] == "X" and e["cat"] == "demo" for e in trace["traceEvents"])
+
+
+def test_step_level_leaves_out_per_layer_spans_and_is_named_in_the_trace() -> None:
+    import pytest
+
+    from infra_agent import tracing
+    from infra_agent.tracing.recorder import level_skips
+
+    tracing.enable(level="step")
+    try:
+        tracing.reset()
+        with tracing.span("engine.step", cat="engine"):
+            with tracing.span("kda", cat="kda", layer=0):
+                pass
+            with tracing.span("ep.dispatch", cat="ep"):
+                pass
+        tracing.instant("moe.note", cat="moe")
+        trace = tracing.snapshot()
+        names = [e["name"] for e in trace["traceEvents"] if e["ph"] != "M"]
+        assert names == ["engine.step"] and trace["otherData"]["level"] == "step"
+    finally:
+        tracing.enable(level="layer")
+        tracing.disable()
+        tracing.reset()
+    assert Tracer(level="layer").skip_cats == frozenset()
+    with pytest.raises(ValueError, match="trace level 'fine'"):
+        level_skips("fine")

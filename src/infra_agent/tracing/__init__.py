@@ -2,7 +2,8 @@
 
 Off by default.  ``INFRA_AGENT_TRACE=path`` switches it on for the process (the file
 is written at exit); ``enable()`` switches it on programmatically.  While off, a span
-costs one small allocation and one attribute check.
+costs one small allocation and one attribute check.  ``INFRA_AGENT_TRACE_LEVEL=step``
+(or ``enable(level="step")``) leaves out the per-layer spans for a cheaper trace.
 
     from infra_agent import tracing
 

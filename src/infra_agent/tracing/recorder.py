@@ -20,6 +20,16 @@ from time import perf_counter_ns
 from typing import Any, TypeVar
 
 ENV_VAR = "INFRA_AGENT_TRACE"
+LEVEL_ENV_VAR = "INFRA_AGENT_TRACE_LEVEL"
+# What each level leaves out, by span category.  "layer" (the default) records every
+# span; "step" drops the per-layer ones (KDA, attention, MoE, expert-parallel), about
+# four in five of a decode step's spans, for a trace cheap enough to leave on in
+# serving (docs/performance.md, bench/tracer_overhead.py).  The timeline analysis of
+# the expert-parallel section needs "layer".
+LEVELS: dict[str, frozenset[str]] = {
+    "layer": frozenset(),
+    "step": frozenset({"kda", "attn", "moe", "ep"}),
+}
 # A bound per thread keeps a forgotten trace from eating the machine's memory.
 MAX_EVENTS_PER_THREAD = 2_000_000
 
@@ -54,9 +64,11 @@ MAX_FLAT = MAX_EVENTS_PER_THREAD * FIELDS
 class Tracer:
     """Collects spans from every thread of the process."""
 
-    def __init__(self, path: str | None = None, enabled: bool = False) -> None:
+    def __init__(self, path: str | None = None, enabled: bool = False, level: str = "layer") -> None:
         self.enabled = enabled
         self.path = path
+        self.level = level
+        self.skip_cats = level_skips(level)
         self._local = threading.local()
         self._buffers: list[_ThreadBuffer] = []
         self._lock = threading.Lock()
@@ -128,6 +140,7 @@ class Tracer:
                 "producer": "infra_agent.tracing",
                 "clock_origin_unix_ns": self.origin_unix_ns,
                 "dropped_events": dropped,
+                "level": self.level,
             },
         }
 
@@ -141,6 +154,13 @@ class Tracer:
         return target
 
 
+def level_skips(level: str) -> frozenset[str]:
+    try:
+        return LEVELS[level]
+    except KeyError:
+        raise ValueError(f"trace level {level!r}: expected one of {sorted(LEVELS)} ({LEVEL_ENV_VAR})") from None
+
+
 _TRACER: Tracer | None = None
 _TRACER_LOCK = threading.Lock()
 
@@ -152,7 +172,7 @@ def get_tracer() -> Tracer:
         with _TRACER_LOCK:
             if _TRACER is None:
                 path = os.environ.get(ENV_VAR) or None
-                tracer = Tracer(path=path, enabled=path is not None)
+                tracer = Tracer(path=path, enabled=path is not None, level=os.environ.get(LEVEL_ENV_VAR) or "layer")
                 if path is not None:
                     atexit.register(_dump_at_exit, tracer)
                 _TRACER = tracer
@@ -177,7 +197,7 @@ class span:
 
     def __enter__(self) -> span:
         tracer = _TRACER or get_tracer()
-        if tracer.enabled:
+        if tracer.enabled and self.cat not in tracer.skip_cats:
             self._start = perf_counter_ns()
         return self
 
@@ -201,7 +221,7 @@ class span:
         @functools.wraps(fn)
         def wrapper(*a: Any, **kw: Any) -> Any:
             tracer = _TRACER or get_tracer()
-            if not tracer.enabled:
+            if not tracer.enabled or cat in tracer.skip_cats:
                 return fn(*a, **kw)
             start = time.perf_counter_ns()
             try:
@@ -214,18 +234,22 @@ class span:
 
 def instant(name: str, cat: str = "default", **args: Any) -> None:
     tracer = _TRACER or get_tracer()
-    if tracer.enabled:
-        tracer.record(name, cat, time.perf_counter_ns(), -1, args or None)
+    if tracer.enabled and cat not in tracer.skip_cats:
+        tracer.record(name, cat, perf_counter_ns(), -1, args or None)
 
 
 def is_enabled() -> bool:
     return (_TRACER or get_tracer()).enabled
 
 
-def enable(path: str | os.PathLike[str] | None = None) -> Tracer:
+def enable(path: str | os.PathLike[str] | None = None, level: str | None = None) -> Tracer:
+    """Switch tracing on; ``level`` ("layer" or "step", see LEVELS) if given."""
     tracer = get_tracer()
     if path is not None:
         tracer.path = str(path)
+    if level is not None:
+        tracer.skip_cats = level_skips(level)
+        tracer.level = level
     tracer.enabled = True
     return tracer
 
