@@ -36,9 +36,14 @@ def _shape_args(chunks: Sequence[ScheduledChunk]) -> dict[str, int]:
     """What a forward's time depends on: ``batch`` (sequences), ``tokens`` (forwarded this
     step), ``context`` (positions attended in total: each chunk's start plus its tokens)
     and ``generated`` (tokens the batch's requests have generated so far)."""
-    return {"batch": len(chunks), "tokens": sum(len(c.token_ids) for c in chunks),
-            "context": sum(c.start_pos + len(c.token_ids) for c in chunks),
-            "generated": sum(len(c.request.output_ids) for c in chunks)}
+    # One loop, not four generator sums: this runs every traced step (bench/tracer_overhead.py).
+    tokens = context = generated = 0
+    for c in chunks:
+        n = len(c.token_ids)
+        tokens += n
+        context += c.start_pos + n
+        generated += len(c.request.output_ids)
+    return {"batch": len(chunks), "tokens": tokens, "context": context, "generated": generated}
 
 
 def _rows_on_host(ready: list[tuple[ScheduledChunk, torch.Tensor]]) -> list[tuple[ScheduledChunk, torch.Tensor]]:
@@ -232,8 +237,9 @@ class Engine:
                     ready += self._forward(decode + out.prefill)
             else:
                 if decode:
-                    with tracing.span("decode", cat="engine",
-                                      **(_shape_args(decode) if traced else {"batch": len(decode)})):
+                    # A decode-only step's shape is the step's: computed once.
+                    shape = (step_span.args if not out.prefill else _shape_args(decode)) if traced else None
+                    with tracing.span("decode", cat="engine", **(shape or {"batch": len(decode)})):
                         ready += self._forward(decode)
                 if out.prefill:
                     with tracing.span("prefill", cat="engine", chunks=len(out.prefill),
