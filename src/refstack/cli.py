@@ -85,6 +85,7 @@ def _serve(**raw: Any) -> None:
     banner = (f"{url} (preset {values['preset']}, {_device_words(placement.device, values['kda_decode_kernel'])}"
               f"dtype {engine.dtype}, "
               f"{'native' if engine.native_kernels else 'torch'} kernels"
+              f"{', ' + values['quantization'] if values['quantization'] != 'none' else ''}"
               f"{', disaggregated' if values['disagg'] else ''})")
     # The cache's storage and what a sequence costs in it (also in GET /debug/engine "cache").
     print(f"refstack cache: {describe(cache_info(engine))}", flush=True)
