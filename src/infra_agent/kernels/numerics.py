@@ -12,6 +12,8 @@ tiny ULP turns an ordinary absolute error into millions of ULP.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,6 +30,22 @@ _INT_VIEW: dict[torch.dtype, tuple[torch.dtype, int]] = {
 }
 # Sign, 8 exponent bits, top 10 mantissa bits: 0xFFFFE000 as a signed int32.
 TF32_MASK = -8192
+
+
+@contextmanager
+def ieee_fp32() -> Iterator[None]:
+    """True fp32 GEMMs inside the block, whatever the process allows.
+
+    On CUDA a plain fp32 ``a @ b`` becomes a TF32 product when the process allows it
+    (``torch.set_float32_matmul_precision("high")``, ``allow_tf32``, or
+    ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE``), so a kernel that means IEEE fp32 says so.
+    """
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prev)
 
 
 def tf32_truncate(x: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,7 @@ per norm-and-gate computation; the kernel lab reads the repeat factor from it
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -125,8 +126,14 @@ def pick_form(n: int, h: int, device: torch.device) -> str:
     """
     if device.type != "cuda":
         return "fused"
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return "fused" if n * h >= 4 * sms else "tiled"
+    return "fused" if n * h >= 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        else "tiled"
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    # Asked once per device: this runs on every decode step of every KDA layer.
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def launch_config(form: str, V: int) -> LaunchConfig:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from functools import partial, wraps
 
 import torch
 
+from infra_agent.kernels.numerics import ieee_fp32
 from infra_agent.kernels.spec import KernelSpec, Tolerance, Variant
 from infra_agent.kernels.tiled_kda import (
     kda_decode_bytes,
@@ -15,22 +15,6 @@ from infra_agent.kernels.tiled_kda import (
     kda_decode_reference,
     kda_decode_tiled,
 )
-
-
-@contextmanager
-def ieee_fp32():
-    """True fp32 GEMMs while the kernel runs, whatever the process allows.
-
-    On CUDA a plain fp32 ``a @ b`` becomes a TF32 product when the process allows it
-    (``torch.set_float32_matmul_precision("high")``, ``allow_tf32``), so a spec that
-    means IEEE fp32 says so.
-    """
-    prev = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(prev)
 
 
 def in_fp32(fn):

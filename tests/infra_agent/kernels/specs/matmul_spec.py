@@ -5,11 +5,9 @@ Used by the kernel-lab tests; also the smallest worked example of the spec API.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
-from infra_agent.kernels.numerics import split_3xtf32, tf32_truncate
+from infra_agent.kernels.numerics import ieee_fp32, split_3xtf32, tf32_truncate
 from infra_agent.kernels.spec import KernelSpec, Tolerance, Variant
 
 
@@ -18,22 +16,6 @@ def inputs(shape, dtype, seed, device):
     a = torch.randn(shape["M"], shape["K"], generator=g)
     b = torch.randn(shape["K"], shape["N"], generator=g)
     return {"a": a.to(device=device, dtype=dtype), "b": b.to(device=device, dtype=dtype)}
-
-
-@contextmanager
-def ieee_fp32():
-    """True fp32 GEMMs while the kernel runs, whatever the process allows.
-
-    On CUDA a plain fp32 ``a @ b`` becomes a TF32 product when the process allows it
-    (``torch.set_float32_matmul_precision("high")``, ``allow_tf32``), so a spec that
-    means IEEE fp32 says so.
-    """
-    prev = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(prev)
 
 
 def matmul(a, b, *, precision="fp32"):

@@ -6,11 +6,9 @@ unpartitioned kernel.  The lab must catch it under tf32 and not under fp32.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
-from infra_agent.kernels.numerics import tf32_truncate
+from infra_agent.kernels.numerics import ieee_fp32, tf32_truncate
 from infra_agent.kernels.spec import KernelSpec, Tolerance, Variant
 
 
@@ -20,22 +18,6 @@ def inputs(shape, dtype, seed, device):
         "a": torch.randn(shape["M"], shape["K"], generator=g).to(device, dtype),
         "b": torch.randn(shape["K"], shape["N"], generator=g).to(device, dtype),
     }
-
-
-@contextmanager
-def ieee_fp32():
-    """True fp32 GEMMs while the kernel runs, whatever the process allows.
-
-    On CUDA a plain fp32 ``a @ b`` becomes a TF32 product when the process allows it
-    (``torch.set_float32_matmul_precision("high")``, ``allow_tf32``), so a spec that
-    means IEEE fp32 says so.
-    """
-    prev = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(prev)
 
 
 def matmul(a, b, *, precision="fp32"):
