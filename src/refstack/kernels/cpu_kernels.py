@@ -412,11 +412,18 @@ def moe_dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts:
 
     Returns (rows [T*k, D] in expert order, counts per expert, copy_slot [T, k]: the row
     of each (token, choice) copy, token_ids [T*k] and weights [T*k] in expert order)."""
-    _check("moe_dispatch", x, topk_weights)
-    _check_index("moe_dispatch", topk_ids)
+    return _dispatch("moe_dispatch", load().refstack_moe_dispatch, x, topk_ids, topk_weights, num_experts)
+
+
+def _dispatch(name: str, fn: Any, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: int,
+              *extra: Any) -> tuple[Tensor, list[int], Tensor, Tensor, Tensor]:
+    """The shared body of ``moe_dispatch`` and ``ep_dispatch``: checks, buffers, the C call
+    ``fn`` (``extra``: its arguments after the thread count)."""
+    _check(name, x, topk_weights)
+    _check_index(name, topk_ids)
     T, k = topk_ids.shape
     if x.dim() != 2 or x.shape[0] != T or topk_weights.shape != (T, k):
-        raise ValueError(f"moe_dispatch: x {tuple(x.shape)}, topk_ids {tuple(topk_ids.shape)} {topk_ids.dtype}, "
+        raise ValueError(f"{name}: x {tuple(x.shape)}, topk_ids {tuple(topk_ids.shape)} {topk_ids.dtype}, "
                          f"topk_weights {tuple(topk_weights.shape)} do not match")
     x, ids, w = x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
     D = x.shape[1]
@@ -425,12 +432,11 @@ def moe_dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts:
     slot = torch.empty(T, k, dtype=torch.int64)
     token_ids = torch.empty(T * k, dtype=torch.int64)
     weights = torch.empty(T * k, dtype=x.dtype)
-    rc = load().refstack_moe_dispatch(x.data_ptr(), T, D, ids.data_ptr(), w.data_ptr(), k, num_experts, counts.data_ptr(),
-                                      rows.data_ptr(), slot.data_ptr(), token_ids.data_ptr(), weights.data_ptr(), None,
-                                      torch.get_num_threads())
+    rc = fn(x.data_ptr(), T, D, ids.data_ptr(), w.data_ptr(), k, num_experts, counts.data_ptr(), rows.data_ptr(),
+            slot.data_ptr(), token_ids.data_ptr(), weights.data_ptr(), None, torch.get_num_threads(), *extra)
     if rc:
-        raise ValueError(f"moe_dispatch: expert ids must be in [0, {num_experts})" if rc == 2 else
-                         f"refstack_moe_dispatch rejected T={T} D={D} k={k} E={num_experts}")
+        raise ValueError(f"{name}: expert ids must be in [0, {num_experts})" if rc == 2 else
+                         f"refstack_{name} rejected T={T} D={D} k={k} E={num_experts}")
     return rows, counts.tolist(), slot, token_ids, weights
 
 
@@ -457,65 +463,39 @@ def ep_dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: 
                 ns_per_byte: float, *, release_gil: bool = True) -> tuple[Tensor, list[int], Tensor, Tensor, Tensor]:
     """``moe_dispatch`` as one native section that then waits ``cross_bytes * ns_per_byte`` ns
     for the peers; through the GIL-holding handle when ``release_gil`` is False."""
-    _check("ep_dispatch", x, topk_weights)
-    _check_index("ep_dispatch", topk_ids)
-    T, k = topk_ids.shape
-    if x.dim() != 2 or x.shape[0] != T or topk_weights.shape != (T, k):
-        raise ValueError(f"ep_dispatch: x {tuple(x.shape)}, topk_ids {tuple(topk_ids.shape)} {topk_ids.dtype}, "
-                         f"topk_weights {tuple(topk_weights.shape)} do not match")
-    x, ids, w = x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
-    D = x.shape[1]
-    counts = torch.empty(num_experts, dtype=torch.int64)
-    rows = torch.empty(T * k, D, dtype=x.dtype)
-    slot = torch.empty(T, k, dtype=torch.int64)
-    token_ids = torch.empty(T * k, dtype=torch.int64)
-    weights = torch.empty(T * k, dtype=x.dtype)
-    rc = _ep_lib(release_gil).refstack_ep_dispatch(
-        x.data_ptr(), T, D, ids.data_ptr(), w.data_ptr(), k, num_experts, counts.data_ptr(), rows.data_ptr(),
-        slot.data_ptr(), token_ids.data_ptr(), weights.data_ptr(), None, torch.get_num_threads(), cross_bytes,
-        ns_per_byte)
-    if rc:
-        raise ValueError(f"ep_dispatch: expert ids must be in [0, {num_experts})" if rc == 2 else
-                         f"refstack_ep_dispatch rejected T={T} D={D} k={k} E={num_experts}")
-    return rows, counts.tolist(), slot, token_ids, weights
+    return _dispatch("ep_dispatch", _ep_lib(release_gil).refstack_ep_dispatch, x, topk_ids, topk_weights, num_experts,
+                     cross_bytes, ns_per_byte)
 
 
 def ep_combine(out: Tensor, copy_slot: Tensor, copy_weights: Tensor, cross_bytes: int, ns_per_byte: float, *,
                release_gil: bool = True) -> Tensor:
     """``moe_combine`` as one native section that first waits ``cross_bytes * ns_per_byte`` ns
     for the expert outputs to come back; through the GIL-holding handle when ``release_gil`` is False."""
-    _check("ep_combine", out, copy_weights)
-    _check_index("ep_combine", copy_slot)
-    T, k = copy_slot.shape
-    if out.dim() != 2 or copy_weights.shape != (T, k):
-        raise ValueError(f"ep_combine: out {tuple(out.shape)}, copy_slot {tuple(copy_slot.shape)}, "
-                         f"copy_weights {tuple(copy_weights.shape)} do not match")
-    out, slot, w = out.contiguous(), copy_slot.contiguous(), copy_weights.contiguous()
-    y = torch.empty(T, out.shape[1], dtype=out.dtype)
-    rc = _ep_lib(release_gil).refstack_ep_combine(out.data_ptr(), out.shape[0], slot.data_ptr(), w.data_ptr(), T, k,
-                                                  out.shape[1], y.data_ptr(), 0, torch.get_num_threads(), cross_bytes,
-                                                  ns_per_byte)
-    if rc:
-        raise ValueError(f"ep_combine: copy_slot must index the {out.shape[0]} rows of out" if rc == 2 else
-                         f"refstack_ep_combine rejected T={T} k={k} D={out.shape[1]}")
-    return y
+    return _combine("ep_combine", _ep_lib(release_gil).refstack_ep_combine, out, copy_slot, copy_weights,
+                    cross_bytes, ns_per_byte)
 
 
 def moe_combine(out: Tensor, copy_slot: Tensor, copy_weights: Tensor) -> Tensor:
     """``y[t] = sum_j copy_weights[t, j] * out[copy_slot[t, j]]``, in each token's own top-k order."""
-    _check("moe_combine", out, copy_weights)
-    _check_index("moe_combine", copy_slot)
+    return _combine("moe_combine", load().refstack_moe_combine, out, copy_slot, copy_weights)
+
+
+def _combine(name: str, fn: Any, out: Tensor, copy_slot: Tensor, copy_weights: Tensor, *extra: Any) -> Tensor:
+    """The shared body of ``moe_combine`` and ``ep_combine`` (``extra``: the C call's
+    arguments after the thread count)."""
+    _check(name, out, copy_weights)
+    _check_index(name, copy_slot)
     T, k = copy_slot.shape
     if out.dim() != 2 or copy_weights.shape != (T, k):
-        raise ValueError(f"moe_combine: out {tuple(out.shape)}, copy_slot {tuple(copy_slot.shape)}, "
+        raise ValueError(f"{name}: out {tuple(out.shape)}, copy_slot {tuple(copy_slot.shape)}, "
                          f"copy_weights {tuple(copy_weights.shape)} do not match")
     out, slot, w = out.contiguous(), copy_slot.contiguous(), copy_weights.contiguous()
     y = torch.empty(T, out.shape[1], dtype=out.dtype)
-    rc = load().refstack_moe_combine(out.data_ptr(), out.shape[0], slot.data_ptr(), w.data_ptr(), T, k, out.shape[1],
-                                     y.data_ptr(), 0, torch.get_num_threads())
+    rc = fn(out.data_ptr(), out.shape[0], slot.data_ptr(), w.data_ptr(), T, k, out.shape[1], y.data_ptr(), 0,
+            torch.get_num_threads(), *extra)
     if rc:
-        raise ValueError(f"moe_combine: copy_slot must index the {out.shape[0]} rows of out" if rc == 2 else
-                         f"refstack_moe_combine rejected T={T} k={k} D={out.shape[1]}")
+        raise ValueError(f"{name}: copy_slot must index the {out.shape[0]} rows of out" if rc == 2 else
+                         f"refstack_{name} rejected T={T} k={k} D={out.shape[1]}")
     return y
 
 
