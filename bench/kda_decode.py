@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
-from infra_agent.kernels.timing import bootstrap_median_ci
+from infra_agent.kernels.timing import time_cuda
 
 H, K, V = 32, 128, 128
 NS = (1, 8, 32, 128, 512)
@@ -45,41 +43,14 @@ def step_bytes(n: int, el: int = 2) -> int:
 def hidden_launch_time(fn: Callable[[], Any], reps: int = 60) -> dict[str, float]:
     """GPU seconds per call with the host's launch cost hidden, plus that host cost.
 
-    Per rep: flush L2 (zero 256 MiB), queue a GPU spin of a few times the host's
-    per-call cost, then start event, fn(), end event.  The host has enqueued fn's
-    kernels before the GPU reaches the start event, so the events bracket GPU work
-    only.  The host cost is the median wall time of back-to-back calls, unsynchronised.
+    The kernel lab's default GPU timing (``time_cuda``, ``cuda_events_delayed``): per
+    rep, flush L2, queue a GPU spin a few times the host's per-call cost, then start
+    event, fn(), end event, so the events bracket GPU work only.  The host cost is the
+    median wall time of back-to-back calls, unsynchronised.
     """
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    fn()
-    torch.cuda.synchronize()
-    host = []
-    for _ in range(50):
-        t0 = time.perf_counter()
-        fn()
-        host.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    host_s = float(np.median(host))
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    torch.cuda._sleep(1_000_000)
-    b.record()
-    torch.cuda.synchronize()
-    cycles_per_s = 1_000_000 / (a.elapsed_time(b) / 1e3)
-    delay = int(max(20e-6, 3 * host_s) * cycles_per_s)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        flush.zero_()
-        torch.cuda._sleep(delay)
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    samples = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
-    lo, hi = bootstrap_median_ci(samples)
-    return {"gpu_s": float(np.median(samples)), "gpu_best_s": min(samples), "ci_low_s": lo, "ci_high_s": hi,
-            "host_s": host_s}
+    t = time_cuda(fn, reps=reps, method="cuda_events_delayed")
+    return {"gpu_s": t.median_s, "gpu_best_s": t.best_s, "ci_low_s": t.ci_low_s, "ci_high_s": t.ci_high_s,
+            "host_s": float(t.host_median_s or 0.0)}
 
 
 def copy_ceiling() -> float:
