@@ -31,7 +31,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
-from infra_agent.agent.executors.local import LocalExecutor
 from infra_agent.agent.experiment import RunRecord
 from infra_agent.agent.loop import Loop
 from infra_agent.agent.planner import Planner
@@ -60,6 +59,11 @@ class RunOptions(BaseModel):
     base_url: str | None = None
     max_turns: int = Field(30, ge=1)
     max_tokens: int = Field(200_000, ge=1)
+    # Where experiments run (agent/executors/factory.py): this machine, or Ray tasks on a cluster.
+    executor: Literal["local", "ray"] = "local"
+    address: str | None = Field(None, description="the Ray cluster to join (--executor ray); None: a local instance")
+    task_cpus: float | None = Field(None, gt=0, description="CPUs per experiment task (--executor ray)")
+    task_gpus: float | None = Field(None, ge=0, description="GPUs per experiment task (--executor ray)")
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -188,6 +192,9 @@ def preflight(ws: Any, opts: RunOptions) -> Proposer:
     """Every check that needs no server and no ledger; returns the proposer they built."""
     check_scenarios(ws, opts.scenarios)
     check_target_command(ws)
+    from infra_agent.agent.executors.factory import check_executor
+
+    check_executor(opts)
     proposer = make_proposer(opts, None, "", ws.protected_patterns)
     if opts.proposer == "llm":
         assert opts.base_url is not None
@@ -271,7 +278,9 @@ def _no_interrupts() -> Iterator[None]:
 def _drive(ws: Any, ledger: Any, run: RunRecord, console: Console | None, progress: bool,
            proposer: Proposer | None = None) -> RunRecord:
     opts = RunOptions.model_validate({k: v for k, v in run.options.items() if k in RunOptions.model_fields})
-    executor = LocalExecutor(ws, run.id, pairs=opts.pairs, timeout_s=opts.probe_timeout_s, check_timeout_s=opts.check_timeout_s)
+    from infra_agent.agent.executors.factory import make_executor
+
+    executor = make_executor(ws, run.id, opts, ledger)
     try:
         proposer = proposer or make_proposer(opts, ledger, run.id, ws.protected_patterns)
         history = ledger.experiments(run.id)
@@ -355,8 +364,10 @@ def resume_run(workspace: str | Path, run_id: str, console: Console | None = Non
         opts = RunOptions.model_validate({k: v for k, v in run.options.items() if k in RunOptions.model_fields})
         proposer = preflight(ws, opts)
         ledger.set_state(run.id, "owner", _owner())
-        # Whatever the dead run left: its marked processes and its worktrees.
-        LocalExecutor(ws, run.id).cleanup()
+        # Whatever the dead run left: its marked processes and its worktrees (on every node, for Ray).
+        from infra_agent.agent.executors.factory import make_executor
+
+        make_executor(ws, run.id, opts).cleanup()
         for exp in ledger.experiments(run.id):
             if not exp.finished:
                 exp.status = "interrupted"

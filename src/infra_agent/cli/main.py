@@ -49,6 +49,58 @@ _VERB_MODULES: dict[str, str] = {
 }
 
 
+# verb -> (the modules it cannot run without, the extra that installs them).  A base
+# install (``pip install infra-agent``: benchmarking a URL, comparing, validating, the
+# loop on a URL target) has none of them; the verb then says in one line which extra
+# to install, and exits 2.  ``run --executor ray`` checks for Ray itself.
+_EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
+    "demo": (("torch", "fastapi", "uvicorn"), "refstack"),
+    "kernel": (("torch",), "kernels"),
+    "mcp": (("mcp",), "mcp"),
+    "standin": (("fastapi", "uvicorn"), "standin"),
+}
+
+
+def missing_modules(names: tuple[str, ...]) -> list[str]:
+    """The top-level modules among ``names`` that cannot be imported here (looked up, not imported)."""
+    import importlib.util
+
+    out = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(name)
+    return out
+
+
+def _guard_extra(verb: str, cmd: Any) -> Any:
+    """Wrap ``cmd`` so that running it without its extra prints the install line and exits 2
+    (its ``--help`` still works: click answers it before ``invoke``)."""
+    if verb not in _EXTRAS:
+        return cmd
+    modules, extra = _EXTRAS[verb]
+    invoke = cmd.invoke
+
+    def guarded(ctx: Any) -> Any:
+        missing = missing_modules(modules)
+        if missing and "--help" not in (getattr(ctx, "protected_args", None) or []) + list(ctx.args):
+            from infra_agent.cli.output import user_errors
+            from infra_agent.errors import InfraAgentError
+
+            as_json = bool(ctx.params.get("as_json")) or "--json" in ctx.args
+            with user_errors(as_json):
+                raise InfraAgentError(f"infra-agent {verb} needs {', '.join(missing)}, which "
+                                      f"{'is' if len(missing) == 1 else 'are'} not installed: "
+                                      f"pip install 'infra-agent[{extra}]'")
+        return invoke(ctx)
+
+    cmd.invoke = guarded
+    return cmd
+
+
 class _Unloaded(TyperCommand):
     """Stands for a verb whose module is not imported yet: a name and a help line."""
 
@@ -76,7 +128,7 @@ class _LazyVerbs(TyperGroup):
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         cmd = super().get_command(ctx, cmd_name)
         if isinstance(cmd, _Unloaded) and not self._listing:
-            cmd = self.commands[cmd_name] = load_verb(cmd_name)
+            cmd = self.commands[cmd_name] = _guard_extra(cmd_name, load_verb(cmd_name))
         return cmd
 
     def format_help(self, ctx: Any, formatter: Any) -> None:

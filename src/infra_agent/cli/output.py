@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from infra_agent.errors import InfraAgentError
 
@@ -47,5 +48,6 @@ def user_errors(as_json: bool = False) -> Iterator[None]:
         if as_json:
             sys.stdout.write(json.dumps({"error": type(exc).__name__, "message": str(exc)}, indent=2) + "\n")
         # soft_wrap: a message is never broken inside a path or a command, so it can be copied.
-        err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
+        # escape: a message may hold brackets (``pip install 'infra-agent[ray]'``) that are not markup.
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(code=2) from None

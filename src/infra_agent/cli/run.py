@@ -38,6 +38,14 @@ def register(app: typer.Typer) -> None:
         probe_timeout_s: float = typer.Option(900.0, "--probe-timeout-s", help="Kill a probe run after this many seconds."),
         no_confirm: bool = typer.Option(False, "--no-confirm", help="Skip the final best-vs-baseline confirmation."),
         keep_going: bool = typer.Option(False, "--keep-going", help="Go on after every gate passes, until the budget ends."),
+        executor: str = typer.Option("local", "--executor", help="Where experiments run: local (subprocesses on this "
+                                     "machine) or ray (one Ray task per experiment; needs infra-agent[ray])."),
+        address: str | None = typer.Option(None, "--address", help="The Ray cluster to join, as for ray.init: auto, "
+                                           "HOST:6379 or ray://HOST:10001 (--executor ray; default: a local instance)."),
+        task_cpus: float | None = typer.Option(None, "--task-cpus", help="CPUs each experiment task asks for (--executor "
+                                               "ray; default: 1 per server it starts)."),
+        task_gpus: float | None = typer.Option(None, "--task-gpus", help="GPUs each experiment task asks for (--executor "
+                                               "ray; default: derived from the target's launch)."),
         no_report: bool = typer.Option(False, "--no-report", help="Do not write the HTML/Markdown report."),
         as_json: bool = typer.Option(False, "--json", help="Print the run record as JSON on stdout (progress goes to stderr)."),
     ) -> None:
@@ -65,7 +73,8 @@ def register(app: typer.Typer) -> None:
                 opts = RunOptions(proposer=proposer, budget_runs=budget_runs, budget_s=budget_s, pairs=pairs,  # type: ignore[arg-type]
                                   scenarios=list(scenario) or None, playbook=playbook, seed=seed, blind=blind, model=model,
                                   base_url=base_url, probe_timeout_s=probe_timeout_s, confirm=not no_confirm,
-                                  keep_going=keep_going)
+                                  keep_going=keep_going, executor=executor, address=address,  # type: ignore[arg-type]
+                                  task_cpus=task_cpus, task_gpus=task_gpus)
             except ValidationError as exc:
                 err = exc.errors()[0]
                 raise ConfigError(f"--{str(err['loc'][0]).replace('_', '-')}", None, err["msg"].removeprefix("Input should be "),
@@ -76,4 +85,11 @@ def register(app: typer.Typer) -> None:
                 if value and proposer != owner:
                     raise ConfigError(flag, None, f"--proposer {owner} ({flag} applies only to it)",
                                       f"--proposer {proposer}")
+            ray_only: dict[str, object] = {"--address": address, "--task-cpus": task_cpus, "--task-gpus": task_gpus}
+            for flag, given_value in ray_only.items():
+                if given_value is not None and executor != "ray":
+                    raise ConfigError(flag, None, f"--executor ray ({flag} applies only to it)", f"--executor {executor}")
+            from infra_agent.agent.executors.factory import check_executor
+
+            check_executor(opts)  # Ray missing: one line naming the extra, before anything is loaded
         drive_run(lambda: start_run(workspace, opts, console=err_console, progress=True), workspace, no_report, as_json)

@@ -164,7 +164,10 @@ def get_probe(name: str) -> type[Probe]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(None, "probe", f"an importable module for probe {name!r}", f"{module_name} ({exc})") from exc
+        # The kernel lab needs torch, which a base install (URL benchmarks) leaves out.
+        extra = {"torch": "kernels", "triton": "gpu"}.get((exc.name or "").split(".")[0])
+        hint = f"; pip install 'infra-agent[{extra}]'" if extra else ""
+        raise ConfigError(None, "probe", f"an importable module for probe {name!r}{hint}", f"{module_name} ({exc})") from exc
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, Probe)):
         raise ConfigError(None, "probe", f"a Probe subclass at {target}", cls)

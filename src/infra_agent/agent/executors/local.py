@@ -114,10 +114,13 @@ class LocalExecutor(Executor):
     def _job(self, exp_id: str, job: dict[str, Any], timeout_s: float, on_event: OnEvent | None, what: str) -> dict[str, Any]:
         return run_job(self.jobs_dir, self.run_id, exp_id, job, timeout_s, on_event, what)
 
+    def _code_id(self, ws_dir: Path) -> str:
+        """What code ``ws_dir`` holds (a node's copy answers with the id of the folder it was copied from)."""
+        return code_id(ws_dir, ws_dir.resolve() == self.ws.root.resolve())
+
     def _check_key(self, check_name: str, probe: str, cfg: dict[str, Any], knobs: dict[str, Any], ws_dir: Path) -> str:
-        user_tree = ws_dir.resolve() == self.ws.root.resolve()
         return json.dumps([check_name, probe, cfg, None if probe in _KNOB_BLIND_PROBES else knobs,
-                           code_id(ws_dir, user_tree)], sort_keys=True, default=str)
+                           self._code_id(ws_dir)], sort_keys=True, default=str)
 
     def _probe(self, exp_id: str, ws_dir: Path, check_name: str, knobs: dict[str, Any], config: dict[str, Any] | None,
                on_event: OnEvent | None) -> Feedback:
