@@ -19,7 +19,11 @@ import socket
 import sys
 from typing import Any
 
-import click
+try:
+    import click
+except ModuleNotFoundError:  # a base install of infra-agent: refstack and its CLI are an extra
+    sys.stderr.write("refstack: error: refstack needs click, which is not installed: pip install 'infra-agent[refstack]'\n")
+    raise SystemExit(2) from None
 
 from refstack.knobs import KNOBS, Knob, KnobError, engine_config, parse_knobs
 
@@ -63,6 +67,11 @@ def _serve(**raw: Any) -> None:
         placement = resolve_placement(engine_config(values), disagg=values["disagg"])
     except PlacementError as exc:
         raise click.ClickException(str(exc)) from None
+    from refstack.tp.checks import tp_problem
+
+    problem = tp_problem(engine_config(values), disagg=values["disagg"])
+    if problem:  # before a rank is spawned
+        raise click.ClickException(problem)
     if values["cpu_kernels"] == "native":
         from refstack.kernels import cpu_kernels
 
@@ -86,7 +95,8 @@ def _serve(**raw: Any) -> None:
               f"dtype {engine.dtype}, "
               f"{'native' if engine.native_kernels else 'torch'} kernels"
               f"{', ' + values['quantization'] if values['quantization'] != 'none' else ''}"
-              f"{', disaggregated' if values['disagg'] else ''})")
+              f"{', disaggregated' if values['disagg'] else ''}"
+              f"{_tp_words(engine.model) if values['tp'] > 1 or values['tp_gemm_precision'] != 'fp32' else ''})")
     # The cache's storage and what a sequence costs in it (also in GET /debug/engine "cache").
     print(f"refstack cache: {describe(cache_info(engine))}", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=values["log_level"], timeout_graceful_shutdown=5))
@@ -104,6 +114,12 @@ def _device_words(device: str, kda_decode_kernel: str) -> str:
     words = [f"device {device}"] if device != "cpu" else []
     words += [f"{kda_decode_kernel} KDA decode"] if kda_decode_kernel != "torch" else []
     return "".join(w + ", " for w in words)
+
+
+def _tp_words(model: Any) -> str:
+    """The banner's tensor-parallel part: ranks, the collectives' backend, the projections' precision."""
+    backend = f" ({model.backend})" if model.world > 1 else ""
+    return f", tp {model.world}{backend}, tp-gemm {model.gemm_precision}"
 
 
 def _exit_after_shutdown(status: int = 0, reason: str = "") -> None:
@@ -193,6 +209,14 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(exc.format_message().split())  # one line, whatever click composed
         click.echo(f"refstack: error: {message}", err=True)
         return exc.exit_code
+    except ImportError as exc:
+        # A base install of infra-agent (a URL benchmark) has no torch, fastapi or uvicorn.
+        missing = (exc.name or "").split(".")[0]
+        if missing not in ("torch", "fastapi", "uvicorn", "starlette"):
+            raise
+        click.echo(f"refstack: error: refstack needs {missing}, which is not installed: "
+                   "pip install 'infra-agent[refstack]'", err=True)
+        return 2
     return rv if isinstance(rv, int) else 0
 
 

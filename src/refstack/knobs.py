@@ -20,6 +20,7 @@ from refstack.engine.config import (
     KV_CACHE_DTYPES,
     LM_HEAD_PRECISIONS,
     QUANTIZATIONS,
+    TP_GEMM_PRECISIONS,
     EngineConfig,
 )
 
@@ -180,6 +181,16 @@ KNOBS: tuple[Knob, ...] = (
     Knob("kv_page_tokens", "int", 16, ("engine.kv_transfer",),
          "With --disagg: token positions per attention KV page the transfer thread packs and pushes.",
          min=1, max=4096),
+    Knob("tp", "int", 1, ("runtime", "model", "engine.cache"),
+         "Tensor parallelism: ranks (processes, torch.distributed: gloo on the CPU, NCCL on GPUs) behind this "
+         "server; 1 is the single-process engine.  KDA and attention are split over heads (o_proj row-parallel, "
+         "all-reduced), the experts over ranks, the LM head over the vocabulary (gathered).  Must divide the "
+         "preset's KDA heads, KV heads, experts and vocabulary; the ranks run torch's kernels (--dtype auto means "
+         "float32) with --torch-threads each (0: an equal share of the CPUs).", min=1, max=64),
+    Knob("tp_gemm_precision", "choice", "fp32", ("model.kda", "model.attention"),
+         "Arithmetic of the tensor-parallel projection GEMMs on every rank (KDA / attention input projections and "
+         "the row-parallel o_proj): fp32, tf32, 3xtf32 or bf16 (refstack.kernels.precision).",
+         choices=TP_GEMM_PRECISIONS),
     Knob("trace", "bool", False, ("tracing",),
          "Record spans in memory for GET /debug/trace (INFRA_AGENT_TRACE=path also writes a file at exit)."),
     Knob("log_level", "choice", "warning", ("server",), "uvicorn log level.", choices=LOG_LEVELS),

@@ -25,6 +25,9 @@ KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp32", "bf16", "fp8_e4m3", "int8")
 # Storage type of the KDA recurrent state (its own knob: the recurrence reads and
 # rewrites it every step, so its rounding compounds).
 KDA_STATE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+# Arithmetic of the tensor-parallel shards' projection GEMMs (refstack.tp): the same modes
+# as the LM head (refstack.kernels.precision).
+TP_GEMM_PRECISIONS: tuple[str, ...] = LM_HEAD_PRECISIONS
 
 
 def resolve_dtype(dtype: str, cpu_kernels: str) -> str:
@@ -104,6 +107,10 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     kv_cache_dtype_layers: str = ""
     kda_state_dtype: str = "fp32"
+    # Tensor parallelism (refstack.tp): ranks (worker processes behind this server; 1 = the
+    # single-process engine) and the precision of the sharded projection GEMMs on every rank.
+    tp: int = 1
+    tp_gemm_precision: str = "fp32"
 
     def __post_init__(self) -> None:
         assert self.max_running >= 1, "max_running must be >= 1"
@@ -124,6 +131,8 @@ class EngineConfig:
         assert self.quantization in QUANTIZATIONS, self.quantization
         assert self.kv_cache_dtype in KV_CACHE_DTYPES, self.kv_cache_dtype
         assert self.kda_state_dtype in KDA_STATE_DTYPES, self.kda_state_dtype
+        assert self.tp >= 1, "tp must be >= 1"
+        assert self.tp_gemm_precision in TP_GEMM_PRECISIONS, self.tp_gemm_precision
 
     @property
     def slots(self) -> int:

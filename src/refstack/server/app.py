@@ -24,6 +24,7 @@ from refstack.server.limits import BodySizeLimit
 from refstack.server.logprobs import LogprobEngine
 from refstack.server.metrics import EngineMetrics
 from refstack.server.openai_routes import register_openai_routes
+from refstack.tp.checks import check_tp, uses_tp
 
 DEFAULT_MAX_REQUEST_BYTES: int = knob("max_request_bytes").default
 
@@ -42,6 +43,20 @@ def cache_info(engine: Any) -> dict[str, Any]:
     return footprint(model_config, kv, config.kda_state_dtype, engine.max_seq_len)
 
 
+def _tensor_parallel(config: EngineConfig, model: Any,
+                     on_failure: Callable[[str], None] | None) -> tuple[EngineConfig, Any]:
+    """The ranks (``refstack.tp``), started before the server listens; the config as the
+    engine then sees it (the shards run torch's kernels: ``--cpu-kernels auto`` means torch)."""
+    from refstack.engine.device import resolve_placement
+    from refstack.tp.group import TPModel
+
+    if model is not None:
+        raise ValueError("create_app with --tp builds the shards in the ranks; pass no model")
+    check_tp(config)
+    config = config.with_overrides(cpu_kernels="torch")
+    return config, TPModel(config, on_failure=on_failure, device=resolve_placement(config).device)
+
+
 def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, disagg: bool = False,
                on_failure: Callable[[str], None] | None = None) -> FastAPI:
@@ -54,7 +69,9 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
     model_name = f"refstack-{config.preset}"
     metrics = EngineMetrics(model_name)
     engine: Any
+    tp_model: Any = None  # refstack.tp.group.TPModel under --tp
     if disagg:
+        check_tp(config, disagg=True)  # TPConfigError: the workers are single-rank engines
         if model is not None or tokenizer is not None:
             raise ValueError("create_app(disagg=True) builds its models in the workers; pass no model or tokenizer")
         from refstack.disagg.frontend import DisaggEngine
@@ -63,6 +80,9 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
         resolve_placement(config, disagg=True)  # PlacementError: the workers run on the CPU only
         engine = DisaggEngine(config, observer=metrics, on_failure=on_failure)
     else:
+        if uses_tp(config):
+            config, tp_model = _tensor_parallel(config, model, on_failure)
+            model = tp_model
         engine = LogprobEngine(config, model=model, tokenizer=tokenizer, observer=metrics)
     metrics.bind(engine)
 
@@ -73,6 +93,8 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
             yield
         finally:
             engine.stop()
+            if tp_model is not None:
+                tp_model.close()  # after the engine thread: the stop message is a collective
 
     app = FastAPI(title="refstack", lifespan=lifespan)
     app.state.engine = engine
@@ -103,10 +125,12 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
         snap = tracing.snapshot()
         if reset:
             tracing.reset()
-        if disagg:
-            # The workers' spans too, shifted onto this process's span clock (all are perf_counter).
+        # The workers' (--disagg) or the other ranks' (--tp) spans too, shifted onto this
+        # process's span clock (all are perf_counter).
+        source = engine if disagg else tp_model
+        if source is not None:
             origin = tracing.get_tracer().origin_perf_ns
-            for worker_snap, worker_origin in await asyncio.to_thread(engine.worker_traces, reset):
+            for worker_snap, worker_origin in await asyncio.to_thread(source.worker_traces, reset):
                 shift_us = (worker_origin - origin) / 1000.0
                 for ev in worker_snap["traceEvents"]:
                     if "ts" in ev:
@@ -132,6 +156,9 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
             "disagg": None if not disagg else {
                 "kv_transfer": config.kv_transfer, "store_pid": engine.store.pid,
                 "workers": {role: w.proc.pid for role, w in engine.workers.items()}},
+            "tp": None if tp_model is None else {
+                "world": tp_model.world, "backend": tp_model.backend, "pids": tp_model.pids,
+                "gemm_precision": tp_model.gemm_precision},
         })
 
     return app

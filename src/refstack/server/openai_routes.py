@@ -164,7 +164,7 @@ async def _respond(engine: Engine, request: Request, stream: bool, include_usage
     tracing.instant("http.submit", cat="server", request_id=rs.request_id, path=request.url.path)
     cursor = LogprobCursor(params)
     if stream:
-        return StreamingResponse(_sse(rs, request, include_usage, chunk, first, cursor),
+        return StreamingResponse(_sse(rs, request, include_usage, chunk, first, cursor, engine),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Request-Id": rs.request_id})
     text: list[str] = []
@@ -175,19 +175,25 @@ async def _respond(engine: Engine, request: Request, stream: bool, include_usage
     if last is None or not last.finished:
         return JSONResponse({}, status_code=499)  # the client is gone; nobody reads this
     if last.finish_reason == "error":
-        raise APIError(500, "the engine failed while running this request", type="server_error")
+        raise APIError(500, _failed(engine), type="server_error")
     entries = cursor.take(last.completion_tokens) if cursor.enabled else None
     return JSONResponse(chunk("".join(text), last.finish_reason, _usage(last), entries))
 
 
+def _failed(engine: Any) -> str:
+    """The 500's message: what failed, when the engine knows (a tensor-parallel rank that died)."""
+    reason = getattr(getattr(engine, "model", None), "failure", None)
+    return "the engine failed while running this request" + (f": {reason}" if isinstance(reason, str) else "")
+
+
 async def _sse(rs: RequestStream, request: Request, include_usage: bool, chunk: Chunk,
-               first: dict[str, Any] | None, cursor: LogprobCursor) -> AsyncIterator[str]:
+               first: dict[str, Any] | None, cursor: LogprobCursor, engine: Any = None) -> AsyncIterator[str]:
     try:
         if first is not None:
             yield _event(first)
         async for out in _deltas(rs, request):
             if out.finished and out.finish_reason == "error":
-                yield _event(APIError(500, "the engine failed while running this request", type="server_error").body())
+                yield _event(APIError(500, _failed(engine), type="server_error").body())
                 break
             # A delta's logprobs ride with its text: one entry per token id it carries.
             entries = cursor.take(len(out.token_ids)) if cursor.enabled else None
