@@ -1,10 +1,12 @@
 """Streaming OpenAI client: one request in, one ``RequestRecord`` out.
 
-Timing follows vLLM ``bench serve``: TTFT runs from the moment the request is sent to
-the first chunk that carries *content* (a role-only first chunk, as chat servers send,
-does not count); every later content chunk adds one inter-token gap.  Output tokens
-come from the server's ``usage`` when it reports them (we ask with
-``stream_options.include_usage``), else from the number of content chunks.
+Timing follows vLLM ``bench serve`` by default (``timing.py``): every streamed chunk
+that carries ``choices`` is a token event, empty text or not; TTFT is send -> the first
+one, each later one adds an inter-token gap, and the latency ends at the last one.  The
+content-based definition (only chunks with text count) is kept beside it in the same
+record.  Output tokens come from the server's ``usage`` when it reports them (we ask
+with ``stream_options.include_usage``, as vLLM does), else from the number of token
+chunks.
 
 A request never raises: transport and protocol problems are written into the record
 (``error``/``error_kind``) so one bad request cannot kill a window, and the runner
@@ -21,8 +23,10 @@ from typing import Any, Literal
 
 import aiohttp
 
+from infra_agent.bench.timing import StreamClock
+
 Endpoint = Literal["completions", "chat"]
-# "empty": a well-formed stream that carried no content token (nothing to time a TTFT by).
+# "empty": a well-formed stream that carried no token chunk at all (nothing to time a TTFT by).
 ErrorKind = Literal["", "connect", "timeout", "http", "protocol", "empty", "other"]
 
 _PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -42,12 +46,21 @@ class RequestRecord:
     success: bool = False
     prompt_len: int = 0
     output_len: int = 0
-    ttft: float = 0.0  # seconds, send -> first content token
-    itl: list[float] = field(default_factory=list)  # seconds, one per gap between content chunks
-    latency: float = 0.0  # seconds, send -> end of stream
+    # vLLM's definition (the default): token chunks, empty text included.
+    ttft: float = 0.0  # seconds, send -> first chunk with choices
+    itl: list[float] = field(default_factory=list)  # seconds, one per gap between such chunks
+    latency: float = 0.0  # seconds, send -> last chunk with choices
     start: float = 0.0  # perf_counter() at send
     error: str = ""
     error_kind: ErrorKind = ""
+    # The content-based definition: only chunks with non-empty text count, and the
+    # latency runs to the end of the stream.  None when the answer had no text at all.
+    content_ttft: float | None = None
+    content_itl: list[float] = field(default_factory=list)
+    content_latency: float | None = None
+    usage_prompt_tokens: int | None = None  # the server's count of the prompt, when it said
+    chunks: int = 0  # chunks with choices
+    content_chunks: int = 0  # of them, those with text
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +131,20 @@ def _chunk_content(data: dict[str, Any], chat: bool) -> str:
     return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
 
 
+def _role_announcement(data: dict[str, Any], chat: bool) -> bool:
+    """A chat chunk that only announces the assistant's role: not a token.
+
+    vLLM's client counts it, which is harmless against vLLM's server: that sends it
+    together with the first token (at the first engine output), so the two arrive
+    about 0.1 ms apart.  refstack sends it before the request is even scheduled, so
+    counting it there would make TTFT the HTTP round trip and hide all queueing.
+    """
+    if not chat:
+        return False
+    delta = (data["choices"][0] or {}).get("delta") or {}
+    return "role" in delta
+
+
 async def send_request(client: aiohttp.ClientSession, base_url: str, req: RequestInput, opts: RequestOptions) -> RequestRecord:
     """Send one streaming request and time it.  Never raises for request-level trouble."""
     rec = RequestRecord(prompt_len=req.prompt_len)
@@ -125,12 +152,12 @@ async def send_request(client: aiohttp.ClientSession, base_url: str, req: Reques
     chat = opts.endpoint == "chat"
     payload = build_payload(req, opts)
     headers = dict(opts.headers) if opts.headers else None
-    chunks = 0
     usage_tokens: int | None = None
     saw_data = False
     perf = time.perf_counter
     rec.start = st = perf()
-    last = st
+    clock = StreamClock(st)
+    end = st
     try:
         async with client.post(url, json=payload, headers=headers) as resp:
             if resp.status != 200:
@@ -169,15 +196,12 @@ async def send_request(client: aiohttp.ClientSession, base_url: str, req: Reques
                 if usage and usage.get("completion_tokens") is not None:
                     usage_tokens = int(usage["completion_tokens"])
                     if usage.get("prompt_tokens"):
-                        rec.prompt_len = int(usage["prompt_tokens"])
-                if _chunk_content(data, chat):
-                    if chunks == 0:
-                        rec.ttft = now - st
-                    else:
-                        rec.itl.append(now - last)
-                    last = now
-                    chunks += 1
-            rec.latency = perf() - st
+                        rec.prompt_len = rec.usage_prompt_tokens = int(usage["prompt_tokens"])
+                # A chunk with choices is a token even when its text is empty (a
+                # special token, half a UTF-8 character): vLLM's client counts it.
+                has_text = bool(_chunk_content(data, chat))
+                clock.chunk(now, bool(data.get("choices")) and (has_text or not _role_announcement(data, chat)), has_text)
+            end = perf()
     except aiohttp.ClientConnectorError as exc:
         rec.error, rec.error_kind = f"cannot connect to {url}: {exc}", "connect"
         return rec
@@ -192,9 +216,17 @@ async def send_request(client: aiohttp.ClientSession, base_url: str, req: Reques
     if not saw_data:
         rec.error, rec.error_kind = f"{url} sent an event stream without any OpenAI 'data:' chunks", "protocol"
         return rec
-    if chunks == 0:
-        rec.error, rec.error_kind = "stream ended without a single content token", "empty"
+    tokens, text = clock.chunks, clock.content
+    rec.chunks, rec.content_chunks = tokens.events, text.events
+    if tokens.first is None or tokens.last is None:
+        rec.error = "stream ended without a single token chunk (no data line with choices)"
+        if usage_tokens:
+            rec.error += f", though its usage reported {usage_tokens} completion tokens"
+        rec.error_kind = "empty"
         return rec
-    rec.output_len = usage_tokens if usage_tokens is not None else chunks
+    rec.ttft, rec.itl, rec.latency = tokens.first - st, tokens.gaps, tokens.last - st
+    if text.first is not None:
+        rec.content_ttft, rec.content_itl, rec.content_latency = text.first - st, text.gaps, end - st
+    rec.output_len = usage_tokens if usage_tokens is not None else tokens.events
     rec.success = True
     return rec

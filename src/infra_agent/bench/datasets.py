@@ -39,55 +39,111 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A local Hugging Face tokenizer, loaded lazily and never from the network."""
+    """A local Hugging Face tokenizer, loaded lazily and never from the network.
 
-    def __init__(self, path: str) -> None:
+    ``transformers`` (the ``bench`` extra) is imported only here, so the benchmark
+    does not need it unless a tokenizer is asked for.
+    """
+
+    def __init__(self, path: str, field: str = "tokenizer", file: str | None = None) -> None:
+        folder = Path(path).expanduser()
+        self.spec = f"hf:{path}"
+        if not folder.is_dir():
+            what = "a file, not a folder" if folder.exists() else "no such folder"
+            raise ConfigError(file, field, "hf:<a local tokenizer folder> (tokenizer.json or tokenizer_config.json in it)",
+                              f"{self.spec} ({what})")
+        if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+            raise ConfigError(file, field, f"a tokenizer folder holding one of {', '.join(_TOKENIZER_FILES)}",
+                              f"{self.spec} (none of them in it)")
         try:
             from transformers import AutoTokenizer
         except ImportError as exc:
-            raise ConfigError(None, "tokenizer", "transformers installed (pip install transformers)", path) from exc
+            raise ConfigError(file, field, "the transformers package for an hf: tokenizer (pip install 'infra-agent[bench]')",
+                              self.spec) from exc
         try:
-            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except Exception as exc:  # transformers raises many types for a missing/corrupt folder
-            raise ConfigError(None, "tokenizer", "a local tokenizer folder", f"{path} ({exc})") from exc
+            self._tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except Exception as exc:  # transformers raises many types for a corrupt folder
+            raise ConfigError(file, field, "a tokenizer folder transformers can load", f"{self.spec} ({exc})") from exc
         self.vocab_size = int(self._tok.vocab_size)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))
 
+    def count_with_specials(self, text: str) -> int:
+        """Tokens the server sees for a completion prompt: BOS and the like included."""
+        return len(self._tok.encode(text, add_special_tokens=True))
+
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids))
 
 
-def load_tokenizer(spec: str | None) -> Tokenizer:
+# A folder with one of these is a tokenizer transformers can load (fast, or slow with its vocab).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(spec: str | None, field: str = "tokenizer", file: str | None = None) -> Tokenizer:
+    """``byte`` (or nothing) for refstack's byte tokenizer; ``hf:<local folder>`` for a server's own."""
     if spec in (None, "", "byte"):
         return ByteTokenizer()
-    if spec.startswith("hf:"):
-        return HFTokenizer(spec[3:])
-    raise ConfigError(None, "tokenizer", "'byte' or 'hf:<local tokenizer path>'", spec)
+    if spec.startswith("hf:") and spec[3:]:
+        return HFTokenizer(spec[3:], field, file)
+    raise ConfigError(file, field, "'byte' or 'hf:<local tokenizer folder>'", spec)
 
 
-def random_text(tokenizer: Tokenizer, rng: np.random.Generator, n_tokens: int) -> tuple[str, int]:
-    """A random prompt of ``n_tokens`` server tokens; returns (text, actual token count)."""
+def tokenizer_id(tokenizer: Tokenizer | None) -> str:
+    """What counted the prompt lengths: ``byte`` or ``hf:<path>``."""
+    if tokenizer is None or isinstance(tokenizer, ByteTokenizer):
+        return "byte"
+    return str(getattr(tokenizer, "spec", None) or getattr(tokenizer, "name", type(tokenizer).__name__))
+
+
+def random_text(tokenizer: Tokenizer, rng: np.random.Generator, n_tokens: int, whole_prompt: bool = False) -> tuple[str, int]:
+    """A random prompt of ``n_tokens`` server tokens; returns (text, actual token count).
+
+    With a Hugging Face tokenizer, as vLLM's random dataset: ids are drawn from the
+    vocabulary less its special ids, decoded, and re-encoded until the count holds; a
+    ``whole_prompt`` leaves room for the special tokens the server adds (a BOS), so the
+    server sees ``n_tokens`` in all, and the count returned includes them.
+    """
     if n_tokens <= 0:
         return "", 0
     if isinstance(tokenizer, ByteTokenizer):
         return rng.choice(_ALPHABET, size=n_tokens).tobytes().decode("ascii"), n_tokens
-    vocab = int(getattr(tokenizer, "vocab_size", 32000))
-    ids = rng.integers(0, vocab, size=n_tokens).tolist()
+    allowed = _allowed_ids(tokenizer)
+    specials = _specials_added(tokenizer) if whole_prompt else 0
+    target = max(1, n_tokens - specials)
+    ids = rng.choice(allowed, size=target).tolist()
     text = tokenizer.decode(ids)
     # Decoding then re-encoding can merge or split tokens; a few rounds of
     # truncate/pad converge for real tokenizers.
     for _ in range(4):
         enc = tokenizer.encode(text)
-        if len(enc) == n_tokens:
+        if len(enc) == target:
             break
-        if len(enc) > n_tokens:
-            enc = enc[:n_tokens]
+        if len(enc) > target:
+            enc = enc[:target]
         else:
-            enc = enc + rng.integers(0, vocab, size=n_tokens - len(enc)).tolist()
+            enc = enc + rng.choice(allowed, size=target - len(enc)).tolist()
         text = tokenizer.decode(enc)
-    return text, len(tokenizer.encode(text))
+    return text, len(tokenizer.encode(text)) + specials
+
+
+def _allowed_ids(tokenizer: Tokenizer) -> np.ndarray:
+    cached = getattr(tokenizer, "_allowed", None)
+    if cached is None:
+        vocab = int(getattr(tokenizer, "vocab_size", 32000))
+        special = set(getattr(getattr(tokenizer, "_tok", None), "all_special_ids", None) or [])
+        cached = np.array([i for i in range(vocab) if i not in special], dtype=np.int64)
+        try:
+            tokenizer._allowed = cached  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+    return cached
+
+
+def _specials_added(tokenizer: Tokenizer) -> int:
+    tok = getattr(tokenizer, "_tok", None)
+    return int(tok.num_special_tokens_to_add()) if tok is not None and hasattr(tok, "num_special_tokens_to_add") else 0
 
 
 def sample_lengths(rng: np.random.Generator, n: int, mean_len: int, range_ratio: float) -> np.ndarray:
@@ -108,7 +164,7 @@ def random_requests(
     out_lens = sample_lengths(rng, n, output_len, range_ratio)
     reqs = []
     for i in range(n):
-        text, actual = random_text(tok, rng, int(in_lens[i]))
+        text, actual = random_text(tok, rng, int(in_lens[i]), whole_prompt=True)
         reqs.append(RequestInput(prompt=text, prompt_len=actual, output_len=int(out_lens[i])))
     return reqs
 

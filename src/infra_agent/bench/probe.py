@@ -56,7 +56,7 @@ def _burst_delivery(ok: list[dict[str, Any]], phases: dict[str, list[float]]) ->
     if phases.get("tpot"):
         per_token, source = sum(phases["tpot"]) / len(phases["tpot"]), "server TPOT"
     else:
-        rates = [e / n for r in ok for e, n, err in zip(r["e2els"], r["output_lens"], r["errors"], strict=True) if not err and n > 0]
+        rates = [e / n for r in ok for e, n, err in zip(r["e2els"], r["output_lens"], r["errors"], strict=True) if not err and n > 0 and e is not None]
         if not rates:
             return None
         per_token, source = 1e3 * sum(rates) / len(rates), "client E2E latency / output tokens"
@@ -244,6 +244,11 @@ class ServingProbe(Probe):
                     phases.setdefault(phase, []).append(d["mean_s"] * 1e3)
         for phase, vals in phases.items():
             fb.measurements.append(_measure(f"server_{phase}_mean_ms", "ms", vals, "lower", component="engine", interval=phase, **tags))
+        # A phase the server's stack exports but this scrape lacked: say which, with the
+        # names looked for, so a missing number is never mistaken for a phase not there.
+        missing = {p: d.get("expected") for r in ok for p, d in (r.get("server_metrics") or {}).items() if d.get("missing")}
+        if missing:
+            fb.meta.setdefault("server_phases_missing", {})[name] = missing
         cls._findings(fb, name, ok, phases, queue_share)
 
     @staticmethod

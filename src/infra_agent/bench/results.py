@@ -76,9 +76,11 @@ def requests_path_for(result_path: str | Path) -> Path:
 class RequestLog:
     """Appends one JSON line per finished request and flushes it at once.
 
-    A line: ``index`` (request order), ``start`` (seconds from the window's start),
-    ``success``, ``prompt_len``, ``output_len``, ``ttft``, ``itl`` (list), ``latency``
-    (seconds, as in ``RequestRecord``), ``error``, ``error_kind``.
+    A line: ``index`` (request order), ``start`` (seconds from the window's start), and
+    every field of ``RequestRecord``: ``success``, ``prompt_len``, ``output_len``,
+    ``ttft``, ``itl`` (list), ``latency`` (seconds, vLLM's definition), their
+    content-based twins ``content_ttft``, ``content_itl``, ``content_latency``,
+    ``usage_prompt_tokens``, ``chunks``, ``content_chunks``, ``error``, ``error_kind``.
     """
 
     def __init__(self, path: str | Path, redact: Any = None) -> None:

@@ -43,10 +43,11 @@ from infra_agent.bench.client import (
     send_request,
 )
 from infra_agent.bench.datasets import (
-    ByteTokenizer,
     HFTokenizer,
     Tokenizer,
     build_requests,
+    load_tokenizer,
+    tokenizer_id,
 )
 from infra_agent.bench.metrics import DEFAULT_PERCENTILES, SLO, compute_metrics
 from infra_agent.bench.results import (
@@ -59,6 +60,8 @@ from infra_agent.bench.results import (
     workspace_record,
     write_result,
 )
+from infra_agent.bench.timing import LatencyDefinition
+from infra_agent.bench.tokenizer_check import check_with_tokenize, check_with_usage
 from infra_agent.errors import (
     ConfigError,
     InfraAgentError,
@@ -73,15 +76,6 @@ AliveCheck = Callable[[], None]  # raises ServerStartError when the server is go
 _ALIVE_POLL_S = 0.25
 PROGRESS_EVERY_S = 5.0  # plain progress lines (no terminal): at least this often, and every 10%
 _UNFINISHED = "not finished: the run ended before the answer did"
-
-
-def tokenizer_id(tokenizer: Tokenizer | None) -> str:
-    """What counted the prompt lengths: ``byte`` or ``hf:<path>``."""
-    if tokenizer is None or isinstance(tokenizer, ByteTokenizer):
-        return "byte"
-    if isinstance(tokenizer, HFTokenizer):
-        return "hf:" + str(getattr(tokenizer._tok, "name_or_path", "?"))
-    return str(getattr(tokenizer, "name", type(tokenizer).__name__))
 
 
 def _options(scenario: Scenario, model: str, headers: Mapping[str, str] | None = None) -> RequestOptions:
@@ -113,6 +107,11 @@ def _raise_if_unusable(rec: RequestRecord, base_url: str, redact: Callable[[Any]
         raise TargetError(f"cannot reach {base_url}: is the server running and is the URL right? ({error})")
     if rec.error_kind == "protocol":
         raise TargetError(f"{base_url} does not behave like an OpenAI-compatible streaming server: {error}")
+    if rec.error_kind == "http" and error.startswith("HTTP 404 "):
+        # The usual cause: a base URL ending in /v1, so requests went to /v1/v1/...
+        raise TargetError(f"{base_url} answered HTTP 404 to the first request: the URL must be the server's base "
+                          f"URL without /v1 (requests go to <base>/v1/completions or /v1/chat/completions), and the "
+                          f"server must serve that OpenAI endpoint ({error})")
     if rec.error_kind == "http" and error.startswith(("HTTP 401 ", "HTTP 403 ")):
         raise TargetError(f"{base_url} refused the request ({error.split(' from ', 1)[0]}): does it need an API key "
                           f"(--api-key-env NAME, or api_key_env in the target) or other headers (--header)? ({error})")
@@ -154,7 +153,7 @@ class _Progress:
         self._tenths = 0
         self._t0 = self._last = 0.0
 
-    async def __aenter__(self) -> _Progress:  # noqa: PYI034 -- as the other context managers here
+    async def __aenter__(self) -> _Progress:
         self._t0 = self._last = time.perf_counter()
         if self.mode == "bar":
             self._bar = Progress(
@@ -224,6 +223,9 @@ class _Run:
     before: prom.Snapshot | None = None
     after: prom.Snapshot | None = None
     server_metrics_error: str | None = None
+    latency_definition: LatencyDefinition = "vllm"
+    # How the tokenizer was checked against the server (tokenizer_check.py); None: not checked.
+    tokenizer_check: str | None = None
 
     def finished(self, i: int, rec: RequestRecord) -> None:
         self.records[i] = rec
@@ -237,12 +239,15 @@ class _Run:
                    for r, q in zip(self.records, self.reqs)]
         end = self.window_end if self.window_end is not None else time.perf_counter()
         slo = SLO(**self.scenario.slo.model_dump()) if self.scenario.slo else None
-        result = compute_metrics(records, max(end - self.window_start, 1e-9), percentiles=self.percentiles, slo=slo)
+        result = compute_metrics(records, max(end - self.window_start, 1e-9), percentiles=self.percentiles, slo=slo,
+                                 definition=self.latency_definition)
         if self.before is not None and self.after is not None:
             result["server_metrics"] = prom.phase_deltas(self.before, self.after)
         else:
             result["server_metrics"] = None
         result.update(_header(self.base_url, self.scenario, self.model or "default", self.tokenizer, self.headers))
+        if self.tokenizer_check is not None:
+            result["tokenizer_check"] = self.tokenizer_check
         if self.cpu_start is not None:
             cpu = (self.cpu_end if self.cpu_end is not None else time.process_time()) - self.cpu_start
             result["client_cpu_s"] = cpu
@@ -310,8 +315,15 @@ async def _measure(run: _Run, metrics_url: str | None, progress: bool, redact: C
     async with make_http_client(max(concurrency, warm_n)) as client, make_http_client(2, timeout_s=30.0) as side:
         run.model = run.model or await _discover_model(side, base_url, headers)
         opts = _options(scenario, run.model, headers)
+        hf = run.tokenizer if isinstance(run.tokenizer, HFTokenizer) else None
+        if hf is not None:
+            # Before any generation request: a tokenizer that does not fit the server
+            # would give every prompt a wrong length.
+            run.tokenizer_check = await check_with_tokenize(side, base_url, run.model, hf, warm[0].prompt, headers)
         first = await send_request(client, base_url, warm[0], opts)
         _raise_if_unusable(first, base_url, redact)
+        if hf is not None and run.tokenizer_check is None:
+            run.tokenizer_check = check_with_usage(hf, base_url, scenario.endpoint, warm[0].prompt, first)
         if warm_n > 1:
             await asyncio.gather(*(send_request(client, base_url, r, opts) for r in warm[1:]))
         run.before = await prom.scrape(side, metrics_url, metrics_headers) if metrics_url else None
@@ -335,9 +347,11 @@ async def run_benchmark_async(
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     tokenizer: Tokenizer | None = None,
     headers: Mapping[str, str] | None = None,
+    latency_definition: LatencyDefinition = "vllm",
 ) -> dict[str, Any]:
     """The window itself (see ``run_benchmark``); no server watchdog."""
-    run = _Run(base_url, scenario, percentiles, tokenizer, dict(headers or {}), model=model)
+    run = _Run(base_url, scenario, percentiles, tokenizer, dict(headers or {}), model=model,
+               latency_definition=latency_definition)
     return await _measure(run, metrics_url, progress, redacted(secrets_of(run.headers)))
 
 
@@ -447,6 +461,7 @@ def run_benchmark(
     headers: Mapping[str, str] | None = None,
     requests_path: str | Path | None = None,
     max_failed_fraction: float | None = None,
+    latency_definition: LatencyDefinition = "vllm",
 ) -> dict[str, Any]:
     """One measured window against an OpenAI-compatible ``base_url`` (no ``/v1``).
 
@@ -456,13 +471,16 @@ def run_benchmark(
     (None: no limit).  ``headers`` go with every request (values never reach the
     result).  Each finished request is appended to ``requests_path`` (by default
     ``<output>.requests.jsonl`` when ``output`` is given).  Writes the result JSON to
-    ``output`` when given.
+    ``output`` when given.  ``latency_definition`` picks what the latency keys mean
+    (``timing.py``); the other definition is reported beside them.
     """
     hdrs = dict(headers or {})
     redact = redacted(secrets_of(hdrs))
     if requests_path is None and output is not None:
         requests_path = requests_path_for(output)
-    run = _Run(base_url, scenario, percentiles, tokenizer, hdrs, model=model)
+    if tokenizer is None and scenario.tokenizer is not None:
+        tokenizer = load_tokenizer(scenario.tokenizer, "scenario.tokenizer")
+    run = _Run(base_url, scenario, percentiles, tokenizer, hdrs, model=model, latency_definition=latency_definition)
     run.log = RequestLog(requests_path, redact) if requests_path is not None else None
     try:
         result = asyncio.run(_run_guarded(run, lambda: _measure(run, metrics_url, progress, redact), alive_check))
@@ -488,6 +506,7 @@ def run_on_target(
     tokenizer: Tokenizer | None = None,
     requests_path: str | Path | None = None,
     max_failed_fraction: float | None = None,
+    latency_definition: LatencyDefinition = "vllm",
 ) -> dict[str, Any]:
     """One window against a running target (``infra_agent.target.base.RunningTarget``).
 
@@ -501,7 +520,7 @@ def run_on_target(
         result = run_benchmark(
             target.url, scenario, model=target.model, metrics_url=target.metrics_url, alive_check=target.check_alive,
             progress=progress, percentiles=percentiles, tokenizer=tokenizer, headers=headers,
-            requests_path=requests_path, max_failed_fraction=max_failed_fraction,
+            requests_path=requests_path, max_failed_fraction=max_failed_fraction, latency_definition=latency_definition,
         )
     except TargetError:
         died = _dead(target.check_alive, grace_s=_DEATH_GRACE_S)
@@ -529,6 +548,8 @@ def run_workspace_scenario(
     requests_path: str | Path | None = None,
     max_failed_fraction: float | None = None,
     owner_token: str | None = None,
+    latency_definition: LatencyDefinition = "vllm",
+    tokenizer: Tokenizer | None = None,
 ) -> dict[str, Any]:
     """Start the workspace's target with the knobs, run one scenario, stop the target.
 
@@ -541,9 +562,23 @@ def run_workspace_scenario(
     if requests_path is None and output is not None:
         requests_path = requests_path_for(output)
     logs = Path(log_dir) if log_dir else default_log_dir(workspace)
-    with open_target(workspace, knobs, logs, owner_token=owner_token) as target:
-        result = run_on_target(target, sc, scenario_name=name, knobs=knobs, progress=progress, percentiles=percentiles,
-                               requests_path=requests_path, max_failed_fraction=max_failed_fraction)
+    if tokenizer is None and sc.tokenizer is not None:
+        # Loaded before the launch: a bad tokenizer must not cost a server start.
+        tokenizer = load_tokenizer(sc.tokenizer, f"scenarios.{name}.tokenizer", str(workspace.source or workspace.root))
+    started = False
+    try:
+        with open_target(workspace, knobs, logs, owner_token=owner_token) as target:
+            started = True
+            result = run_on_target(target, sc, scenario_name=name, knobs=knobs, progress=progress,
+                                   percentiles=percentiles, tokenizer=tokenizer, requests_path=requests_path,
+                                   max_failed_fraction=max_failed_fraction, latency_definition=latency_definition)
+    except KeyboardInterrupt:
+        if not started:
+            # The launch is stopped on the way out; say so, or a Ctrl-C during a long
+            # model load ends with no word about the server.
+            print(f"bench: interrupted while the target of {workspace.name} was starting; it has been stopped "
+                  f"(server logs in {logs})", file=sys.stderr, flush=True)
+        raise
     result["workspace"] = workspace_record(workspace)
     if output is not None:
         write_result(result, output)

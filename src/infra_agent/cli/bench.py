@@ -41,6 +41,7 @@ from infra_agent.workspace import load_workspace
 from infra_agent.workspace.models import Scenario
 
 _URL = re.compile(r"^https?://", re.IGNORECASE)
+LATENCY_DEFINITIONS = ("vllm", "content")  # as bench.timing; not imported, so --help stays light
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -50,6 +51,18 @@ def check_target_text(target: str) -> None:
     if m and not _URL.match(target):
         raise ConfigError(None, "TARGET", f"an http:// or https:// base URL, or a workspace folder (the scheme "
                           f"'{m.group(1)}://' is not supported)", target)
+
+
+def base_url(url: str) -> str:
+    """The server's base URL: a trailing ``/`` or ``/v1`` (as OpenAI clients take it) is dropped.
+
+    Requests go to ``<base>/v1/...``; keeping a ``/v1`` would send them to ``/v1/v1/...``,
+    a 404 with no hint.  The result's ``url`` is the base URL used.
+    """
+    url = url.rstrip("/")
+    if url.lower().endswith("/v1"):
+        url = url[:-3].rstrip("/")
+    return url
 
 
 def parse_sets(pairs: list[str]) -> dict[str, str]:
@@ -128,13 +141,27 @@ def _render_table(result: dict[str, Any], console: Console) -> None:
     if result.get("request_goodput") is not None:
         rows.append(("request goodput [req/s]", f"{result['request_goodput']:.3f}"))
     pkeys = sorted({k.split("_", 1)[0] for k in result if re.match(r"^p[\d.]+_ttft_ms$", k)}, key=lambda s: float(s[1:]))
+    definition = result.get("latency_definition", "vllm")
     for m in ("ttft", "tpot", "itl", "e2el"):
         parts = [f"mean {result[f'mean_{m}_ms']:.2f}", f"median {result[f'median_{m}_ms']:.2f}"]
         parts += [f"{p} {result[f'{p}_{m}_ms']:.2f}" for p in pkeys if p != "p50"]  # p50 is the median
-        rows.append((f"{m.upper()} [ms]", "  ".join(parts)))
+        rows.append((f"{m.upper()} [ms]" + (f" ({definition})" if "latency_definition" in result else ""), "  ".join(parts)))
+    for other in ("vllm", "content"):
+        alt = result.get(f"{other}_latency")
+        if other == definition or not isinstance(alt, dict):
+            continue
+        for m in ("ttft", "tpot", "itl"):
+            rows.append((f"{m.upper()} [ms] ({other}, {alt.get('timed', 0)} req)",
+                         f"mean {alt[f'mean_{m}_ms']:.2f}  median {alt[f'median_{m}_ms']:.2f}"))
     for phase, d in (result.get("server_metrics") or {}).items():
+        if d.get("missing"):
+            rows.append((f"server {phase}", "missing: no " + " or ".join(d.get("expected") or [])))
+            continue
         mean = "reset" if d.get("reset") else ("-" if d["mean_s"] is None else f"{d['mean_s'] * 1e3:.2f}")
         rows.append((f"server {phase} mean [ms] (n)", f"{mean} ({d.get('count')})"))
+    if result.get("tokenizer_id"):
+        check = f" ({result['tokenizer_check']})" if result.get("tokenizer_check") else ""
+        rows.append(("prompt lengths counted by", f"{result['tokenizer_id']}{check}"))
     for name, value in rows:
         table.add_row(Text(name), Text(value))  # Text: "[ms]" is a unit, not rich markup
     console.print(table)
@@ -175,7 +202,8 @@ def register(app: typer.Typer) -> None:
         endpoint: str | None = typer.Option(None, "--endpoint", help="completions (URL-mode default) | chat"),
         model: str | None = typer.Option(None, "--model", help="Model name to send (default: first of /v1/models)."),
         metrics_url: str | None = typer.Option(None, "--metrics-url", help="URL mode: Prometheus /metrics to diff."),
-        warmup: int | None = typer.Option(None, "--warmup-requests", help="Default 1 in URL mode."),
+        warmup: int | None = typer.Option(None, "--warmup-requests",
+                                          help="Full-length requests before the window (URL-mode default 0: only a 2-token check)."),
         temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature sent (URL-mode default 0)."),
         slo_ttft_ms: float | None = typer.Option(None, "--slo-ttft-ms"),
         slo_tpot_ms: float | None = typer.Option(None, "--slo-tpot-ms"),
@@ -189,10 +217,17 @@ def register(app: typer.Typer) -> None:
         api_key_env: str | None = typer.Option(None, "--api-key-env",
                                                help="URL mode: NAME of the environment variable holding the API key (sent as a bearer token)."),
         header: list[str] = typer.Option([], "--header", help="URL mode: an extra request header 'Name: value'; repeatable."),
+        tokenizer: str | None = typer.Option(None, "--tokenizer",
+                                             help="What counts prompt lengths: byte (default) or hf:PATH, the served model's "
+                                                  "tokenizer folder (workspace mode: overrides the scenario's)."),
+        latency_def: str = typer.Option("vllm", "--latency-def",
+                                        help="vllm (default): every streamed chunk with choices is a token, as vllm bench serve "
+                                             "counts; content: only chunks with text. The other is reported beside."),
         no_progress: bool = typer.Option(False, "--no-progress"),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     ) -> None:
         """Run one serving benchmark and print vLLM-style metrics (+ server phases)."""
+        from infra_agent.bench.datasets import load_tokenizer
         from infra_agent.bench.runner import (
             only_scenario,
             run_benchmark,
@@ -203,6 +238,11 @@ def register(app: typer.Typer) -> None:
         with user_errors(as_json):
             check_target_text(target)
             pcts = parse_percentiles(percentiles)
+            if latency_def not in LATENCY_DEFINITIONS:
+                raise ConfigError(None, "--latency-def", f"one of {', '.join(LATENCY_DEFINITIONS)}", latency_def)
+            # Before any server is started or request sent: a missing folder or a
+            # missing transformers is the user's to fix.
+            tok = load_tokenizer(tokenizer, "--tokenizer") if tokenizer is not None else None
             if not 0.0 <= max_failed_fraction <= 1.0:
                 raise ConfigError(None, "--max-failed-fraction", "a fraction in [0, 1]", max_failed_fraction)
             if output is not None and result_dir is not None:
@@ -226,17 +266,22 @@ def register(app: typer.Typer) -> None:
             extra: dict[str, Any] = {}
             try:
                 if _URL.match(target):
+                    given_url, target = target, base_url(target)
+                    if target != given_url.rstrip("/"):
+                        Console(stderr=True).print(f"bench: using the base URL {target} (requests go to {target}/v1/...)",
+                                                   markup=False, highlight=False)
                     ds = _url_dataset(dataset or "random", input_len or 128, output_len or 64, range_ratio or 0.0,
                                       dataset_path, prefix_len or 256, num_prefixes or 1, seed or 0)
                     sc = _scenario({"dataset": ds, "num_requests": load.pop("num_requests", 100), "endpoint": "completions",
-                                    "warmup_requests": 1, "temperature": 0.0, **load, "slo": slo or None})
+                                    "warmup_requests": 0, "temperature": 0.0, **load, "slo": slo or None})
                     headers = dict(parse_header(h) for h in header)
                     headers = request_headers(api_key_env, headers, field="--api-key-env")
                     if api_key_env:
                         extra["api_key_env"] = api_key_env  # the name only
-                    result = run_benchmark(target.rstrip("/"), sc, model=model, metrics_url=metrics_url, progress=not no_progress,
+                    result = run_benchmark(target, sc, model=model, metrics_url=metrics_url, progress=not no_progress,
                                            percentiles=pcts, headers=headers, requests_path=requests_path,
-                                           max_failed_fraction=max_failed_fraction)
+                                           max_failed_fraction=max_failed_fraction, tokenizer=tok,
+                                           latency_definition=latency_def)  # type: ignore[arg-type]
                 else:
                     given = sorted(flag for flag, v in url_only.items() if v is not None)
                     if given:
@@ -253,7 +298,8 @@ def register(app: typer.Typer) -> None:
                     extra["workspace"] = workspace_record(ws)
                     result = run_workspace_scenario(ws, name, parse_sets(set_), scenario=sc, progress=not no_progress,
                                                     percentiles=pcts, requests_path=requests_path,
-                                                    max_failed_fraction=max_failed_fraction)
+                                                    max_failed_fraction=max_failed_fraction, tokenizer=tok,
+                                                    latency_definition=latency_def)  # type: ignore[arg-type]
             except InfraAgentError as exc:
                 # No run: still leave a result saying why, where one was asked for.
                 path = _result_path(output, result_dir, sc, run_model)

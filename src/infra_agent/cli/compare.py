@@ -167,6 +167,26 @@ def render_comparison(comp: Comparison, console: Console, a: Path, b: Path, warn
         console.print(line, highlight=False)
 
 
+# Results written before the latency definition was recorded used the content-based one.
+_DEFINITION_BEFORE_RECORDED = "content"
+
+
+def measurement_mismatch(a_runs: list[dict[str, Any]], b_runs: list[dict[str, Any]]) -> list[str]:
+    """What the numbers mean, beside what was run: the latency definition and the tokenizer.
+
+    A TTFT under vLLM's definition (first chunk) and one under the content-based one
+    (first text) are different quantities, and so are prompt lengths counted by
+    different tokenizers: comparing them would report the definition as a change.
+    """
+    out = []
+    for key, missing in (("latency_definition", _DEFINITION_BEFORE_RECORDED), ("tokenizer_id", "byte")):
+        va = sorted({str(r.get(key, missing)) for r in a_runs if r.get("ok", True) is not False})
+        vb = sorted({str(r.get(key, missing)) for r in b_runs if r.get("ok", True) is not False})
+        if va and vb and va != vb:
+            out.append(f"{key}: A {', '.join(va)}, B {', '.join(vb)}")
+    return out
+
+
 def register(app: typer.Typer) -> None:
     @app.command("compare")
     def compare(
@@ -201,7 +221,7 @@ def register(app: typer.Typer) -> None:
             _check_options(confidence, n_boot)
             gates = [parse_gate(c) for c in criterion]
             runs_a, runs_b = read_runs(a, "A"), read_runs(b, "B")
-            mismatch = workload_mismatch(runs_a, runs_b)
+            mismatch = workload_mismatch(runs_a, runs_b) + measurement_mismatch(runs_a, runs_b)
             if mismatch and not allow_mismatch:
                 raise BenchmarkError(
                     f"{a} (A) and {b} (B) ran different workloads, so their numbers are not comparable:\n  "

@@ -26,7 +26,10 @@ class EndpointTarget:
 
     @property
     def url(self) -> str:
-        return self.spec.url
+        # The base URL: requests go to {url}/v1/...  An OpenAI-style ".../v1" (as client
+        # libraries take it) would make that /v1/v1/..., a 404, so it is dropped here.
+        url = self.spec.url.rstrip("/")
+        return url[:-3].rstrip("/") if url.lower().endswith("/v1") else url
 
     @property
     def metrics_url(self) -> str | None:

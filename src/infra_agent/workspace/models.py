@@ -198,6 +198,25 @@ class Scenario(_Strict):
     slo: Slo | None = None
     temperature: float = Field(0.0, ge=0)
     ignore_eos: bool = True
+    # What counts prompt lengths: ``byte`` (refstack's), or ``hf:<folder>`` with the
+    # served model's tokenizer (relative to the workspace root; made absolute at load).
+    tokenizer: str | None = None
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_folder(cls, spec: str | None, info: ValidationInfo) -> str | None:
+        if spec is None or spec == "byte":
+            return spec
+        if not spec.startswith("hf:") or not spec[3:]:
+            raise DomainError((), "'byte' or 'hf:<tokenizer folder>'", spec)
+        root = (info.context or {}).get("root")
+        if root is None:
+            return spec
+        folder = Path(spec[3:]).expanduser()
+        full = folder if folder.is_absolute() else Path(root) / folder
+        if not full.is_dir():
+            raise DomainError((), "hf:<an existing tokenizer folder> (relative to the workspace root)", spec)
+        return "hf:" + str(full.resolve())
 
 
 # ---------------------------------------------------------------- criteria

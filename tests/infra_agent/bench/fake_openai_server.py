@@ -1,12 +1,15 @@
 """A tiny real OpenAI-compatible streaming server for client tests (run as a subprocess).
 
 ``python fake_openai_server.py [--token-delay-ms D] [--mode stream|json|die-after|empty] [--die-after N] [--no-usage] [--nagle]
-[--api-key-env NAME] [--require-header 'Name: value'] [--port P]``
+[--api-key-env NAME] [--require-header 'Name: value'] [--replay FILE] [--tokenizer DIR] [--port P]``
 binds a free loopback port itself and prints ``READY http://127.0.0.1:PORT`` once serving.
 It exposes vLLM-named histograms under the ``refstack:`` prefix on /metrics so the
 Prometheus delta can be checked against what it served.  With ``--api-key-env NAME`` it
 answers every ``/v1`` request without ``Authorization: Bearer $NAME`` with 401, as vLLM's
-``--api-key`` does (``/metrics`` stays open, as there).
+``--api-key`` does (``/metrics`` stays open, as there).  ``--replay FILE`` answers every
+generation request with a recorded stream (JSONL: ``{"dt_ms": gap before it, "data":
+chunk or "[DONE]"}``), at its recorded pace.  ``--tokenizer DIR`` serves vLLM's
+``POST /tokenize`` with that Hugging Face tokenizer (without it, /tokenize is a 404).
 """
 
 from __future__ import annotations
@@ -26,8 +29,19 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 
 def build_app(token_delay_s: float, mode: str, die_after: int, usage: bool = True, api_key: str | None = None,
-              required: dict[str, str] | None = None) -> FastAPI:
+              required: dict[str, str] | None = None, replay: list[dict] | None = None, tokenizer_dir: str | None = None) -> FastAPI:
     app = FastAPI()
+
+    if tokenizer_dir is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+
+        @app.post("/tokenize")
+        async def tokenize(req: Request) -> dict:
+            body = await req.json()
+            ids = tok.encode(body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)))
+            return {"count": len(ids), "max_model_len": 4096, "tokens": ids}
 
     @app.middleware("http")
     async def check_auth(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -61,6 +75,14 @@ def build_app(token_delay_s: float, mode: str, die_after: int, usage: bool = Tru
             os._exit(3)
         if mode == "json":
             return JSONResponse({"choices": [{"text": "hello", "index": 0}]})
+        if replay is not None:
+            async def recorded():
+                for event in replay:
+                    await asyncio.sleep(event["dt_ms"] / 1e3)
+                    data = event["data"]
+                    yield "data: " + (data if isinstance(data, str) else json.dumps(data)) + "\n\n"
+
+            return StreamingResponse(recorded(), media_type="text/event-stream")
         n = int(body.get("max_tokens", 16))
         requested.inc(n)
         include_usage = usage and bool((body.get("stream_options") or {}).get("include_usage"))
@@ -101,6 +123,8 @@ def main() -> None:
     ap.add_argument("--die-after", type=int, default=0)
     ap.add_argument("--no-usage", action="store_true", help="never send a usage chunk")
     ap.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    ap.add_argument("--replay", help="answer every generation request with this recorded stream (JSONL)")
+    ap.add_argument("--tokenizer", help="serve POST /tokenize with this local Hugging Face tokenizer folder")
     ap.add_argument("--api-key-env", help="require 'Authorization: Bearer $NAME' on /v1 requests")
     ap.add_argument("--require-header", action="append", default=[], help="'Name: value' every /v1 request must carry")
     ap.add_argument("--nagle", action="store_true",
@@ -114,7 +138,12 @@ def main() -> None:
     port = sock.getsockname()[1]
     api_key = os.environ[args.api_key_env] if args.api_key_env else None
     required = dict((p.strip() for p in h.split(":", 1)) for h in args.require_header)
-    app = build_app(args.token_delay_ms / 1e3, args.mode, args.die_after, usage=not args.no_usage, api_key=api_key, required=required)
+    replay = None
+    if args.replay:
+        with open(args.replay) as f:
+            replay = [json.loads(line) for line in f if line.strip()]
+    app = build_app(args.token_delay_ms / 1e3, args.mode, args.die_after, usage=not args.no_usage, api_key=api_key,
+                    required=required, replay=replay, tokenizer_dir=args.tokenizer)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     print(f"READY http://127.0.0.1:{port}", flush=True)
     server.run(sockets=[sock])

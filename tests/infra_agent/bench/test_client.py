@@ -46,13 +46,18 @@ def test_completions_stream_timings(fake_server_factory) -> None:  # type: ignor
     assert rec.latency >= rec.ttft + sum(rec.itl) - 1e-6
 
 
-def test_chat_ttft_skips_role_only_chunk(fake_server_factory) -> None:  # type: ignore[no-untyped-def]
-    # The role chunk arrives at once; the first content token only after 50 ms.
+def test_chat_role_chunk_is_not_a_token(fake_server_factory) -> None:  # type: ignore[no-untyped-def]
+    # The role chunk arrives at once; the first content token only after 50 ms.  Under
+    # either definition TTFT waits for the token: a role announcement sent before the
+    # request runs would otherwise make TTFT the HTTP round trip.
     srv = fake_server_factory("--token-delay-ms", "50")
     rec = _one(srv.url, "chat", out=3)
     assert rec.success, rec.error
-    assert rec.ttft >= 0.045
-    assert rec.output_len == 3 and len(rec.itl) == 2
+    assert rec.chunks == 3 and rec.content_chunks == 3
+    assert rec.ttft >= 0.045 and len(rec.itl) == 2
+    assert rec.content_ttft is not None and rec.content_ttft == rec.ttft
+    assert rec.output_len == 3 and len(rec.content_itl) == 2
+    assert rec.content_latency is not None and rec.content_latency >= rec.latency
 
 
 def test_output_tokens_from_chunks_without_usage(fake_server_factory) -> None:  # type: ignore[no-untyped-def]
@@ -113,11 +118,11 @@ def test_non_streaming_server_is_a_target_error(fake_server_factory) -> None:  #
     assert not rec.success and rec.error_kind == "protocol" and "event stream" in rec.error
 
 
-def test_stream_without_text_is_a_failed_request_not_a_target_error(fake_server_factory) -> None:  # type: ignore[no-untyped-def]
-    # A real OpenAI stream whose tokens never formed text (refstack can do this with
-    # greedy decoding of random weights): no TTFT exists, so each request is failed,
-    # but the server is reachable and speaks the protocol, so the run goes on.
+def test_stream_without_token_chunks_is_a_failed_request_not_a_target_error(fake_server_factory) -> None:  # type: ignore[no-untyped-def]
+    # A well-formed stream with a usage chunk but no chunk carrying choices: nothing to
+    # time a TTFT by, so vLLM's client fails the request and so do we; the server is
+    # reachable and speaks the protocol, so the run goes on.
     srv = fake_server_factory("--mode", "empty")
     res = run_benchmark(srv.url, _scenario(), progress=False)
     assert res["completed"] == 0 and res["failed"] == 12
-    assert all("without a single content token" in e for e in res["errors"])
+    assert all("without a single token chunk" in e and "usage reported 6 completion tokens" in e for e in res["errors"])
