@@ -64,6 +64,11 @@ Calling conventions (the lab relies on these):
 - Outputs are named ``out`` (one tensor), ``out0, out1, ...`` (a tuple) or by the
   dict's keys; each must have the reference's shape and the dtype ``out_dtypes``
   gives (the case's input dtype by default).
+- ``outputs(result, inputs)`` (optional) picks what to compare after a kernel or
+  variant call, from its result and the (cloned) inputs it was given.  An in-place
+  kernel (a decode step that updates a state pool through slot indices) returns only
+  its output, and ``outputs`` reads the updated rows out of ``inputs``; the gather
+  then runs for the check but never inside the timed call.
 - ``reference(**inputs)`` returns the same structure, computed however is most
   accurate (often float64); it is the truth for every precision mode.
 - A variant is a partitioned form of the same computation (TP column/row/vocab
@@ -179,7 +184,7 @@ class SpecSource:
 
 
 # KernelSpec fields that hold code: a worker must find them in the spec file.
-CALLABLE_FIELDS = ("kernel", "reference", "inputs", "flops", "bytes_moved", "work", "out_dtypes")
+CALLABLE_FIELDS = ("kernel", "reference", "inputs", "flops", "bytes_moved", "work", "out_dtypes", "outputs")
 
 
 @dataclass(frozen=True)
@@ -225,6 +230,9 @@ class KernelSpec:
     # Expected output dtype(s) for (input dtype, precision): one dtype for every
     # output, or a dict by output name.  None: the input dtype of the case.
     out_dtypes: Callable[[torch.dtype, str], torch.dtype | Mapping[str, torch.dtype]] | None = None
+    # outputs(result, inputs) -> the outputs to compare, picked after the call (not
+    # timed); None: the call's result as is.  For kernels that update inputs in place.
+    outputs: Callable[[Any, dict[str, Any]], Any] | None = None
     # Larger shapes for timing; the check shapes when None.
     bench_shapes: Sequence[Shape] | None = None
     # Seeds pinned for reproduction; None draws fresh seeds every run.
@@ -266,6 +274,8 @@ class KernelSpec:
             out.append(("reference", "declares no reference; the lab needs the truth to check against"))
         elif not callable(self.reference):
             out.append(("reference", f"expected a callable, got {self.reference!r}"))
+        if self.outputs is not None and not callable(self.outputs):
+            out.append(("outputs", f"expected outputs(result, inputs), got {self.outputs!r}"))
         if not callable(self.inputs):
             out.append(("inputs", f"expected inputs(shape, dtype, seed, device), got {self.inputs!r}"))
         if not self.shapes:

@@ -107,3 +107,24 @@ def test_in_place_kernel_gets_its_own_inputs(specs_dir: Path) -> None:
     report = check_spec(_one(specs_dir / "kda_decode_spec.py"), seeds=[0, 1])
     assert report.passed, [r.to_dict() for r in report.failures]
     assert {r.output for r in report.results} == {"o", "state"}
+
+
+def test_outputs_hook_checks_rows_updated_in_place_and_is_not_timed(specs_dir: Path) -> None:
+    """An in-place kernel is checked through the rows ``outputs`` reads after the call:
+    the right kernel passes, one that writes the wrong row fails on ``pool`` only, and
+    timing calls the kernel alone (the hook's gather would double the bytes moved)."""
+    from infra_agent.kernels.microbench import bench_spec
+
+    spec = _one(specs_dir / "inplace_spec.py")
+    report = check_spec(spec, seeds=[3], device="cpu")
+    by = {(r.variant, r.output): r.status for r in report.results}
+    assert by[(KERNEL, "y")] == "passed" and by[(KERNEL, "pool")] == "passed"
+    assert by[("wrong_row", "y")] == "passed" and by[("wrong_row", "pool")] == "failed"
+
+    picks = spec.outputs.__globals__["PICKS"]
+    before = picks["n"]
+    bench = bench_spec(spec, device="cpu", variants=[], n_seeds=1, budget_s=0.02, copy_bytes=1 << 20, matmul_n=64)
+    timed = [e for e in bench.entries if e.timing is not None]
+    assert timed and all(e.timing.samples_s for e in timed)
+    # The bench's correctness gate calls the hook once per checked call; the timing none.
+    assert picks["n"] - before == len(bench.checks[0].results) // 2
