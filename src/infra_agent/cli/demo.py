@@ -49,6 +49,10 @@ def register(app: typer.Typer) -> None:
                                      "(a git repo; a new folder, or one an earlier demo made)."),
         pairs: int = typer.Option(3, "--pairs", help="Interleaved A/B pairs per end-to-end comparison (3 to 50)."),
         budget_runs: int = typer.Option(6, "--budget-runs", help="Most experiments after the baseline (at least 1)."),
+        executor: str = typer.Option("local", "--executor", help="Where the experiments run: local (subprocesses on "
+                                     "this machine) or ray (one Ray task per experiment; needs the ray extra)."),
+        address: str | None = typer.Option(None, "--address", help="The Ray cluster to join, as for `infra-agent run` "
+                                           "(--executor ray; default: a local instance)."),
         as_json: bool = typer.Option(False, "--json", help="Print the demo's run as JSON on stdout (progress goes to stderr)."),
     ) -> None:
         """Build a demo workspace from refstack and run the feedback loop's steps on it."""
@@ -59,12 +63,21 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError("--pairs", None, "a number of pairs from 3 to 50", pairs)
             if budget_runs < 1:
                 raise ConfigError("--budget-runs", None, "at least 1", budget_runs)
+            if executor not in ("local", "ray"):
+                raise ConfigError("--executor", None, "local or ray", executor)
+            if address is not None and executor != "ray":
+                raise ConfigError("--address", None, "--executor ray (--address applies only to it)", f"--executor {executor}")
+            if executor == "ray":
+                from infra_agent.agent.executors.ray_executor import require_ray
+
+                require_ray()  # Ray missing: one line naming the extra, before the workspace is built
             _check_workdir(workdir)
             # numpy, scipy, aiohttp: imported only when the demo runs
             from infra_agent.demo import run_demo
 
             try:
-                result = run_demo(workdir, pairs=pairs, budget_runs=budget_runs, console=err_console, progress=True)
+                result = run_demo(workdir, pairs=pairs, budget_runs=budget_runs, console=err_console, progress=True,
+                                  executor=executor, address=address)
             except KeyboardInterrupt as exc:
                 exit_interrupted(exc, as_json)
 

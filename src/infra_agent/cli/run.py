@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         no_confirm: bool = typer.Option(False, "--no-confirm", help="Skip the final best-vs-baseline confirmation."),
         keep_going: bool = typer.Option(False, "--keep-going", help="Go on after every gate passes, until the budget ends."),
         executor: str = typer.Option("local", "--executor", help="Where experiments run: local (subprocesses on this "
-                                     "machine) or ray (one Ray task per experiment; needs infra-agent[ray])."),
+                                     "machine) or ray (one Ray task per experiment; needs infra-agent\\[ray])."),
         address: str | None = typer.Option(None, "--address", help="The Ray cluster to join, as for ray.init: auto, "
                                            "HOST:6379 or ray://HOST:10001 (--executor ray; default: a local instance)."),
         task_cpus: float | None = typer.Option(None, "--task-cpus", help="CPUs each experiment task asks for (--executor "

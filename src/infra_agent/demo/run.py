@@ -51,7 +51,9 @@ class DemoResult:
 
 
 def run_demo(workdir: Path, pairs: int = 3, budget_runs: int = 6, console: Console | None = None,
-             progress: bool = True) -> DemoResult:
+             progress: bool = True, executor: str = "local", address: str | None = None) -> DemoResult:
+    """Build the workspace in ``workdir`` and run the loop on it; ``executor`` and ``address``
+    are ``infra-agent run``'s (``"ray"``: one Ray task per experiment, docs/distributed.md)."""
     from infra_agent.agent.runner import RunOptions, start_run
     from infra_agent.ledger import Ledger
     from infra_agent.report import write_report
@@ -62,9 +64,11 @@ def run_demo(workdir: Path, pairs: int = 3, budget_runs: int = 6, console: Conso
     yaml_path = build_demo_workspace(workdir)
     if console is not None:
         console.print(f"{yaml_path}", highlight=False)
-        console.rule("[bold]agent run[/]: rules proposer, until every gate passes")
-    run = start_run(workdir, RunOptions(proposer="rules", budget_runs=budget_runs, pairs=pairs), console=console,
-                    progress=progress)
+        where = " on Ray" if executor == "ray" else ""
+        console.rule(f"[bold]agent run[/]: rules proposer{where}, until every gate passes")
+    opts = RunOptions(proposer="rules", budget_runs=budget_runs, pairs=pairs, executor=executor,  # type: ignore[arg-type]
+                      address=address)
+    run = start_run(workdir, opts, console=console, progress=progress)
     with Ledger.for_workspace(workdir) as ledger:
         exps = ledger.experiments(run.id)
     paths = write_report(run, exps, workdir / ".infra-agent" / "reports" / run.id)

@@ -246,3 +246,85 @@ def test_ctrl_c_cancels_the_task_and_leaves_nothing_running(cluster: str, tmp_pa
     assert marked_pids(run["id"] + "/") == []
     assert not list(node_base(run["id"]).rglob("attempt-*"))
     assert git(ws, "worktree", "list").strip().count("\n") == 0
+
+
+def test_demo_takes_the_executor_through_to_its_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``infra-agent demo --executor ray --address A`` builds the demo workspace and runs it with
+    those options (the demo run end to end on a cluster is docs/distributed.md's "Checked: the demo
+    workspace", too slow for a test); ``--address`` without ``--executor ray`` is a mistake."""
+    from typer.testing import CliRunner
+
+    from infra_agent import demo
+    from infra_agent.agent import runner
+    from infra_agent.cli import demo as demo_cli
+    from infra_agent.errors import InfraAgentError
+
+    seen: list[Any] = []
+
+    def start_run(ws: Path, opts: RunOptions, **_: Any) -> Any:
+        seen.append((ws, opts))
+        raise InfraAgentError("stop before the loop")
+
+    monkeypatch.setattr(runner, "start_run", start_run)
+    with pytest.raises(InfraAgentError, match="stop before the loop"):
+        demo.run_demo(tmp_path / "built", executor="ray", address="10.0.0.7:6379", console=None, progress=False)
+    ws, opts = seen[0]
+    assert ws == (tmp_path / "built").resolve() and (ws / "infra-agent.yaml").is_file()
+    assert (opts.executor, opts.address, opts.proposer, opts.budget_runs, opts.pairs) == ("ray", "10.0.0.7:6379", "rules", 6, 3)
+
+    import typer
+
+    app = typer.Typer()
+    demo_cli.register(app)
+
+    @app.callback()
+    def _root() -> None: ...
+
+    calls: list[dict[str, Any]] = []
+
+    def run_demo(workdir: Path, **kw: Any) -> Any:
+        calls.append(kw)
+        raise InfraAgentError("stop before the build")
+
+    monkeypatch.setattr(demo, "run_demo", run_demo)
+    cli = CliRunner()
+    res = cli.invoke(app, ["demo", "--workdir", str(tmp_path / "cli"), "--executor", "ray", "--address", "10.0.0.7:6379"])
+    assert res.exit_code == 2 and "stop before the build" in res.output, res.output
+    assert (calls[0]["executor"], calls[0]["address"]) == ("ray", "10.0.0.7:6379")
+    res = cli.invoke(app, ["demo", "--workdir", str(tmp_path / "cli"), "--address", "10.0.0.7:6379"])
+    assert res.exit_code == 2 and "--address" in res.output and len(calls) == 1, res.output
+    res = cli.invoke(app, ["demo", "--workdir", str(tmp_path / "cli"), "--executor", "dask"])
+    assert res.exit_code == 2 and "local or ray" in res.output and len(calls) == 1, res.output
+    res = cli.invoke(app, ["demo", "--workdir", str(tmp_path / "cli2")])
+    assert calls[-1]["executor"] == "local" and calls[-1]["address"] is None  # the default stays local
+
+
+def test_a_cluster_that_refuses_the_driver_names_the_token_and_is_not_waited_on_twice(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Joining by an explicit address without ``RAY_AUTH_MODE=token``: Ray sends no token, a
+    ``ray start`` cluster with token authentication refuses it, and ``ray.init`` fails after
+    its wait with "Failed to connect" alone.  The error names the setting; the clean-up that
+    follows does not call ``ray.init`` (and wait) again."""
+    ws = load_workspace(make_workspace(tmp_path / "ws"))
+    calls: list[Any] = []
+
+    def refuse(**kw: Any) -> None:
+        calls.append(kw)
+        raise ConnectionError(f"Failed to connect to Ray cluster at {kw['address']}")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    executor = RayExecutor(ws, "r-auth", address="10.0.0.7:6391")
+    base = Experiment(id="e0", run_id="r-auth", seq=0, role="baseline",
+                      hypothesis=Hypothesis(statement="baseline", metric="-", direction="higher"), knobs={})
+    ex = executor.measure(base, ["chat"], 1, [])
+    assert ex.status == "error" and "cannot connect to the Ray cluster at 10.0.0.7:6391" in (ex.error or "")
+    assert "RAY_AUTH_MODE=token" in (ex.error or "")
+    found = executor.cleanup()
+    assert len(calls) == 1 and any("the Ray nodes were not cleaned" in f and "RAY_AUTH_MODE" in f for f in found), found
+    # Set already, or no address named (a new local instance, or auto): no hint.
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    assert "RAY_AUTH_MODE" not in (RayExecutor(ws, "r-auth2", address="10.0.0.7:6391").measure(base, ["chat"], 1, []).error or "")
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    assert "RAY_AUTH_MODE" not in (RayExecutor(ws, "r-auth3", address="auto").measure(base, ["chat"], 1, []).error or "")

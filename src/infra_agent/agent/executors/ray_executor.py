@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -78,6 +79,7 @@ class RayExecutor(LocalExecutor):
         self.record = record
         self.lost: list[dict[str, Any]] = list(lost or [])  # every loss of this run (kept across resume)
         self._events: Any = None  # the progress queue the tasks write to (one actor, for the whole run)
+        self._unreachable: str | None = None  # why connecting failed: the clean-up does not wait on it again
 
     # ------------------------------------------------------------ the cluster
 
@@ -89,7 +91,8 @@ class RayExecutor(LocalExecutor):
                          logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = f"at {self.address}" if self.address else "(a new local instance)"
-                raise InfraAgentError(f"cannot connect to the Ray cluster {where} (--address): {exc}") from None
+                self._unreachable = f"cannot connect to the Ray cluster {where} (--address): {exc}{_auth_hint(self.address)}"
+                raise InfraAgentError(self._unreachable) from None
         return ray
 
     def _queue(self) -> Any:
@@ -246,6 +249,11 @@ class RayExecutor(LocalExecutor):
     def cleanup(self, exp_ids: list[str] | None = None) -> list[str]:
         """The local clean-up (worktrees, anything marked here), then the same on every node."""
         found = super().cleanup(exp_ids)
+        if self._unreachable is not None and not require_ray().is_initialized():
+            # ray.init already failed in this process (after its own wait): nothing was sent to
+            # the cluster from here, and a second attempt would only wait as long again.
+            found.append(f"the Ray nodes were not cleaned: {self._unreachable}")
+            return found
         try:
             ray = self.connect()
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -276,6 +284,18 @@ class RayExecutor(LocalExecutor):
 def _light(exp: Experiment) -> Experiment:
     """What a task needs of an experiment (ids, knobs, change): its Feedback stays here."""
     return exp.model_copy(update={"feedback": None, "baseline_feedback": None, "checks": {}, "verdict": None})
+
+
+def _auth_hint(address: str | None) -> str:
+    """What to try when joining a cluster by its address fails.  ``ray start`` turns token
+    authentication on whenever ``~/.ray/auth_token`` exists (a local ``ray.init()`` writes
+    one), but a driver sends its token to an address named explicitly only when
+    ``RAY_AUTH_MODE=token`` says so (``auto`` and a new local instance need no setting);
+    without it the connection fails after Ray's wait as if no cluster were there."""
+    if address in (None, "", "auto") or os.environ.get("RAY_AUTH_MODE"):
+        return ""
+    return ("; if the cluster uses token authentication (ray start turns it on where ~/.ray/auth_token exists), run "
+            "the driver with RAY_AUTH_MODE=token and the cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN")
 
 
 def _first_line(exc: BaseException) -> str:
