@@ -8,7 +8,10 @@ Settings (each an ``EngineConfig`` on the same seeded weights; see docs/quantiza
 - ``bf16``: the launch default, ``--dtype auto`` (bf16 GEMMs where the native kernels have a
   bf16 dot product, fp32 elsewhere) with the fp32 KV cache (``kv_cache_dtype=auto``): the
   baseline of every ratio;
-- ``w8a8``: ``--quantization w8a8`` (SmoothQuant-style int8 weights and activations);
+- ``w8a8``: ``--quantization w8a8`` (SmoothQuant-style int8 weights and activations; the
+  recipe's sensitive sites, ``quant_recipe.HELD_SITES``, stay bf16);
+- ``w8a8-all``: the same with every site int8 (``held=()``): what holding those sites costs
+  in speed and buys in quality;
 - ``kv-bf16``, ``kv-fp8``, ``kv-int8``: ``--kv-cache-dtype bf16 | fp8_e4m3 | int8``;
 - ``kv-mixed``: ``--kv-cache-dtype int8 --kv-cache-dtype-layers FIRST:bf16`` (the first
   attention layer keeps bf16 K/V, the others int8).
@@ -55,6 +58,7 @@ from refstack.engine import Engine, EngineConfig, SamplingParams
 from refstack.engine.config import resolve_dtype
 from refstack.kernels import cpu_kernels
 from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk
+from refstack.model.quant import quantize_model
 
 GOAL_W8A8_SPEEDUP = 1.3  # at batch 32, vs bf16
 GOAL_W8A8_TOP1 = 0.98
@@ -67,6 +71,7 @@ ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp8_e4m3": 1, "int8": 1}
 class Setting:
     name: str
     knobs: dict[str, Any]
+    held: tuple[str, ...] | None = None  # W8A8's held sites (None: the recipe's)
     engines: dict[int, Engine] = field(default_factory=dict)
     error: str | None = None  # why it could not be built ("not implemented ...")
 
@@ -77,6 +82,7 @@ def settings_for(cfg: HybridConfig) -> list[Setting]:
     return [
         Setting("bf16", {}),
         Setting("w8a8", {"quantization": "w8a8"}),
+        Setting("w8a8-all", {"quantization": "w8a8"}, held=()),
         Setting("kv-bf16", {"kv_cache_dtype": "bf16"}),
         Setting("kv-fp8", {"kv_cache_dtype": "fp8_e4m3"}),
         Setting("kv-int8", {"kv_cache_dtype": "int8"}),
@@ -118,13 +124,17 @@ def make_engine(model: HybridModel, preset: str, batch: int, prompt_len: int, ma
     return Engine(cfg, model=model, tokenizer=ByteTokenizer())
 
 
-def build(settings: list[Setting], base: HybridModel, quantized: HybridModel, preset: str, batches: list[int],
+def build(settings: list[Setting], base: HybridModel, preset: str, batches: list[int],
           prompt_len: int, max_seq_len: int) -> None:
     """Each setting's engines; a setting that cannot be built (or whose cache ignores the
-    knob) is marked with why."""
+    knob) is marked with why.  A W8A8 setting gets its own copy of the model (same seed, same
+    weights), quantised here with its held sites before its engines see it."""
     for s in settings:
-        model = quantized if s.knobs.get("quantization") == "w8a8" else base
+        model = base
         try:
+            if s.knobs.get("quantization") == "w8a8":
+                model = HybridModel(base.config)
+                quantize_model(model, held=s.held)
             for b in batches:
                 s.engines[b] = make_engine(model, preset, b, prompt_len, max_seq_len, s.knobs)
         except (NotImplementedError, ValueError, TypeError, AssertionError, RuntimeError) as exc:
@@ -308,12 +318,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     settings = settings_for(cfg)
     if args.settings:
         settings = [s for s in settings if s.name == "bf16" or s.name in args.settings]
-    base, quantized = HybridModel(cfg), HybridModel(cfg)  # same seed, same weights
+    base = HybridModel(cfg)
     qprompts = prompts(args.quality_prompts, args.prompt_len, seed=424_242)  # not a timed run's seed
     # The quality engines hold a slot per quality prompt; built before the timing ones.
     qbatch = max(args.quality_prompts, *args.batches)
     t0 = time.perf_counter()
-    build(settings, base, quantized, args.preset, sorted({*args.batches, qbatch}), args.prompt_len, max_seq_len)
+    build(settings, base, args.preset, sorted({*args.batches, qbatch}), args.prompt_len, max_seq_len)
     print(f"# engines built in {time.perf_counter() - t0:.1f} s (w8a8: calibration and quantisation included)")
     for s in settings:
         if s.error:

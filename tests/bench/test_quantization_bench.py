@@ -15,7 +15,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 ARGS = ["--preset", "tiny", "--quick", "--batches", "2", "4", "--repeats", "1", "--gen-len", "4",
         "--quality-prompts", "3", "--quality-steps", "3", "--context", "256"]
-NAMES = ("bf16", "w8a8", "kv-bf16", "kv-fp8", "kv-int8", "kv-mixed")
+NAMES = ("bf16", "w8a8", "w8a8-all", "kv-bf16", "kv-fp8", "kv-int8", "kv-mixed")
 
 
 def _bench() -> ModuleType:

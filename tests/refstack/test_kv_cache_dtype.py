@@ -315,3 +315,32 @@ def test_serve_refuses_a_combination_in_one_line(args: list[str], words: list[st
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("refstack: error: "), r.stderr
     assert all(w in lines[0] for w in words), lines[0]
+
+
+# ---- GPU (skipped without CUDA) ----------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", KV_TYPES)
+def test_quantized_caches_on_cuda_store_their_types_and_stay_as_close_as_on_the_cpu(kv: str) -> None:
+    """The tiny model on CUDA (torch's path) with a bf16 / fp8 / int8 KV cache: the cache holds
+    the chosen storage type on the device (fp8 as float8_e4m3fn), with its per-(layer, head)
+    scales, and its teacher-forced logits stay within the CPU bounds (``BOUNDS``) of the CPU's
+    fp32-cache reference."""
+    cpu = HybridModel(TINY)
+    reference = _teacher_forced(cpu, None, "fp32", None)
+    gpu = HybridModel(TINY).to("cuda")
+    cache = gpu.new_cache(len(PROMPTS), kv_dtypes=_all(kv))
+    want = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}[kv]
+    for layer in TINY.full_attention_layers:
+        assert cache.keys[layer].device.type == "cuda" and cache.keys[layer].dtype == want
+        assert cache.values[layer].dtype == want
+        if kv != "bf16":
+            assert cache.k_scales[layer].shape == (TINY.num_kv_heads,) and bool((cache.k_scales[layer] > 0).all())
+    lr = reference.log_softmax(-1)
+    lp = _teacher_forced(gpu, _all(kv), "fp32", reference).float().cpu().log_softmax(-1)
+    kl = (lr.exp() * (lr - lp)).sum(-1)
+    greedy = lr.argmax(-1, keepdim=True)
+    d_greedy = (lp.gather(-1, greedy) - lr.gather(-1, greedy)).abs().max().item()
+    kl_mean, kl_max, d_max = BOUNDS[kv]
+    assert kl.mean() <= kl_mean and kl.max() <= kl_max and d_greedy <= d_max, \
+        f"{kv} on cuda: KL mean {kl.mean():.2e} max {kl.max():.2e}, greedy |dlogprob| {d_greedy:.3f} (bounds {BOUNDS[kv]})"

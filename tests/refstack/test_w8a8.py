@@ -13,7 +13,8 @@
   at startup in one line.
 
 GPU: ``torch._int_mm`` on CUDA is written (refstack.model.quant.int_mm) but untested here:
-its test is marked ``gpu`` and skips without a device.
+its tests (one Linear; the whole tiny model quantised on CUDA) are marked ``gpu`` and skip
+without a device.
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ from refstack.engine.device import PlacementError, resolve_placement
 from refstack.kernels import cpu_build, cpu_kernels
 from refstack.model import HybridConfig, HybridModel, SeqChunk, quant
 from refstack.model.quant import (
+    HELD_SITES,
+    HeldLinear,
     QuantizedLinear,
     calibrate,
     calibration_prompts,
     quantize_model,
     quantize_rows,
     quantize_weight,
+    site_names,
     smooth_and_quantize,
 )
 
@@ -132,7 +136,7 @@ def test_w8a8_experts_native_match_torch_path_and_tiles_agree() -> None:
     VNNI and portable tiles bit for bit."""
     cfg = HybridConfig.preset("tiny")
     model = HybridModel(cfg)
-    quantize_model(model, prompts=calibration_prompts(n=2))
+    quantize_model(model, prompts=calibration_prompts(n=2), held=())  # (layer 0's experts are held by default)
     experts = model.layers[0].moe.w8a8
     assert experts is not None
     counts = [3, 0, 5, 1, 0, 2, 8, 1]
@@ -205,9 +209,39 @@ def test_engines_share_a_quantised_model_once_and_refuse_a_mismatch() -> None:
     Engine(EngineConfig(preset="tiny", quantization="w8a8", cpu_kernels="torch", dtype="float32"), model=model)
     report = model.quant_report
     Engine(EngineConfig(preset="tiny", quantization="w8a8", cpu_kernels="torch", dtype="float32"), model=model)
-    assert model.quant_report is report and report.linears == 2 * model.config.num_layers
+    held_linears = [h for h in report.held if not h.endswith(".experts")]
+    assert model.quant_report is report and report.linears == 2 * model.config.num_layers - len(held_linears)
+    assert report.expert_layers == model.config.num_layers - (len(report.held) - len(held_linears))
     with pytest.raises(ValueError, match="already 'w8a8'"):
         Engine(EngineConfig(preset="tiny", cpu_kernels="torch", dtype="float32"), model=model)
+
+
+def test_held_sites_keep_their_weights_and_norms_and_unknown_sites_are_refused() -> None:
+    """A held site is neither smoothed nor quantised: its Linear keeps the model's weight, its
+    norm keeps its gain, held experts keep their own packs; the others are W8A8."""
+    cfg = HybridConfig.preset("tiny")
+    original, model = HybridModel(cfg), HybridModel(cfg)
+    held = ("0.mixer_in", "0.experts", "1.mixer_out")
+    report = quantize_model(model, prompts=calibration_prompts(n=2, length=16), held=held)
+    assert report.held == ("0.mixer_in", "0.experts", "1.mixer_out")
+    assert (report.linears, report.expert_layers) == (2 * cfg.num_layers - 2, cfg.num_layers - 1)
+    layer0, layer1 = model.layers[0], model.layers[1]
+    assert isinstance(layer0.mixer.in_proj.w8a8, HeldLinear) and isinstance(layer0.mixer.o_proj.w8a8, QuantizedLinear)
+    assert torch.equal(layer0.mixer.in_proj.weight, original.layers[0].mixer.in_proj.weight)
+    assert torch.equal(layer0.mixer_norm.weight, original.layers[0].mixer_norm.weight)
+    assert layer0.moe.w8a8 is None and torch.equal(layer0.mlp_norm.weight, original.layers[0].mlp_norm.weight)
+    assert isinstance(layer1.mixer.o_proj.w8a8, HeldLinear) and layer1.moe.w8a8 is not None
+    assert not torch.equal(layer1.mixer_norm.weight, original.layers[1].mixer_norm.weight)  # smoothed: 1/s folded
+    with pytest.raises(ValueError, match=r"held sites \['0.mlp', '9.experts'\] are not sites of this model"):
+        quantize_model(HybridModel(cfg), prompts=calibration_prompts(n=1), held=("0.mlp", "9.experts"))
+
+
+def test_the_default_recipe_holds_only_sites_the_model_has() -> None:
+    """HELD_SITES names the small preset's layers 0-2; a model with fewer layers holds those it has."""
+    assert set(HELD_SITES) <= set(site_names(HybridConfig.preset("small").num_layers))
+    two = HybridConfig.preset("tiny", num_layers=2)
+    report = quantize_model(HybridModel(two), prompts=calibration_prompts(n=1, length=8))
+    assert report.held == tuple(s for s in site_names(2) if s in HELD_SITES)
 
 
 # ---- over HTTP ------------------------------------------------------------------------
@@ -307,3 +341,23 @@ def test_int_mm_on_cuda_matches_the_cpu_path() -> None:
     assert torch.equal(quant.int_mm(codes.cuda(), lin._mm_weight())[:, :45].cpu(), exact)
     torch.testing.assert_close(lin(x.cuda()).cpu(), cpu, rtol=1e-6, atol=0.0)
     assert quant.int_mm_unavailable_reason("cuda") is None
+
+
+@pytest.mark.gpu
+def test_a_w8a8_model_on_cuda_matches_its_cpu_torch_path() -> None:
+    """The whole tiny model quantised on CUDA (calibration there, ``torch._int_mm`` per Linear and
+    per expert, the held sites as fp32 GEMMs) against the same model quantised on the CPU's torch
+    path: teacher-forced logits agree to the bound the native and torch CPU paths meet."""
+    cfg = HybridConfig.preset("tiny", dtype="float32")
+    cpu, gpu = HybridModel(cfg), HybridModel(cfg).to("cuda")
+    quantize_model(cpu)
+    quantize_model(gpu)
+    assert gpu.quantization == "w8a8" and gpu.layers[1].moe.w8a8 is not None
+    prompts = calibration_prompts(seed=3, n=4, length=12)
+    caches = [m.new_cache(4, 64) for m in (cpu, gpu)]
+    feed = [5, 77, 200, 13]
+    for step in range(4):
+        chunks = [SeqChunk(i, p, 0) for i, p in enumerate(prompts)] if step == 0 else \
+            [SeqChunk(i, [feed[i]], len(p) + step - 1) for i, p in enumerate(prompts)]
+        a, b = (m.forward_chunks(chunks, c).float().cpu() for m, c in zip((gpu, cpu), caches))
+        assert (a - b).abs().max() <= 2e-3 * b.abs().max(), step

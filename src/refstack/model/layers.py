@@ -14,7 +14,7 @@ from refstack.kernels import cpu_kernels
 from refstack.kernels.precision import matmul as precision_matmul
 
 if TYPE_CHECKING:
-    from refstack.model.quant import QuantizedLinear
+    from refstack.model.quant import HeldLinear, QuantizedLinear
 
 
 def seeded_weight(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter:
@@ -72,7 +72,8 @@ class Linear(nn.Module):
         self.weight = seeded_weight(gen, out_features, in_features, std=scale / math.sqrt(in_features))
         self.packed: Tensor | None = None  # not a buffer: derived, never saved
         self.bf16 = False
-        self.w8a8: QuantizedLinear | None = None  # set by refstack.model.quant
+        # Set by refstack.model.quant: the int8 copy, or a HeldLinear (a site W8A8 leaves unquantised).
+        self.w8a8: QuantizedLinear | HeldLinear | None = None
 
     def round_to_bf16(self) -> None:
         """Make this a bf16 GEMM (irreversible: the weight itself is rounded); before ``use_native``."""

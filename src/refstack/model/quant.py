@@ -26,6 +26,9 @@ state, attention itself, the LM head (the widest output, and its logits are the 
 and the KDA low-rank up-projection (decay and gate): 3% of a KDA layer's weights, and its
 output feeds the decay, which the recurrence exponentiates and multiplies into the state at
 every step, so an error there compounds along the sequence rather than staying in one token.
+And the *held sites* (``quant_recipe.HELD_SITES``): six projections of the first layers, whose
+error passes every later router and the KDA recurrence; they run as ``HeldLinear`` (or keep
+their bf16 experts), unsmoothed.
 
 Kernels: on the native CPU kernels ``cpu_int8.c`` (VNNI ``vpdpbusd`` with a portable path
 that gives the same integers), otherwise ``torch._int_mm`` (CPU or CUDA).  Both quantise the
@@ -36,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,20 +47,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from refstack.kernels import cpu_kernels
-from refstack.model.attention import AttentionLayer
-from refstack.model.batch import SeqChunk
-from refstack.model.kda import KDALayer
-from refstack.model.layers import Linear
-from refstack.model.moe import MoE, route
-from refstack.model.tokenizer import ByteTokenizer
+from refstack.model.layers import matmul_rows, round_bf16
+from refstack.model.quant_recipe import (
+    ALPHA,
+    HELD_SITES,
+    calibrate,
+    calibration_prompts,
+    mixer_linears,
+    resolve_held,
+    site_names,
+    smoothing_factors,
+)
+
+__all__ = [  # the recipe's names are re-exported: callers import them from here
+    "ALPHA", "HELD_SITES", "HeldLinear", "QuantReport", "QuantizedExperts", "QuantizedLinear", "apply_quantization",
+    "calibrate", "calibration_prompts", "int_mm", "int_mm_unavailable_reason", "quantize_model", "quantize_rows",
+    "quantize_weight", "resolve_held", "site_names", "smooth_and_quantize", "smoothing_factors",
+]
 
 log = logging.getLogger(__name__)
 
-ALPHA = 0.5  # SmoothQuant's migration strength
-CALIBRATION_SEED = 20_251_201
-CALIBRATION_PROMPTS = 8
-CALIBRATION_LEN = 48  # characters per prompt: 8 x (48 + BOS) = 392 tokens
-S_MIN = 1e-5  # SmoothQuant's clamp of the factors (and of the maxima they are made of)
 QMAX = 127
 
 
@@ -236,85 +244,22 @@ def _mm_layout(q: Tensor) -> Tensor:
     return q.transpose(1, 2).contiguous()
 
 
-# ---------------------------------------------------------------- calibration
-def calibration_prompts(seed: int = CALIBRATION_SEED, n: int = CALIBRATION_PROMPTS,
-                        length: int = CALIBRATION_LEN) -> list[list[int]]:
-    """Seeded random printable text through the byte tokenizer (BOS first): a few hundred tokens."""
-    rng = random.Random(seed)
-    tok = ByteTokenizer()
-    alphabet = [chr(c) for c in range(32, 127)]
-    return [tok.encode("".join(rng.choice(alphabet) for _ in range(length)), add_bos=True) for _ in range(n)]
+class HeldLinear(nn.Module):
+    """A Linear of a W8A8 model left in the model's precision (``HELD_SITES``).  It stands in
+    ``Linear.w8a8`` so that the Linear packs it behind the tagged header: a native decode block
+    reads all its weights with one kind, and its other weights are int8.  It holds the
+    Linear's own weight (no copy)."""
 
+    def __init__(self, weight: Tensor, bf16: bool) -> None:
+        super().__init__()
+        self.weight = weight  # the Linear's parameter itself: .to(device) moves it in place
+        self.bf16 = bf16
 
-@dataclass
-class _Max:
-    """A running per-channel max |x|."""
+    def pack(self) -> Tensor:
+        return cpu_kernels.pack(self.weight.t(), torch.bfloat16 if self.bf16 else torch.float32, tagged=True)
 
-    value: Tensor | None = None
-
-    def update(self, x: Tensor) -> None:
-        m = x.detach().reshape(-1, x.shape[-1]).abs().amax(0).float()
-        self.value = m if self.value is None else torch.maximum(self.value, m)
-
-
-@torch.inference_mode()
-def calibrate(model: Any, prompts: list[list[int]]) -> dict[str, Tensor]:
-    """Per-input-channel max |X| of every quantised GEMM's input on ``prompts`` (one prefill
-    step on the model's current path): ``"<module>"`` for the Linears, ``"<moe>.x"`` for the
-    experts' input and ``"<moe>.hidden"`` [E, I] for each expert's down-projection input."""
-    stats: dict[str, _Max] = {}
-    hidden: dict[str, Tensor] = {}
-    hooks = []
-    names = {id(m): n for n, m in model.named_modules()}
-
-    def linear_hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-        stats.setdefault(names[id(module)], _Max()).update(args[0])
-
-    def moe_hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-        assert isinstance(module, MoE)
-        x = args[0].float()
-        name = names[id(module)]
-        stats.setdefault(name + ".x", _Max()).update(x)
-        ids, _ = route(module.router(x), module.top_k)
-        inner = module.w_gate_up.shape[2] // 2
-        acc = hidden.setdefault(name, torch.zeros(module.num_experts, inner, device=x.device))
-        for e in range(module.num_experts):
-            rows = x[(ids == e).any(-1)]
-            if rows.shape[0]:
-                gu = rows @ module.w_gate_up[e]
-                h = F.silu(gu[:, :inner]) * gu[:, inner:]
-                acc[e] = torch.maximum(acc[e], h.abs().amax(0))
-
-    for module in model.modules():
-        if isinstance(module, (AttentionLayer, KDALayer)):
-            for lin in _mixer_linears(module):
-                hooks.append(lin.register_forward_pre_hook(linear_hook))
-        elif isinstance(module, MoE):
-            hooks.append(module.register_forward_pre_hook(moe_hook))
-    try:
-        cache = model.new_cache(num_slots=len(prompts), max_seq_len=max(map(len, prompts)))
-        model.forward_chunks([SeqChunk(i, p, 0) for i, p in enumerate(prompts)], cache)
-    finally:
-        for h in hooks:
-            h.remove()
-    out = {k: v.value for k, v in stats.items() if v.value is not None}
-    out.update({k + ".hidden": v for k, v in hidden.items()})
-    return out
-
-
-def _mixer_linears(mixer: nn.Module) -> list[Linear]:
-    if isinstance(mixer, AttentionLayer):
-        return [mixer.qkv_proj, mixer.o_proj]
-    assert isinstance(mixer, KDALayer)
-    return [mixer.in_proj, mixer.o_proj]
-
-
-def smoothing_factors(x_max: Tensor, w_max: Tensor, alpha: float = ALPHA) -> Tensor:
-    """SmoothQuant's s = max|X|^alpha / max|W|^(1 - alpha) per input channel; 1 where the
-    calibration never saw the channel (no evidence to move range by)."""
-    s = x_max.clamp(min=S_MIN).pow(alpha) / w_max.clamp(min=S_MIN).pow(1.0 - alpha)
-    s = s.clamp(min=S_MIN)
-    return torch.where(x_max > 0, s, torch.ones_like(s))
+    def forward(self, x: Tensor) -> Tensor:  # torch's path: as Linear.forward computes it
+        return matmul_rows(round_bf16(x) if self.bf16 else x, self.weight.t())
 
 
 # ---------------------------------------------------------------- the model
@@ -327,27 +272,44 @@ class QuantReport:
     linears: int  # quantised Linears
     expert_layers: int  # quantised MoE layers
     int8_weight_bytes: int  # the int8 codes (scales and factors not counted)
-    s_range: tuple[float, float]  # smallest and largest smoothing factor over all sites
+    s_range: tuple[float, float]  # smallest and largest smoothing factor over the quantised sites
+    held: tuple[str, ...] = ()  # sites left in the model's precision, "<layer>.<site>"
 
 
 @torch.inference_mode()
-def smooth_and_quantize(model: Any, stats: dict[str, Tensor], alpha: float = ALPHA, tokens: int = 0) -> QuantReport:
+def smooth_and_quantize(model: Any, stats: dict[str, Tensor], alpha: float = ALPHA, tokens: int = 0,
+                        held: tuple[str, ...] | None = ()) -> QuantReport:
     """Fold the smoothing factors (see the module doc) and attach the int8 copies:
-    ``Linear.w8a8`` and ``MoE.w8a8``.  Irreversible: the norms and the router are rescaled."""
+    ``Linear.w8a8`` and ``MoE.w8a8``.  Irreversible: the norms and the router are rescaled.
+    ``held`` sites (None: ``HELD_SITES``) are neither smoothed nor quantised: their Linears get
+    a ``HeldLinear``, their experts stay as they are."""
     names = {id(m): n for n, m in model.named_modules()}
+    keep = resolve_held(len(model.layers), held)
     s_all: list[Tensor] = []
     linears = experts = nbytes = 0
-    for layer in model.layers:
+    for i, layer in enumerate(model.layers):
         mixer, moe = layer.mixer, layer.moe
-        first, o_proj = _mixer_linears(mixer)
-        # mixer norm -> qkv_proj / in_proj (folded)
-        s = smoothing_factors(stats[names[id(first)]], first.weight.abs().amax(0), alpha)
-        layer.mixer_norm.weight.div_(s)
-        first.weight.mul_(s[None, :])
-        first.w8a8 = QuantizedLinear(first.weight, None)
-        # o_proj: explicit 1/s in the activation quantisation
-        s_o = smoothing_factors(stats[names[id(o_proj)]], o_proj.weight.abs().amax(0), alpha)
-        o_proj.w8a8 = QuantizedLinear(o_proj.weight * s_o[None, :], 1.0 / s_o)
+        first, o_proj = mixer_linears(mixer)
+        if f"{i}.mixer_in" in keep:
+            first.w8a8 = HeldLinear(first.weight, first.bf16)
+        else:  # mixer norm -> qkv_proj / in_proj (folded)
+            s = smoothing_factors(stats[names[id(first)]], first.weight.abs().amax(0), alpha)
+            layer.mixer_norm.weight.div_(s)
+            first.weight.mul_(s[None, :])
+            first.w8a8 = QuantizedLinear(first.weight, None)
+            s_all.append(s)
+            linears += 1
+            nbytes += first.weight.numel()
+        if f"{i}.mixer_out" in keep:
+            o_proj.w8a8 = HeldLinear(o_proj.weight, o_proj.bf16)
+        else:  # o_proj: explicit 1/s in the activation quantisation
+            s_o = smoothing_factors(stats[names[id(o_proj)]], o_proj.weight.abs().amax(0), alpha)
+            o_proj.w8a8 = QuantizedLinear(o_proj.weight * s_o[None, :], 1.0 / s_o)
+            s_all.append(s_o)
+            linears += 1
+            nbytes += o_proj.weight.numel()
+        if f"{i}.experts" in keep:
+            continue  # MoE.w8a8 stays None: the experts keep their own (bf16 / fp32) packs
         # MLP norm -> every expert's gate|up (folded); the router keeps its logits via W diag(s)
         name = names[id(moe)]
         w_max = moe.w_gate_up.abs().amax(dim=(0, 2))  # [D]: over experts and output columns
@@ -359,18 +321,20 @@ def smooth_and_quantize(model: Any, stats: dict[str, Tensor], alpha: float = ALP
         h_max = stats[name + ".hidden"]  # [E, I]
         s_d = smoothing_factors(h_max, moe.w_down.abs().amax(dim=2), alpha)  # [E, I]
         moe.w8a8 = QuantizedExperts(moe.w_gate_up, moe.w_down * s_d[:, :, None], 1.0 / s_d)
-        s_all += [s, s_o, s_m, s_d.reshape(-1)]
-        linears += 2
+        s_all += [s_m, s_d.reshape(-1)]
         experts += 1
-        nbytes += first.weight.numel() + o_proj.weight.numel() + moe.w_gate_up.numel() + moe.w_down.numel()
-    flat = torch.cat(s_all)
-    return QuantReport(alpha, tokens, linears, experts, nbytes, (flat.min().item(), flat.max().item()))
+        nbytes += moe.w_gate_up.numel() + moe.w_down.numel()
+    flat = torch.cat(s_all) if s_all else torch.ones(1)
+    return QuantReport(alpha, tokens, linears, experts, nbytes, (flat.min().item(), flat.max().item()),
+                       tuple(s for s in site_names(len(model.layers)) if s in keep))
 
 
-def quantize_model(model: Any, alpha: float = ALPHA, prompts: list[list[int]] | None = None) -> QuantReport:
+def quantize_model(model: Any, alpha: float = ALPHA, prompts: list[list[int]] | None = None,
+                   held: tuple[str, ...] | None = None) -> QuantReport:
     """Calibrate, smooth and quantise ``model`` (a ``HybridModel``) in place, on its device and
     kernels: the native kernels are switched off for the calibration pass (it reads the
-    module path's activations) and back on after, which packs the int8 weights."""
+    module path's activations) and back on after, which packs the int8 weights.  ``held``:
+    the sites left in the model's precision (None: ``HELD_SITES``; ``()``: none)."""
     if getattr(model, "quantization", "none") == "w8a8":
         raise ValueError("quantize_model: the model is already W8A8")
     native = bool(getattr(model, "native_kernels", False))
@@ -383,14 +347,15 @@ def quantize_model(model: Any, alpha: float = ALPHA, prompts: list[list[int]] | 
         model.use_native_kernels(False)
     try:
         stats = calibrate(model, prompts)
-        report = smooth_and_quantize(model, stats, alpha, tokens=sum(map(len, prompts)))
+        report = smooth_and_quantize(model, stats, alpha, tokens=sum(map(len, prompts)), held=held)
         model.quantization = "w8a8"
         model.quant_report = report
     finally:
         if native:
             model.use_native_kernels(True)
-    log.info("w8a8: %d Linears and %d expert layers quantised (alpha %.2f, %d calibration tokens, s in [%.3g, %.3g])",
-             report.linears, report.expert_layers, alpha, report.calibration_tokens, *report.s_range)
+    log.info("w8a8: %d Linears and %d expert layers quantised, %s held (alpha %.2f, %d calibration tokens, "
+             "s in [%.3g, %.3g])", report.linears, report.expert_layers, ",".join(report.held) or "none", alpha,
+             report.calibration_tokens, *report.s_range)
     return report
 
 
