@@ -164,11 +164,11 @@ KNOBS: tuple[Knob, ...] = (
          "fraction under steady load (0.05 = 5% lower throughput); leave 0 otherwise.",
          min=0.0, max=0.9),
     Knob("ep_release_gil", "bool", True, ("model.moe", "runtime"),
-         "Expert-parallel dispatch/combine: the native section (token shuffle, then a spin-wait for the peer ranks) "
-         "releases the GIL (true) or holds it while it works and spins (false, as an EP library that never drops "
+         "Expert-parallel dispatch/combine: the native section (token shuffle, then a wait for the peer ranks) "
+         "releases the GIL (true) or holds it while it works and waits (false, as an EP library that never drops "
          "it), so other Python threads of the process (the KV transfer thread) cannot run meanwhile."),
     Knob("ep_link_gbps", "float", 0.0, ("model.moe",),
-         "Modelled link bandwidth (GB/s) of the expert-parallel exchange: dispatch and combine each spin-wait "
+         "Modelled link bandwidth (GB/s) of the expert-parallel exchange: dispatch and combine each wait "
          "(bytes of token rows crossing ranks) / bandwidth in native code, at most 50 ms; 0 = no wait (all ranks "
          "share the process).", min=0.0, max=1e6),
     Knob("disagg", "bool", False, ("server", "engine"),
@@ -179,7 +179,7 @@ KNOBS: tuple[Knob, ...] = (
          "page by page while the model computes the next prefill (true), or none runs and the engine thread puts "
          "each request's KV in one bulk message after its batch (false; the baseline of the 5% prefill criterion)."),
     Knob("kv_page_tokens", "int", 16, ("engine.kv_transfer",),
-         "With --disagg: token positions per attention KV page the transfer thread packs and pushes.",
+         "With --disagg: token positions per attention KV page (one page per KV head) the transfer thread packs and pushes.",
          min=1, max=4096),
     Knob("tp", "int", 1, ("runtime", "model", "engine.cache"),
          "Tensor parallelism: ranks (processes, torch.distributed: gloo on the CPU, NCCL on GPUs) behind this "

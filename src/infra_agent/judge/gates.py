@@ -56,7 +56,9 @@ def side_values(feedbacks: Sequence[Feedback], metric: str, scenario: str | None
     """One value per run (or per sample a probe reported) of ``metric`` on one side."""
     out: list[float] = []
     for fb in feedbacks:
-        if not fb.ok and metric not in fb.meta:
+        # A failed run's numbers are not trusted, unless it failed only a gate of its own
+        # (``meta.gate_failed``: it measured, and the measurement missed a threshold).
+        if not fb.ok and metric not in fb.meta and not fb.meta.get("gate_failed"):
             continue
         if metric in fb.meta and isinstance(fb.meta[metric], (int, float)):
             out.append(float(fb.meta[metric]))

@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from infra_agent.trace.critical import CriticalPath, critical_paths
-from infra_agent.trace.gil import WaitReport, holder_shares, waiting_analysis
+from infra_agent.trace.gil import (
+    WaitReport,
+    holder_shares,
+    holder_timeline,
+    waiting_analysis,
+)
 from infra_agent.trace.intervals import (
     Interval,
     ThreadTime,
@@ -85,17 +91,54 @@ class TimelineReport:
         }
 
 
-def _holder_span(spans: list[Span], thread: str, waiting: list[Interval]) -> dict[str, object] | None:
-    """The holder thread's spans during ``waiting``: the names whose spans fell (almost)
-    entirely inside the waits (``ep.dispatch|ep.combine``, not the ``engine.step``
-    around them), else the name covering most of the waits."""
-    by_name: dict[str, list[Interval]] = defaultdict(list)
-    for s in spans:
-        if s.thread == thread:
-            by_name[s.name].append((s.start_us, s.end_us))
+def _innermost(spans: list[Span], pieces: list[Interval]) -> dict[str, float]:
+    """µs of ``pieces`` per span name, each instant credited to the innermost span of one
+    thread's (nested) spans covering it: the one that started last."""
+    ordered = sorted(spans, key=lambda s: (s.start_us, -s.end_us))
+    bounds = sorted({x for s in ordered for x in (s.start_us, s.end_us)} | {x for iv in pieces for x in iv})
+    out: dict[str, float] = defaultdict(float)
+    active: list[Span] = []
+    i = j = 0
+    for a, b in pairwise(bounds):
+        while i < len(ordered) and ordered[i].start_us <= a:
+            active.append(ordered[i])
+            i += 1
+        active = [s for s in active if s.end_us > a]
+        while j < len(pieces) and pieces[j][1] <= a:
+            j += 1
+        inside = sum(max(0.0, min(b, e) - max(a, s)) for s, e in pieces[j:j + 2])
+        if inside > 0 and active:
+            out[active[-1].name] += inside
+    return out
+
+
+def _holder_span(spans: list[Span], thread: str, waiting: list[Interval],
+                 held: list[Interval] | None = None) -> dict[str, object] | None:
+    """The holder thread's spans during ``waiting``.
+
+    With its GIL-holding stretches (``held``, from the samples): the innermost spans it was
+    in while it held the GIL during the waits, those of the top one's category together
+    (``ep.dispatch|ep.combine``, not the ``engine.step`` around them).  Without: the names
+    whose spans fell (almost) entirely inside the waits, else the name covering most."""
+    mine = [s for s in spans if s.thread == thread]
     waited = total(waiting)
-    if not by_name or waited <= 0:
+    if not mine or waited <= 0:
         return None
+    if held:
+        pieces = intersect(merge(held), waiting)
+        inner = _innermost(mine, pieces)
+        if inner:
+            cats = {s.name: s.cat for s in mine}
+            top = max(inner, key=lambda n: inner[n])
+            first: dict[str, float] = {}
+            for s in sorted(mine, key=lambda s: s.start_us):
+                first.setdefault(s.name, s.start_us)
+            names = sorted((n for n in inner if n == top or (cats.get(top) and cats.get(n) == cats.get(top))),
+                           key=lambda n: first[n])
+            return {"thread": thread, "span": "|".join(names), "share_of_wait": sum(inner[n] for n in names) / waited}
+    by_name: dict[str, list[Interval]] = defaultdict(list)
+    for s in mine:
+        by_name[s.name].append((s.start_us, s.end_us))
     merged = {name: merge(ivs) for name, ivs in by_name.items()}
     cover = {name: total(intersect(m, waiting)) for name, m in merged.items()}
     inside = sorted((n for n, m in merged.items() if cover[n] > 0 and cover[n] >= 0.8 * total(m)), key=lambda n: -cover[n])
@@ -115,6 +158,7 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
     spans = timeline.span_sources()
     window = timeline.window()
     waits, waiting_by_thread = waiting_analysis(timeline, by=by)
+    segments = holder_timeline(timeline.samples, timeline.sampled_window) if timeline.sampled_window else []
     holder_spans: dict[str, dict[str, object]] = {}
     for w in waits:
         if not w.holder_threads or w.waiting_us <= 0:
@@ -123,7 +167,8 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
         waiting = intersect(merge(waiting_by_thread.get(w.thread, [])),
                             merge((s.start_us, s.end_us) for s in spans if s.thread == w.thread
                                   and (s.name if by == "name" else (s.cat or s.name)) == w.group))
-        found = _holder_span(spans, top_thread, waiting)
+        held = [(g.start_us, g.end_us) for g in segments if g.thread == top_thread]
+        found = _holder_span(spans, top_thread, waiting, held)
         if found:
             holder_spans[f"{w.group}@{w.thread}"] = found
     expected = []

@@ -10,8 +10,9 @@ Definitions (docs/timeline.md repeats them):
   a stretch in which *no* thread held the GIL cannot be told apart in this format and
   is credited to the last holder.
 - **Waiting.**  A thread *waits* during the parts of its spans in which it did not
-  hold the GIL: inside the sampled window, no sample of its own (py-spy samples marked
-  idle count as not holding).  A thread in native code with the GIL released also
+  hold the GIL: inside the sampled window, no sample of its own that owns the GIL (a
+  dump's owner counts as holding it even when py-spy calls it idle: it may sleep in a
+  native call that never released the GIL).  A thread in native code with the GIL released also
   "waits" by this definition; the holder shares say whether another thread was
   running Python (or native code holding the GIL) meanwhile.
 - **Dump snapshots** (``PySpyDumpSampler``): each snapshot lists every thread with
@@ -84,9 +85,13 @@ class WaitReport:
 
 def _snapshot_timeline(samples: list[Sample], window: Interval) -> list[HolderSegment]:
     """Dump snapshots: each one stands for the time up to the midpoints with its neighbours;
-    a snapshot in which no thread owns the GIL leaves its stretch without a holder."""
+    a snapshot in which no thread owns the GIL leaves its stretch without a holder.
+
+    A thread that owns the GIL is its holder also when py-spy calls it idle: a native call
+    that sleeps or blocks without releasing the GIL (a ``PyDLL`` call, a C extension that
+    never drops it) is idle to the OS and still keeps every other thread out."""
     times = sorted({s.ts_us for s in samples})
-    holder = {s.ts_us: s for s in samples if s.holds_gil and not s.idle}
+    holder = {s.ts_us: s for s in samples if s.holds_gil}
     out: list[HolderSegment] = []
     for i, t in enumerate(times):
         lo = window[0] if i == 0 else (times[i - 1] + t) / 2

@@ -277,3 +277,9 @@ def _disambiguate_threads(timeline: Timeline) -> None:
     for i in timeline.instants:
         if i.thread in clashing:
             i.thread = f"{i.thread}[{i.pid}]"
+    # py-spy samples were named from the spans' native thread ids before this: follow them,
+    # or a GIL holder "engine-loop" would match no span thread "engine-loop[PID]".
+    by_tid = {s.tid: s.thread for s in timeline.spans if s.source == SOURCE_SPANS and s.tid}
+    for smp in timeline.samples:
+        if smp.thread in clashing and smp.tid in by_tid:
+            smp.thread = by_tid[smp.tid]

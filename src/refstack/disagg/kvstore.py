@@ -5,6 +5,8 @@ Every message is one frame, ``op (1 byte) | id length (u16) | payload length (u3
 id | payload`` (little-endian):
 
 - ``PUT`` appends the payload (one page) to the request's pages;
+- ``PUT_MANY`` appends several: the payload is ``u32 length | page`` per page (a
+  batch put: one message, so one socket write on the sender's side, per batch);
 - ``SEAL`` marks the request complete: a ``GET`` waiting for it returns;
 - ``GET`` waits until the request is sealed (``GET_TIMEOUT_S`` at most), answers
   ``u32 count`` then each page as ``u32 length | bytes``, and forgets the request;
@@ -29,9 +31,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from refstack.disagg.proc import die_with_parent
+from refstack.disagg.proc import die_with_parent, set_process_name
 
-PUT, SEAL, GET, DROP = 1, 2, 3, 4
+PUT, SEAL, GET, DROP, PUT_MANY = 1, 2, 3, 4, 5
 _HEADER = struct.Struct("<BHI")
 _U32 = struct.Struct("<I")
 GET_TIMEOUT_S = 60.0
@@ -67,6 +69,17 @@ class _Store:
         with self.cond:
             self.entries.setdefault(rid, _Pages()).pages.append(page)
 
+    def put_many(self, rid: str, payload: bytes) -> None:
+        pages, off = [], 0
+        while off < len(payload):
+            (n,) = _U32.unpack_from(payload, off)
+            if off + 4 + n > len(payload):
+                raise ConnectionError(f"PUT_MANY for {rid}: a page of {n} bytes runs past the message")
+            pages.append(payload[off + 4 : off + 4 + n])
+            off += 4 + n
+        with self.cond:
+            self.entries.setdefault(rid, _Pages()).pages.extend(pages)
+
     def seal(self, rid: str) -> None:
         with self.cond:
             self.entries.setdefault(rid, _Pages()).sealed = True
@@ -98,6 +111,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 payload = _recv_exact(sock, n) if n else b""
                 if op == PUT:
                     store.put(rid, payload)
+                elif op == PUT_MANY:
+                    store.put_many(rid, payload)
                 elif op == SEAL:
                     store.seal(rid)
                 elif op == DROP:
@@ -128,6 +143,7 @@ class _Server(socketserver.ThreadingUnixStreamServer):
 def serve_forever(path: str, ready: Any) -> None:
     """The store process's target: listen on ``path``, say so on ``ready`` (a Connection)."""
     die_with_parent()
+    set_process_name("kv-store")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when to stop
     server = _Server(path)
 
@@ -154,6 +170,8 @@ class KVStoreClient:
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
+        # GET answers are read through a buffer: one recv per ~1 MiB, not two per page
+        self._rfile = self.sock.makefile("rb", buffering=1 << 20)
 
     def _send(self, op: int, rid: str, payload: bytes | memoryview = b"") -> None:
         key = rid.encode()
@@ -168,8 +186,10 @@ class KVStoreClient:
         self._send(PUT, rid, page)
 
     def put_many(self, rid: str, pages: Sequence[bytes]) -> None:
+        """Several pages in one message (one ``sendall``)."""
+        payload = b"".join(_U32.pack(len(p)) + p for p in pages)
         key = rid.encode()
-        self.sock.sendall(b"".join(_HEADER.pack(PUT, len(key), len(p)) + key + p for p in pages))
+        self.sock.sendall(_HEADER.pack(PUT_MANY, len(key), len(payload)) + key + payload)
 
     def seal(self, rid: str) -> None:
         self._send(SEAL, rid)
@@ -180,14 +200,17 @@ class KVStoreClient:
     def get(self, rid: str) -> list[bytes] | None:
         """The request's pages in put order, once sealed; None if not sealed in time."""
         self._send(GET, rid)
-        count = _U32.unpack(_recv_exact(self.sock, 4))[0]
+        count = _U32.unpack(self._read(4))[0]
         if count == MISSING:
             return None
-        pages = []
-        for _ in range(count):
-            n = _U32.unpack(_recv_exact(self.sock, 4))[0]
-            pages.append(_recv_exact(self.sock, n))
-        return pages
+        return [self._read(_U32.unpack(self._read(4))[0]) for _ in range(count)]
+
+    def _read(self, n: int) -> bytes:
+        data = self._rfile.read(n)
+        if len(data) != n:
+            raise ConnectionError("KV store connection closed")
+        return data
 
     def close(self) -> None:
+        self._rfile.close()
         self.sock.close()

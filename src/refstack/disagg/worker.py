@@ -5,22 +5,27 @@ end over a ``multiprocessing`` connection (pickled tuples, see ``frontend``).
 
 **Prefill** (``PrefillEngine``): a request runs until its first token is sampled.
 The token goes to the front end at once (so time to first token is the prefill
-worker's); then, unless the request already finished, it is *handed off*: its slot's
-attention KV rows for the prompt and its KDA states are captured, the slot is freed
-for the next prefill, and the pages go to the KV store.
+worker's); then, unless the request already finished, it is *handed off*: it leaves
+the running batch and its attention KV rows for the prompt and its KDA states go to
+the KV store.  The slot is free for the next prefill once they are out.
 
-- ``kv_transfer`` on: the engine thread only clones the slot's rows (a few memcpys,
-  GIL released); the thread ``kv-transfer`` packs them page by page (``pack_pages``:
-  per page a slice, ``numpy().tobytes()``, a header, one store ``PUT``), seals the
-  request and tells the front end, while the engine thread computes the next prefill.
-  That packing is Python work: it needs the GIL, and it runs when the engine thread
-  lets go of it (torch ops, native kernels through ``CDLL``, the EP section when
-  ``ep_release_gil`` is true).
+- ``kv_transfer`` on: zero copy, as a connector that reads the registered cache does
+  (Mooncake, NIXL): the engine thread takes views of the slot's rows and goes on; the
+  thread ``kv-transfer`` packs them page by page (``pages``: per page a slice,
+  ``numpy().tobytes()``, the prefix block key and a CRC-32 in a header), pushes them
+  ``PUT_BATCH`` pages per store message, seals the request and tells the front end,
+  while the engine thread computes the next prefill.  Only then is the slot given back
+  (``_free_sent``, on the engine thread): a transfer that falls behind holds slots, and
+  with every slot held the next prefill waits, as a prefill instance whose KV blocks
+  are still being sent cannot admit new requests.  That packing is Python work: it
+  needs the GIL, and it runs when the engine thread lets go of it (torch ops, native
+  kernels through ``CDLL``, the EP section when ``ep_release_gil`` is true).
 - ``kv_transfer`` off: no transfer thread.  The engine thread puts the rows in one
-  bulk message right after the batch (``pack_bulk``: one ``tobytes`` per tensor, one
-  ``PUT``): the least the prefill side can do and still hand the decode side its
-  cache, which makes it the baseline of "adding KV transfer may not cost prefill more
-  than 5%".  The decode side is the same in both modes.
+  bulk message right after the batch (``pack_bulk``: the same block keys, one
+  ``tobytes`` per tensor, one checksum, one ``PUT``) and frees the slot: the least the
+  prefill side can do and still hand the decode side its cache, which makes it the
+  baseline of "adding KV transfer may not cost prefill more than 5%".  The decode side
+  is the same in both modes.
 
 **Decode** (``DecodeEngine``): the thread ``kv-receive`` fetches a handed-off
 request's pages from the store, rebuilds its tensors and queues the request with its
@@ -36,115 +41,33 @@ import logging
 import os
 import queue
 import signal
-import struct
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from infra_agent import tracing
 from refstack.disagg.kvstore import KVStoreClient
-from refstack.disagg.proc import die_with_parent
+from refstack.disagg.pages import (
+    Snapshot,
+    batches,
+    capture,
+    install,
+    pack_bulk,
+    pack_pages,
+    unpack,
+)
+from refstack.disagg.proc import die_with_parent, set_process_name
 from refstack.engine import EngineConfig
 from refstack.engine.request import Request, RequestOutput, RequestState
 from refstack.engine.sampling import SamplingParams
-from refstack.model.cache import ModelCache
 from refstack.server.logprobs import LogprobEngine, LogprobParams
 
 log = logging.getLogger(__name__)
 TRANSFER_THREAD = "kv-transfer"
 RECEIVE_THREAD = "kv-receive"
-
-KIND_K, KIND_V, KIND_STATE, KIND_BULK = 0, 1, 2, 3
-_PAGE = struct.Struct("<BHHII")  # kind, layer, head, first position, end position
-
-Snapshot = dict[str, dict[int, torch.Tensor]]  # "keys" / "values": [Hkv, P, Dh]; "states": [H, K, V]
-
-
-# ---- the page codec ------------------------------------------------------------------
-def capture(cache: ModelCache, slot: int, length: int, copy: bool = True) -> Snapshot:
-    """The slot's KV rows [:length] of every attention layer and its KDA states (cloned
-    when ``copy``: the slot is reused while the pages are still being packed)."""
-    def take(t: torch.Tensor) -> torch.Tensor:
-        return t.clone(memory_format=torch.contiguous_format) if copy else t
-
-    return {"keys": {l: take(k[slot, :, :length]) for l, k in cache.keys.items()},
-            "values": {l: take(v[slot, :, :length]) for l, v in cache.values.items()},
-            "states": {l: take(s[slot]) for l, s in cache.states.items()}}
-
-
-def pack_pages(snap: Snapshot, length: int, page_tokens: int) -> Iterator[bytes]:
-    """The snapshot as pages: per attention layer, ``page_tokens`` positions of K, then of
-    V, all KV heads; per KDA layer, one page per head.  Each page: header + raw fp32."""
-    for layer in sorted(snap["keys"]):
-        for kind, t in ((KIND_K, snap["keys"][layer]), (KIND_V, snap["values"][layer])):
-            for p0 in range(0, length, page_tokens):
-                p1 = min(length, p0 + page_tokens)
-                yield _PAGE.pack(kind, layer, 0, p0, p1) + t[:, p0:p1].numpy().tobytes()
-    for layer in sorted(snap["states"]):
-        state = snap["states"][layer]
-        for head in range(state.shape[0]):
-            yield _PAGE.pack(KIND_STATE, layer, head, 0, 0) + state[head].numpy().tobytes()
-
-
-def pack_bulk(snap: Snapshot, length: int) -> bytes:
-    """The snapshot as one page: every tensor's bytes in a fixed order (see ``unpack``)."""
-    parts = [_PAGE.pack(KIND_BULK, 0, 0, 0, length)]
-    for layer in sorted(snap["keys"]):
-        parts += (snap["keys"][layer].numpy().tobytes(), snap["values"][layer].numpy().tobytes())
-    parts += [snap["states"][layer].numpy().tobytes() for layer in sorted(snap["states"])]
-    return b"".join(parts)
-
-
-def unpack(pages: list[bytes], cache: ModelCache, length: int) -> Snapshot:
-    """Pages (either form) back into tensors shaped like ``capture``'s."""
-    n_kv, dh = next(iter(cache.keys.values())).shape[1::2] if cache.keys else (0, 0)
-    state_shape = next(iter(cache.states.values())).shape[1:] if cache.states else (0, 0, 0)
-    snap: Snapshot = {"keys": {l: torch.empty(n_kv, length, dh) for l in cache.keys},
-                      "values": {l: torch.empty(n_kv, length, dh) for l in cache.values},
-                      "states": {l: torch.empty(*state_shape) for l in cache.states}}
-
-    def tensor(data: bytes | memoryview, *shape: int) -> torch.Tensor:
-        # Read-only views of the received bytes: only ever copied from, never written.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(np.frombuffer(data, dtype=np.float32).reshape(shape))
-
-    for page in pages:
-        kind, layer, head, p0, p1 = _PAGE.unpack_from(page)
-        body = memoryview(page)[_PAGE.size:]
-        if kind == KIND_BULK:
-            off = 0
-            kv_bytes = n_kv * length * dh * 4
-            for l in sorted(cache.keys):
-                for name in ("keys", "values"):
-                    snap[name][l].copy_(tensor(body[off : off + kv_bytes], n_kv, length, dh))
-                    off += kv_bytes
-            s_bytes = int(np.prod(state_shape)) * 4
-            for l in sorted(cache.states):
-                snap["states"][l].copy_(tensor(body[off : off + s_bytes], *state_shape))
-                off += s_bytes
-        elif kind == KIND_STATE:
-            snap["states"][layer][head].copy_(tensor(body, *state_shape[1:]))
-        else:
-            target = snap["keys" if kind == KIND_K else "values"][layer]
-            target[:, p0:p1].copy_(tensor(body, n_kv, p1 - p0, dh))
-    return snap
-
-
-def install(cache: ModelCache, slot: int, snap: Snapshot, length: int) -> None:
-    """Write a snapshot into ``slot``: KV rows [:length] and the KDA states."""
-    with torch.inference_mode():
-        for l, k in snap["keys"].items():
-            cache.keys[l][slot, :, :length].copy_(k)
-            cache.values[l][slot, :, :length].copy_(snap["values"][l])
-        for l, s in snap["states"].items():
-            cache.states[l][slot].copy_(s)
-
 
 def _generator_state(gen: torch.Generator) -> bytes:
     return gen.get_state().numpy().tobytes()
@@ -189,7 +112,9 @@ class _WorkerEngine(LogprobEngine):
 class PrefillEngine(_WorkerEngine):
     def __init__(self, config: EngineConfig, send: Send, store_path: str) -> None:
         super().__init__(config, send, store_path)
-        self._jobs: queue.SimpleQueue[tuple[dict[str, Any], Snapshot] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[dict[str, Any], Snapshot, Request] | None] = queue.SimpleQueue()
+        self._sent: queue.SimpleQueue[Request] = queue.SimpleQueue()  # transferred: their slots can go
+        self._in_transfer = 0  # handed-off requests whose slots the transfer thread still reads (engine thread)
         self._store: KVStoreClient | None = None  # the engine thread's (kv_transfer off)
         self._transfer: threading.Thread | None = None
         if config.kv_transfer:
@@ -201,6 +126,27 @@ class PrefillEngine(_WorkerEngine):
         if self._transfer is not None:
             self._jobs.put(None)
             self._transfer.join(timeout)
+
+    def step(self) -> bool:
+        self._free_sent()
+        # Requests wait for a slot that only a transfer in flight can give back: wait for it
+        # here (the GIL is free meanwhile) rather than step the scheduler in a busy loop.
+        while self._in_transfer and self.scheduler.waiting and not self.scheduler.running \
+                and self.scheduler.num_slots_used == self.scheduler.num_slots and not self._stop:
+            with self._wake:
+                self._wake.wait(0.05)
+            self._free_sent()
+        return super().step()
+
+    def _free_sent(self) -> None:
+        while True:
+            try:
+                req = self._sent.get_nowait()
+            except queue.Empty:
+                break
+            self.scheduler._release(req)
+            self._in_transfer -= 1
+        self._publish_counts()
 
     def _emit(self, req: Request, finished: bool) -> None:
         super()._emit(req, finished)
@@ -215,19 +161,24 @@ class PrefillEngine(_WorkerEngine):
                 "scheduled_at": req.scheduled_at}
         rid = req.request_id
         if self.config.kv_transfer:
+            # Zero copy, as a connector that reads the registered cache does: the pages are packed
+            # straight from the slot, so the slot stays taken until the transfer thread is done.
             with tracing.span("kv.capture", cat="kv", request_id=rid, tokens=length):
-                snap = capture(self.cache, req.slot, length)
-            self._jobs.put((dict(meta, request_id=rid), snap))
+                snap = capture(self.cache, req.slot, length, copy=False)
+            self.scheduler.running.remove(req)
+            self._in_transfer += 1
+            self._jobs.put((dict(meta, request_id=rid, prompt_ids=req.prompt_ids[:length]), snap, req))
         else:
             if self._store is None:
                 self._store = KVStoreClient(self._store_path)
             with tracing.span("kv.put_bulk", cat="kv", request_id=rid, tokens=length) as sp:
-                payload = pack_bulk(capture(self.cache, req.slot, length, copy=False), length)
+                payload = pack_bulk(capture(self.cache, req.slot, length, copy=False), length,
+                                    self.config.kv_page_tokens, req.prompt_ids)
                 self._store.put(rid, payload)
                 self._store.seal(rid)
                 if sp.args is not None:
                     sp.args["bytes"] = len(payload)
-        self.scheduler.finish(req)  # the slot is free for the next prefill
+            self.scheduler.finish(req)  # the pages are out: the slot is free for the next prefill
         req.state = RequestState.FINISHED
         req.finish_reason = "handoff"
         req.finished_at = time.monotonic()
@@ -243,22 +194,28 @@ class PrefillEngine(_WorkerEngine):
             if job is None:
                 client.close()
                 return
-            meta, snap = job
+            meta, snap, req = job
             rid = meta.pop("request_id")
+            prompt_ids = meta.pop("prompt_ids")
             try:
                 with tracing.span("kv.transfer", cat="kv", request_id=rid, tokens=meta["length"]) as sp:
                     pages = nbytes = 0
-                    for page in pack_pages(snap, meta["length"], page_tokens):
-                        client.put(rid, page)
-                        pages += 1
-                        nbytes += len(page)
+                    for batch in batches(pack_pages(snap, meta["length"], page_tokens, prompt_ids)):
+                        client.put_many(rid, batch)  # the socket write releases the GIL, once per batch
+                        pages += len(batch)
+                        nbytes += sum(map(len, batch))
                     client.seal(rid)
                     if sp.args is not None:
                         sp.args.update(pages=pages, bytes=nbytes)
-            except OSError:
+            except Exception:  # any failure fails this request, never the thread (its slot comes back)
                 log.exception("KV transfer of %s failed", rid)
                 self._send(("failed", rid))
                 continue
+            finally:
+                del snap  # views of the slot: none may outlive it
+                self._sent.put(req)
+                with self._wake:
+                    self._wake.notify()
             self._send(("handoff", rid, meta))
 
 
@@ -347,6 +304,7 @@ def _trace_env(role: str) -> None:
 def worker_main(role: str, config: EngineConfig, conn: Any, store_path: str) -> None:
     """A worker process's target: build the engine, serve the front end's messages."""
     die_with_parent()
+    set_process_name(f"{role}-worker")  # /proc/PID/comm: prefill-worker, decode-worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the front end stops us
 
     def on_term(*_: Any) -> None:

@@ -436,8 +436,11 @@ int refstack_moe_combine(const float *out, int64_t n_out, const int64_t *copy_sl
  * the token rows bound for the others into their buffers, then spins on a flag until
  * every peer's rows have landed.  All ranks share this process, so the copy is the
  * local gather above; the wait for the peers is modelled: the bytes that cross ranks
- * over a link of `ns_per_byte` (1 / link bandwidth in GB/s), spun out on the calling
- * thread, as the library's barrier spins.  A token's home rank is its contiguous
+ * over a link of `ns_per_byte` (1 / link bandwidth in GB/s), waited out on the calling
+ * thread, as the library's barrier waits.  The modelled wait sleeps instead of burning
+ * the core: on a real host the polling thread has a core of its own, while here the
+ * cores are the ones the measured processes run on.  For Python's GIL the two are the
+ * same (the caller is inside a native call either way).  A token's home rank is its contiguous
  * shard, t * ep_ranks / T; a copy crosses when its expert lives on another rank.
  * The spin is bounded (EP_MAX_WAIT_NS): a modelled wait never hangs a step.
  * Whether the caller holds Python's GIL meanwhile is the caller's choice (ctypes'
@@ -461,16 +464,17 @@ int64_t refstack_ep_cross_bytes(const int64_t *topk_ids, int64_t T, int64_t k, i
     return crossing * D * (int64_t)sizeof(float);
 }
 
-/* Spin (no sleep: the barrier of an EP library polls a flag) for bytes * ns_per_byte;
- * returns the nanoseconds spun. */
+/* Wait (absolute-deadline sleeps, resumed after a signal) for bytes * ns_per_byte;
+ * returns the nanoseconds waited. */
 int64_t refstack_ep_wait(int64_t bytes, double ns_per_byte) {
     if (bytes <= 0 || !(ns_per_byte > 0.0)) return 0;
     double want = (double)bytes * ns_per_byte;
     const int64_t wait = want > (double)EP_MAX_WAIT_NS ? EP_MAX_WAIT_NS : (int64_t)want;
     const int64_t start = monotonic_ns(), until = start + wait;
+    const struct timespec deadline = {(time_t)(until / 1000000000LL), (long)(until % 1000000000LL)};
     int64_t now = start;
     while (now < until) {
-        for (int i = 0; i < 64; i++) __builtin_ia32_pause();
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &deadline, NULL);
         now = monotonic_ns();
     }
     return now - start;

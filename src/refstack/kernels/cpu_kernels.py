@@ -7,7 +7,7 @@
   grouped by expert (a counting sort), its SwiGLU expert pairs (gate/up, silu, down)
   over those rows, all experts in one call, and the weighted sum back per token;
 - ``ep_dispatch`` / ``ep_combine``: the same dispatch and combine as an expert-parallel
-  library's native section, with a modelled, bounded spin-wait for the peer ranks
+  library's native section, with a modelled, bounded wait for the peer ranks
   (``ep_wait``: the bytes that cross ranks, ``ep_cross_bytes``, over the link); each
   call releases the GIL (``load()``, a ``CDLL``) or holds it (``load_holding_gil()``, a
   ``PyDLL``), per its ``release_gil`` argument;
@@ -455,7 +455,7 @@ def ep_cross_bytes(topk_ids: Tensor, num_experts: int, ep_ranks: int, hidden: in
 
 
 def ep_wait(nbytes: int, ns_per_byte: float, *, release_gil: bool = True) -> int:
-    """Spin for ``nbytes * ns_per_byte`` ns (at most 50 ms) in C; returns the ns spun."""
+    """Wait ``nbytes * ns_per_byte`` ns (at most 50 ms) in C; returns the ns waited."""
     return int(_ep_lib(release_gil).refstack_ep_wait(nbytes, ns_per_byte))
 
 

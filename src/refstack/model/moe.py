@@ -27,15 +27,17 @@ The token shuffle of dispatch and combine is an expert-parallel library's sectio
 (span ``ep.dispatch`` / ``ep.combine``, category ``ep``, inside ``moe.dispatch`` /
 ``moe.combine``).  ``EPSettings`` (the ``ep_release_gil`` and ``ep_link_gbps`` knobs)
 shape it as DeepEP's intranode path is shaped: the ranks' rows are copied, then the
-caller spins in native code until the peers' rows have landed.  The spin is
+caller waits in native code until the peers' rows have landed.  The wait is
 modelled (every rank lives here, so nothing is really in flight): the bytes that
 cross ranks divided by the link bandwidth, ``ep_link_gbps`` (0, the default: no
-wait).  With ``ep_release_gil`` false the native section holds the GIL while it
-copies and spins (a ``ctypes.PyDLL`` call), so no other Python thread of the process
-runs meanwhile; true (the default) releases it (``CDLL``).  On the native kernels the
-whole section is native.  On torch's path the copy is torch ops, which release the
-GIL themselves, so only the modelled spin is native (run by the kernel library when it
-builds; without a C compiler there is no spin and the knob changes nothing).
+wait); it sleeps rather than spins (``refstack_ep_wait``: on a real host the polling
+thread has a core of its own).  With ``ep_release_gil`` false the native section holds
+the GIL while it copies and waits (a ``ctypes.PyDLL`` call), so no other Python thread
+of the process runs meanwhile; true (the default) releases it (``CDLL``).  On the
+native kernels the whole section is native.  On torch's path the copy is torch ops,
+which release the GIL themselves, so only the modelled wait is native (run by the
+kernel library when it builds; without a C compiler there is no wait and the knob
+changes nothing).
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -157,45 +155,5 @@ def test_spans_only_when_py_spy_is_refused_on_a_plain_traced_refstack(tmp_path: 
     assert merged and Path(merged[0].path).stat().st_size > 0
 
 
-def _disagg_ready() -> str | None:
-    if importlib.util.find_spec("refstack.disagg") is None:
-        return "refstack has no disaggregated serving (refstack.disagg) in this tree"
-    from refstack.knobs import KNOBS
-
-    missing = {"disagg", "kv_transfer", "ep_release_gil", "ep_link_gbps"} - {k.name for k in KNOBS}
-    return f"refstack lacks the knobs {sorted(missing)}" if missing else None
-
-
-@pytest.mark.slow
-def test_the_probe_points_at_the_ep_section_holding_the_gil_on_a_disaggregated_refstack(tmp_path: Path) -> None:
-    why = _disagg_ready()
-    if why:
-        pytest.skip(f"kv-transfer assertions need refstack's disaggregated serving: {why}")
-    ws = _example(tmp_path, checks=False, scenario={"num_requests": 32})
-    # One interleaved pair of kv_transfer off/on (the example's gate, reduced), then the traced window.
-    cfg = {"expect_overlap": ["kv.transfer:ep.dispatch|ep.combine"], "lead_s": 0.3, "compare_knob": "kv_transfer",
-           "compare_pairs": 1, "ratio_name": "kv_transfer_prefill_ratio"}
-    fb = TimelineProbe().execute(cfg, ProbeContext(workdir=tmp_path / "out", workspace=ws, progress=False,
-                                                   knobs={"ep_release_gil": False, "kv_transfer": True, "ep_link_gbps": 0.5}))
-    assert fb.ok, fb.error
-    Feedback.model_validate(fb.model_dump(mode="json"))
-    threads = {m.tags.get("thread") for m in fb.measurements if m.name == "thread_busy_share"}
-    assert "kv-transfer" in threads
-    ratio = next(m for m in fb.measurements if m.name == "kv_transfer_prefill_ratio")
-    assert len(ratio.samples) == 1 and ratio.samples[0] > 0 and fb.meta["compare"]["own"] is True
-    # the configuration's own windows lead (the judge reads the first match); the other arm is tagged
-    first = next(m for m in fb.measurements if m.name == "total_token_throughput")
-    assert "knob" not in first.tags
-    assert any(m.tags.get("knob") == "kv_transfer=false" for m in fb.measurements if m.name == "input_throughput")
-    assert any(m.name == "overlap_share" for m in fb.measurements)
-    if shutil.which("py-spy"):
-        # auto: the busiest process of the server's tree, a worker rather than the HTTP front end
-        assert "busiest" in fb.meta["timeline"]["sampled_process"]["why"]
-    found = [f for f in fb.findings if f.kind in (FindingKind.GIL_CONTENTION, FindingKind.NO_OVERLAP)
-             and f.location is not None and f.location.component == "comm" and f.location.knob == "ep_release_gil"]
-    if not found:
-        # Known gap (case study B is not yet reproduced reliably): on 2 shared cores, a few
-        # py-spy dumps per second do not always catch the transfer thread waiting inside a
-        # GIL-holding EP section of one short window.  Reported, not hidden.
-        pytest.xfail("no GIL/overlap finding at comm naming ep_release_gil in this window: "
-                     + "; ".join(f"{f.kind}: {f.message}" for f in fb.findings))
+# The kv-transfer example on a real disaggregated refstack (case study B, held and released):
+# tests/infra_agent/probes/test_case_b.py.

@@ -1,0 +1,108 @@
+"""Case study B end to end, reduced for CI: the kv-transfer workspace's check run by the
+timeline probe on a real disaggregated refstack, first with the EP section holding the GIL
+(the baseline), then releasing it.
+
+What is asserted is what holds on a busy 2-core machine: the measured ratio exists for both
+configurations, and the *attribution* and its direction, which come from py-spy's GIL
+owners, not from the clock:
+
+1. baseline (``ep_release_gil: false``): the kv-transfer thread waited on the GIL while the
+   engine thread held it inside ``ep.dispatch|ep.combine``: a ``gil_contention`` finding
+   located at component ``comm`` that names the knob ``ep_release_gil``; during the EP
+   spans the engine thread owned the GIL;
+2. with ``ep_release_gil: true``: no such finding, and the engine thread no longer owns
+   the GIL during the EP spans (the transfer thread may).
+
+The throughput gap itself (> 5% held, within 5% released) swings with the machine's load
+over windows this short; it is printed here and measured with more pairs in
+docs/performance.md ("Case study B").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra_agent.feedback import Feedback, Finding
+from infra_agent.probes.base import ProbeContext
+from infra_agent.probes.timeline import TimelineProbe
+from infra_agent.vocabulary import FindingKind
+from infra_agent.workspace import load_workspace
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kv-transfer"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("py-spy") is None, reason="the attribution needs py-spy"),
+    pytest.mark.skipif(importlib.util.find_spec("refstack.disagg") is None, reason="no refstack.disagg"),
+]
+
+
+def _run(tmp_path: Path, release: bool) -> Feedback:
+    """The example's check (the timeline probe comparing kv_transfer off/on), reduced: 16
+    requests a window, one interleaved pair, then the traced and sampled window."""
+    data = yaml.safe_load((EXAMPLE / "infra-agent.yaml").read_text())
+    check = next(c for c in data["checks"] if c["name"] == "kv-transfer-prefill-ratio")
+    data["checks"] = []
+    data["scenarios"]["prefill"]["num_requests"] = 16
+    root = tmp_path / f"ws-{release}"
+    root.mkdir(parents=True)
+    (root / "infra-agent.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    ws = load_workspace(root)
+    cfg = dict(check["config"], compare_pairs=1, repeats=1, lead_s=0.3)
+    cfg.pop("min_ratio")  # measured and reported, not gated: one pair on a shared box is no verdict
+    fb = TimelineProbe().execute(cfg, ProbeContext(workdir=tmp_path / f"out-{release}", workspace=ws, progress=False,
+                                                   knobs={"ep_release_gil": release}))
+    assert fb.ok, fb.error
+    Feedback.model_validate(fb.model_dump(mode="json"))
+    return fb
+
+
+def _ep_finding(fb: Feedback) -> Finding | None:
+    return next((f for f in fb.findings if f.kind == FindingKind.GIL_CONTENTION and f.location is not None
+                 and f.location.component == "comm" and f.location.knob == "ep_release_gil"), None)
+
+
+def _ep_holders(fb: Feedback) -> dict[str, float]:
+    """GIL owner shares during the EP spans, by thread (from the py-spy dumps)."""
+    report: dict[str, Any] = fb.meta["timeline"]["report"]
+    (expected,) = [e for e in report["expected_overlap"] if e["b"] == "ep.dispatch|ep.combine"]
+    out: dict[str, float] = {}
+    for h in expected["holders_during_b"]:
+        out[str(h["thread"]).split("[")[0]] = out.get(str(h["thread"]).split("[")[0], 0.0) + float(h["share"])
+    return out
+
+
+def test_case_b_the_held_gil_is_found_in_the_ep_section_and_releasing_it_moves_the_transfer_there(tmp_path: Path) -> None:
+    held = _run(tmp_path, release=False)
+    assert held.meta["timeline"]["sampled_process"]["name"] == "prefill-worker"
+    threads = {m.tags.get("thread") for m in held.measurements if m.name == "thread_busy_share"}
+    assert "kv-transfer" in threads
+    ratio_held = next(m for m in held.measurements if m.name == "kv_transfer_prefill_ratio")
+    assert len(ratio_held.samples) == 1 and ratio_held.samples[0] > 0 and held.meta["compare"]["own"] is True
+    # the configuration's own windows lead (the judge reads the first match); the other arm is tagged
+    first = next(m for m in held.measurements if m.name == "total_token_throughput")
+    assert "knob" not in first.tags
+    assert any(m.tags.get("knob") == "kv_transfer=false" for m in held.measurements if m.name == "input_throughput")
+    assert any(m.name == "overlap_share" for m in held.measurements)
+    finding = _ep_finding(held)
+    assert finding is not None, [f"{f.kind}: {f.message}" for f in held.findings]
+    assert finding.location is not None and finding.location.thread.startswith("engine-loop")
+    assert set(str(finding.location.span).split("|")) <= {"ep.dispatch", "ep.combine"}
+    assert finding.evidence["waiting_thread"] == "kv-transfer" and "ep_release_gil" in (finding.next_question or "")
+    holders_held = _ep_holders(held)
+    assert holders_held.get("engine-loop", 0.0) >= 0.5, holders_held
+
+    released = _run(tmp_path, release=True)
+    ratio_released = next(m for m in released.measurements if m.name == "kv_transfer_prefill_ratio")
+    assert len(ratio_released.samples) == 1 and ratio_released.samples[0] > 0
+    assert _ep_finding(released) is None, [f.message for f in released.findings]
+    holders_released = _ep_holders(released)
+    assert holders_released.get("engine-loop", 0.0) < holders_held["engine-loop"] / 2, (holders_held, holders_released)
+    print(f"kv_transfer on/off, one pair each: ep_release_gil=false {ratio_held.samples[0]:.3f}, "
+          f"true {ratio_released.samples[0]:.3f}; GIL owners during EP: held {holders_held}, released {holders_released}")

@@ -1,0 +1,86 @@
+"""GIL attribution from py-spy dumps of a disaggregated server's worker: a holder that sleeps
+in a GIL-holding native call, thread names shared by two processes, and the holder's
+innermost span (case study B as refstack produces it, times in µs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from infra_agent.trace.analyze import analyze
+from infra_agent.trace.feedback import timeline_feedback
+from infra_agent.trace.load import load_timeline
+from infra_agent.vocabulary import FindingKind
+
+from .synth import ORIGIN_NS, write
+
+PREFILL, DECODE = 7, 8  # pids; both run a thread named engine-loop
+ENGINE, KV, DECODE_ENGINE = 701, 702, 801  # native tids
+
+
+def _spans() -> dict[str, Any]:
+    events: list[dict[str, Any]] = []
+    for pid, tid, name in ((PREFILL, ENGINE, "engine-loop"), (PREFILL, KV, "kv-transfer"), (DECODE, DECODE_ENGINE, "engine-loop")):
+        events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
+    for pid, tid, name, cat, s, e in (
+        (PREFILL, ENGINE, "engine.step", "engine", 0, 10000),
+        (PREFILL, ENGINE, "moe.dispatch", "moe", 900, 4000), (PREFILL, ENGINE, "ep.dispatch", "ep", 1000, 4000),
+        (PREFILL, ENGINE, "moe.combine", "moe", 6000, 9100), (PREFILL, ENGINE, "ep.combine", "ep", 6000, 9000),
+        (PREFILL, KV, "kv.transfer", "kv", 0, 10000),
+        (DECODE, DECODE_ENGINE, "engine.step", "engine", 0, 10000),
+    ):
+        events.append({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": s, "dur": e - s})
+    return {"traceEvents": events, "otherData": {"producer": "infra_agent.tracing", "clock_origin_unix_ns": ORIGIN_NS}}
+
+
+def _dumps(path: Path) -> Path:
+    """A dump every 500 µs of the prefill worker: inside the EP spans its engine thread owns
+    the GIL while py-spy calls it idle (it sleeps in a PyDLL call); elsewhere nobody owns it
+    (native kernels with the GIL released) and the transfer thread never gets it."""
+    lines = []
+    for ts in range(250, 10000, 500):
+        in_ep = 1000 <= ts < 4000 or 6000 <= ts < 9000
+        fn, line = ("_dispatch", 435) if ts < 5000 else ("_combine", 494)
+        lines.append(json.dumps({"ts_unix_ns": ORIGIN_NS + ts * 1000, "threads": [
+            {"thread_name": "engine-loop", "os_thread_id": ENGINE, "owns_gil": in_ep, "active": False,
+             "frames": [{"name": fn, "filename": "cpu_kernels.py", "line": line}]},
+            {"thread_name": "kv-transfer", "os_thread_id": KV, "owns_gil": False, "active": False,
+             "frames": [{"name": "pack_pages", "filename": "pages.py", "line": 91}]},
+        ]}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_sleeping_owner_in_the_ep_section_is_the_holder_inside_ep_spans(tmp_path: Path) -> None:
+    tl = load_timeline([write(tmp_path / "spans.json", _spans())], pyspy=_dumps(tmp_path / "gil.jsonl"))
+    # the samples follow the spans' disambiguated names: engine-loop[7] is the prefill worker's
+    assert {s.thread for s in tl.samples} == {"engine-loop[7]", "kv-transfer"}
+    report = analyze(tl, expect_overlap=[("kv.transfer", "ep.dispatch|ep.combine")])
+    kv = next(w for w in report.waits if w.thread == "kv-transfer")
+    assert kv.waiting_share == 1.0
+    assert kv.holder_threads == {"engine-loop[7]": 0.6}  # the 6 ms of EP in a 10 ms window
+    # the innermost spans while it held the GIL, not the engine.step or moe.* around them
+    assert report.holder_spans["kv@kv-transfer"] == {"thread": "engine-loop[7]", "span": "ep.dispatch|ep.combine",
+                                                     "share_of_wait": 0.6}
+    assert report.expected[0].holders_during_b[0]["thread"] == "engine-loop[7]"
+    fb = timeline_feedback(report, knob_hints={"ep.dispatch": "ep_release_gil", "ep.combine": "ep_release_gil"})
+    gil = next(f for f in fb.findings if f.kind == FindingKind.GIL_CONTENTION)
+    assert gil.location is not None and gil.location.span == "ep.dispatch|ep.combine"
+    assert gil.location.thread == "engine-loop[7]" and gil.location.knob == "ep_release_gil"
+    assert gil.evidence["waiting_thread"] == "kv-transfer"
+
+
+def test_without_an_owner_in_the_ep_section_there_is_no_gil_finding(tmp_path: Path) -> None:
+    """The same run with the GIL released in the EP section: nobody owns it there."""
+    dumps = tmp_path / "gil.jsonl"
+    _dumps(dumps)
+    released = [json.loads(line) for line in dumps.read_text().splitlines()]
+    for doc in released:
+        for th in doc["threads"]:
+            th["owns_gil"] = False
+    dumps.write_text("\n".join(json.dumps(d) for d in released) + "\n")
+    tl = load_timeline([write(tmp_path / "spans.json", _spans())], pyspy=dumps)
+    report = analyze(tl, expect_overlap=[("kv.transfer", "ep.dispatch|ep.combine")])
+    fb = timeline_feedback(report, knob_hints={"ep.dispatch": "ep_release_gil"})
+    assert not [f for f in fb.findings if f.kind == FindingKind.GIL_CONTENTION]
