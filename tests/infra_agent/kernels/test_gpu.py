@@ -57,7 +57,10 @@ def test_delayed_events_time_the_gpu_not_a_slow_python_wrapper() -> None:
     assert t.median_s < t.host_median_s / 4 and launch_bound(t)
     old = time_cuda(lambda: _slow_add(x), reps=30, method="cuda_events")
     assert old.median_s > 3 * t.median_s  # the old events counted the wrapper's sleep
-    assert not any("longer than the spin" in n for n in t.notes), t.notes
+    # The spin is sized from the host's 90th-percentile call, so on a busy host (a parallel
+    # test run) an odd rep can outlast it; the timer says so in a note.  Most reps must not.
+    overran = [n for n in t.notes if "longer than the spin" in n]
+    assert all(int(n.split("/")[0]) <= 3 for n in overran), t.notes
 
 
 def _one_input(shape, dtype, seed, device):  # type: ignore[no-untyped-def]
