@@ -231,7 +231,9 @@ def test_ctrl_c_cancels_the_task_and_leaves_nothing_running(cluster: str, tmp_pa
     ws = _workspace(tmp_path / "ws")
     proc = subprocess.Popen([sys.executable, "-m", "infra_agent.cli.main", "run", str(ws), "--executor", "ray",
                              "--address", cluster, "--playbook", str(playbook), "--budget-runs", "1", "--no-report",
-                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a background job's children inherit SIGINT ignored: restore it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
     run_id = _run_id(ws)
     assert run_id is not None, proc.communicate()[1][-3000:]
     deadline = time.monotonic() + 300
