@@ -102,11 +102,12 @@ class Tracer:
                 buf.flat.clear()
                 buf.dropped = 0
 
-    def snapshot(self) -> dict[str, Any]:
-        """The trace so far as a Chrome trace JSON object (``traceEvents`` form)."""
+    def snapshot(self, process_name: str | None = None) -> dict[str, Any]:
+        """The trace so far as a Chrome trace JSON object (``traceEvents`` form); its process
+        is labelled ``process_name`` (a worker's role), else ``pid N``."""
         pid = os.getpid()
         events: list[dict[str, Any]] = [
-            {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": f"pid {pid}"}}
+            {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": process_name or f"pid {pid}"}}
         ]
         with self._lock:
             buffers = list(self._buffers)

@@ -351,10 +351,7 @@ def worker_main(role: str, config: EngineConfig, conn: Any, store_path: str) -> 
                 engine.abort(msg[1])
             elif op == "trace":
                 tracer = tracing.get_tracer()
-                snap = tracer.snapshot()
-                for ev in snap["traceEvents"]:
-                    if ev.get("name") == "process_name":
-                        ev["args"] = {"name": f"refstack {role} worker (pid {os.getpid()})"}
+                snap = tracer.snapshot(process_name=f"refstack {role} worker (pid {os.getpid()})")
                 if msg[1]:
                     tracer.reset()
                 send(("trace", snap, tracer.origin_perf_ns))

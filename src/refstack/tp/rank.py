@@ -88,10 +88,7 @@ def _serve_traces(conn: Any, rank: int, lock: threading.Lock) -> None:
             return
         if msg[0] == "trace":
             tracer = tracing.get_tracer()
-            snap = tracer.snapshot()
-            for ev in snap["traceEvents"]:
-                if ev.get("name") == "process_name":
-                    ev["args"] = {"name": f"refstack tp rank {rank} (pid {os.getpid()})"}
+            snap = tracer.snapshot(process_name=f"refstack tp rank {rank} (pid {os.getpid()})")
             if msg[1]:
                 tracer.reset()
             with lock:

@@ -10,7 +10,6 @@ reported, not asserted (docs/performance.md, "Case study B")."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,8 @@ import yaml
 from infra_agent.agent.runner import RunOptions, start_run
 from infra_agent.ledger import Ledger
 from infra_agent.vocabulary import FindingKind
+
+from .loop_workspace import git
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kv-transfer" / "infra-agent.yaml"
 
@@ -32,10 +33,8 @@ def _workspace(dest: Path) -> Path:
     dest.mkdir(parents=True)
     (dest / "infra-agent.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     (dest / ".gitignore").write_text(".infra-agent/\n")
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@localhost", "PATH": "/usr/bin:/bin:/usr/local/bin"}
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
-        subprocess.run(["git", *args], cwd=dest, env=env, check=True)
+        git(dest, *args)
     return dest
 
 
