@@ -11,6 +11,14 @@ import pytest
 # laid out the same on every machine.
 _os.environ["COLUMNS"] = "200"
 
+# Under pytest-xdist every worker, and every server it starts, would size its torch/OpenMP
+# pool to the whole host: on a 16-core GPU host, 15 workers x 16 threads thrash the
+# cores and the suite runs slower than serially. Give each worker its share of the cores
+# (inherited by the servers it spawns) unless the caller chose a size already.
+_workers = int(_os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+if _workers > 1 and "OMP_NUM_THREADS" not in _os.environ:
+    _os.environ["OMP_NUM_THREADS"] = str(max(1, (_os.cpu_count() or 1) // _workers))
+
 
 def _has_cuda() -> bool:
     try:

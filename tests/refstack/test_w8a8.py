@@ -355,7 +355,8 @@ def test_a_w8a8_model_on_cuda_matches_its_cpu_torch_path() -> None:
     # Layer 2's experts are int8 (layers 0 and 1 hold theirs: HELD_SITES), on both devices.
     assert gpu.quantization == "w8a8" and gpu.layers[2].moe.w8a8 is not None and cpu.layers[2].moe.w8a8 is not None
     prompts = calibration_prompts(seed=3, n=4, length=12)
-    caches = [m.new_cache(4, 64) for m in (cpu, gpu)]
+    # In the order the loop below zips them with the models: GPU first.
+    caches = [m.new_cache(4, 64) for m in (gpu, cpu)]
     feed = [5, 77, 200, 13]
     for step in range(4):
         chunks = [SeqChunk(i, p, 0) for i, p in enumerate(prompts)] if step == 0 else \

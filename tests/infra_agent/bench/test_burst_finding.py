@@ -8,7 +8,11 @@ the client's delayed ACK of the previous response.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+
+import httpx
+import pytest
 
 from infra_agent.probes import ProbeContext, get_probe
 
@@ -21,9 +25,30 @@ def _findings(url: str, tmp_path: Path) -> dict[str, dict]:
     return {f.kind: f.model_dump() for f in fb.findings}
 
 
+def _raw_short_gap_share(url: str) -> float:
+    """Ground truth without the probe: stream a few requests over one keep-alive
+    connection and return the share of gaps between SSE lines under 0.5 ms."""
+    gaps: list[float] = []
+    with httpx.Client(timeout=10.0, trust_env=False) as client:
+        for _ in range(5):
+            with client.stream("POST", url + "/v1/completions",
+                               json={"model": "m", "prompt": "hi", "max_tokens": 6, "stream": True}) as resp:
+                arrivals = [time.perf_counter() for line in resp.iter_lines() if line.startswith("data:")]
+            gaps += [1e3 * (b - a) for a, b in zip(arrivals, arrivals[1:])]
+    return sum(g < 0.5 for g in gaps) / max(1, len(gaps))
+
+
 def test_nagle_on_the_server_is_reported(fake_server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # 6 tokens 3 ms apart: the whole stream is shorter than one delayed ACK (~40 ms).
-    found = _findings(fake_server_factory("--token-delay-ms", "3", "--nagle").url, tmp_path)
+    url = fake_server_factory("--token-delay-ms", "3", "--nagle").url
+    # Whether Nagle meets a delayed ACK on loopback is the kernel's doing: Linux's
+    # loopback does (Linux CI), some hosts' network stacks ACK at once. Where the raw
+    # stream is not held back there is nothing to find (the not-reported case is the
+    # test below), so say so rather than pass on nothing.
+    raw = _raw_short_gap_share(url)
+    if raw < 0.3:
+        pytest.skip(f"this host's loopback TCP did not hold back Nagle'd chunks ({raw:.0%} of raw gaps under 0.5 ms)")
+    found = _findings(url, tmp_path)
     burst = found.get("bursty_stream")
     assert burst is not None, sorted(found)
     assert burst["evidence"]["short_share"] >= 0.3
