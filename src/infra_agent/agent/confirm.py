@@ -20,6 +20,7 @@ from infra_agent.agent.experiment import (
 )
 from infra_agent.agent.judging import gates_of, side_feedback
 from infra_agent.agent.planner import Plan
+from infra_agent.agent.top_up import run_top_up
 from infra_agent.judge.gates import hypothesis_outcome
 
 
@@ -60,7 +61,7 @@ def run_confirm(loop: Any, base: Experiment, best: Experiment, again: Experiment
     exp.feedback, exp.baseline_feedback, exp.checks = side_feedback(ex.candidate), side_feedback(ex.baseline), dict(ex.checks)
     exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
     gates = gates_of(loop.ws, ex, exp.id, plan) + unmeasured
-    if ex.status == "done" and _undecided(gates):
+    if ex.status == "done" and _undecided(gates) and loop.opts.get("top_up", True):
         gates = _top_up(loop, exp, plan, base, ex, gates, unmeasured)
     _, hyp_gate = hypothesis_outcome(hyp, ex.candidate.get(hyp.scenario or "", []), ex.baseline.get(hyp.scenario or "", []), exp.id)
     ok = ex.status == "done" and all(g.outcome in ("pass", "skipped") for g in gates)
@@ -80,24 +81,13 @@ def _undecided(gates: list[GateResult]) -> list[str]:
 
 def _top_up(loop: Any, exp: Experiment, plan: Plan, base: Experiment, ex: Any, gates: list[GateResult],
             unmeasured: list[GateResult]) -> list[GateResult]:
-    """One more round of as many interleaved pairs when a criterion is left undecided.
-
-    The judge's answer to an interval that straddles its threshold is more samples, not a
-    guess. With three runs a side, one window disturbed by the host (a p90 over one run
-    that caught a stall) widens a t-interval past any threshold; the confirmation is the
-    gate table the user reads, so it asks once for the samples before reporting. Runs of
-    both rounds are pooled, index-paired as before; a failed top-up keeps the first table."""
-    names = _undecided(gates)
-    loop.progress.experiment(exp, f"serving/e2e: more pairs, {', '.join(names)} undecided")
-    more = loop.executor.execute(exp, plan, base, loop.progress.event)
-    ex.wall_s += more.wall_s
-    ex.e2e_runs += more.e2e_runs
-    ex.probe_runs += more.probe_runs
-    if more.status != "done":
+    """One more round of as many interleaved pairs when a criterion is left undecided
+    (``top_up``); the confirmation is the gate table the user reads, so it asks for the
+    samples before reporting. A failed top-up keeps the first table."""
+    loop.progress.experiment(exp, f"serving/e2e: more pairs, {', '.join(_undecided(gates))} undecided")
+    if not run_top_up(loop.executor, exp, plan, base, ex, loop.progress.event):
+        exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
         return gates
-    for side, extra in ((ex.baseline, more.baseline), (ex.candidate, more.candidate)):
-        for scenario, runs in extra.items():
-            side.setdefault(scenario, []).extend(runs)
     exp.feedback, exp.baseline_feedback = side_feedback(ex.candidate), side_feedback(ex.baseline)
     exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
     return gates_of(loop.ws, ex, exp.id, plan) + unmeasured

@@ -40,6 +40,7 @@ from infra_agent.agent.planner import Plan, Planner
 from infra_agent.agent.progress import RunProgress
 from infra_agent.agent.proposers.base import LoopState, Proposer
 from infra_agent.agent.screening import screen
+from infra_agent.agent.top_up import run_top_up
 from infra_agent.errors import InfraAgentError
 from infra_agent.feedback import Feedback, Tier
 from infra_agent.vocabulary import FindingKind
@@ -231,6 +232,8 @@ class Loop:
                         llm_tokens=exp.cost.llm_tokens)
         if ex.status == "done":
             exp.verdict = judge(self.ws, exp, ex, plan, self._table(decisive=True))
+            if exp.verdict.outcome == "inconclusive" and exp.verdict.low is not None and self.opts.get("top_up", True):
+                self._top_up(exp, plan, best, ex)
             exp.status = "done"
         else:
             exp.status, exp.error = ex.status, ex.error
@@ -240,6 +243,20 @@ class Loop:
                                         findings=[])
                 exp.feedback.findings.append(failure_finding(kind, ex.error or ex.status))
         self._finish(exp, best, plan)
+
+    def _top_up(self, exp: Experiment, plan: Plan, best: Experiment, ex: Any) -> None:
+        """The hypothesis is undecided on an interval: one more round, then the verdict on
+        the pooled runs (agent/top_up.py)."""
+        self.progress.experiment(exp, f"{plan.probe.name}/{plan.probe.tier.value}: one more round, the hypothesis "
+                                      f"is undecided ({exp.verdict.message if exp.verdict else ''})")
+        if run_top_up(self.executor, exp, plan, best, ex, self.progress.event):
+            exp.feedback, exp.baseline_feedback = side_feedback(ex.candidate), side_feedback(ex.baseline)
+            exp.checks = dict(ex.checks)
+            if plan.mode == "pair" and plan.check and ex.candidate.get(plan.check):
+                exp.checks[plan.check] = ex.candidate[plan.check][-1]
+            exp.verdict = judge(self.ws, exp, ex, plan, self._table(decisive=True))
+        exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs,
+                        llm_tokens=exp.cost.llm_tokens)
 
     def _finish(self, exp: Experiment, best: Experiment, plan: Plan | None = None) -> None:
         accepted = exp.verdict is not None and exp.verdict.accepted

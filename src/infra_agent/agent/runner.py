@@ -51,6 +51,8 @@ class RunOptions(BaseModel):
     check_timeout_s: float = Field(300.0, gt=0)
     scenarios: list[str] | None = None
     confirm: bool = True
+    # One more round when the judge cannot decide (agent/top_up.py); off: a verdict per round.
+    top_up: bool = True
     keep_going: bool = False
     playbook: str | None = None
     seed: int = 0

@@ -37,6 +37,8 @@ def register(app: typer.Typer) -> None:
                                             "or OPENAI_API_KEY."),
         probe_timeout_s: float = typer.Option(900.0, "--probe-timeout-s", help="Kill a probe run after this many seconds."),
         no_confirm: bool = typer.Option(False, "--no-confirm", help="Skip the final best-vs-baseline confirmation."),
+        no_top_up: bool = typer.Option(False, "--no-top-up",
+                                       help="Judge each experiment on its first round: no extra round when a verdict is undecided."),
         keep_going: bool = typer.Option(False, "--keep-going", help="Go on after every gate passes, until the budget ends."),
         executor: str = typer.Option("local", "--executor", help="Where experiments run: local (subprocesses on this "
                                      "machine) or ray (one Ray task per experiment; needs infra-agent\\[ray])."),
@@ -72,7 +74,7 @@ def register(app: typer.Typer) -> None:
             try:
                 opts = RunOptions(proposer=proposer, budget_runs=budget_runs, budget_s=budget_s, pairs=pairs,  # type: ignore[arg-type]
                                   scenarios=list(scenario) or None, playbook=playbook, seed=seed, blind=blind, model=model,
-                                  base_url=base_url, probe_timeout_s=probe_timeout_s, confirm=not no_confirm,
+                                  base_url=base_url, probe_timeout_s=probe_timeout_s, confirm=not no_confirm, top_up=not no_top_up,
                                   keep_going=keep_going, executor=executor, address=address,  # type: ignore[arg-type]
                                   task_cpus=task_cpus, task_gpus=task_gpus)
             except ValidationError as exc:

@@ -5,13 +5,20 @@ Every message is one frame, ``op (1 byte) | id length (u16) | payload length (u3
 id | payload`` (little-endian):
 
 - ``PUT`` appends the payload (one page) to the request's pages;
-- ``PUT_MANY`` appends several: the payload is ``u32 length | page`` per page (a
-  batch put: one message, so one socket write on the sender's side, per batch);
+- ``PUT_MANY`` appends several: the payload is ``u32 count`` then ``u32 length | page``
+  per page (a batch put: one message, so one socket write on the sender's side, per
+  batch);
 - ``SEAL`` marks the request complete: a ``GET`` waiting for it returns;
 - ``GET`` waits until the request is sealed (``GET_TIMEOUT_S`` at most), answers
-  ``u32 count`` then each page as ``u32 length | bytes``, and forgets the request;
-  a request not sealed in time answers ``count = 0xFFFFFFFF``;
+  ``u32 count | u64 bytes`` then each page as ``u32 length | bytes``, and forgets the
+  request; a request not sealed in time answers ``count = 0xFFFFFFFF``;
 - ``DROP`` forgets a request (its pages are never fetched: the client went away).
+
+The store keeps each message's framed pages as it received them and answers a ``GET``
+with their concatenation: it never walks the pages, as a real KV store moves registered
+memory without the host touching each block.  The reader checks the framing.  (On this
+2-core box the store shares the cores with the prefill worker being measured, so its
+per-page work would be charged to the transfer.)
 
 Each client connection is served by a thread; one connection is used by one thread
 of the client at a time (``KVStoreClient`` is not shared).  The store lives as long
@@ -36,6 +43,7 @@ from refstack.disagg.proc import die_with_parent, set_process_name
 PUT, SEAL, GET, DROP, PUT_MANY = 1, 2, 3, 4, 5
 _HEADER = struct.Struct("<BHI")
 _U32 = struct.Struct("<I")
+_ANSWER = struct.Struct("<IQ")
 GET_TIMEOUT_S = 60.0
 MISSING = 0xFFFFFFFF
 
@@ -53,10 +61,11 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 class _Pages:
-    __slots__ = ("pages", "sealed")
+    __slots__ = ("blobs", "count", "sealed")
 
     def __init__(self) -> None:
-        self.pages: list[bytes] = []
+        self.blobs: list[bytes | memoryview] = []  # framed pages (u32 length | page)...
+        self.count = 0
         self.sealed = False
 
 
@@ -67,25 +76,25 @@ class _Store:
 
     def put(self, rid: str, page: bytes) -> None:
         with self.cond:
-            self.entries.setdefault(rid, _Pages()).pages.append(page)
+            entry = self.entries.setdefault(rid, _Pages())
+            entry.blobs += (_U32.pack(len(page)), page)
+            entry.count += 1
 
     def put_many(self, rid: str, payload: bytes) -> None:
-        pages, off = [], 0
-        while off < len(payload):
-            (n,) = _U32.unpack_from(payload, off)
-            if off + 4 + n > len(payload):
-                raise ConnectionError(f"PUT_MANY for {rid}: a page of {n} bytes runs past the message")
-            pages.append(payload[off + 4 : off + 4 + n])
-            off += 4 + n
+        if len(payload) < 4:
+            raise ConnectionError(f"PUT_MANY for {rid}: {len(payload)} bytes, no page count")
+        (count,) = _U32.unpack_from(payload)
         with self.cond:
-            self.entries.setdefault(rid, _Pages()).pages.extend(pages)
+            entry = self.entries.setdefault(rid, _Pages())
+            entry.blobs.append(memoryview(payload)[4:])
+            entry.count += count
 
     def seal(self, rid: str) -> None:
         with self.cond:
             self.entries.setdefault(rid, _Pages()).sealed = True
             self.cond.notify_all()
 
-    def get(self, rid: str, timeout: float) -> list[bytes] | None:
+    def get(self, rid: str, timeout: float) -> _Pages | None:
         deadline = time.monotonic() + timeout
         with self.cond:
             while not (rid in self.entries and self.entries[rid].sealed):
@@ -93,7 +102,7 @@ class _Store:
                 if left <= 0:
                     return None
                 self.cond.wait(left)
-            return self.entries.pop(rid).pages
+            return self.entries.pop(rid)
 
     def drop(self, rid: str) -> None:
         with self.cond:
@@ -118,14 +127,13 @@ class _Handler(socketserver.BaseRequestHandler):
                 elif op == DROP:
                     store.drop(rid)
                 elif op == GET:
-                    pages = store.get(rid, GET_TIMEOUT_S)
-                    if pages is None:
-                        sock.sendall(_U32.pack(MISSING))
+                    entry = store.get(rid, GET_TIMEOUT_S)
+                    if entry is None:
+                        sock.sendall(_ANSWER.pack(MISSING, 0))
                         continue
-                    parts: list[bytes] = [_U32.pack(len(pages))]
-                    for p in pages:
-                        parts += (_U32.pack(len(p)), p)
-                    sock.sendall(b"".join(parts))
+                    body = b"".join(entry.blobs)
+                    sock.sendall(_ANSWER.pack(entry.count, len(body)))
+                    sock.sendall(body)
                 else:
                     return  # a confused client: drop the connection
         except (ConnectionError, OSError):
@@ -187,7 +195,7 @@ class KVStoreClient:
 
     def put_many(self, rid: str, pages: Sequence[bytes]) -> None:
         """Several pages in one message (one ``sendall``)."""
-        payload = b"".join(_U32.pack(len(p)) + p for p in pages)
+        payload = _U32.pack(len(pages)) + b"".join(_U32.pack(len(p)) + p for p in pages)
         key = rid.encode()
         self.sock.sendall(_HEADER.pack(PUT_MANY, len(key), len(payload)) + key + payload)
 
@@ -197,13 +205,28 @@ class KVStoreClient:
     def drop(self, rid: str) -> None:
         self._send(DROP, rid)
 
-    def get(self, rid: str) -> list[bytes] | None:
-        """The request's pages in put order, once sealed; None if not sealed in time."""
+    def get(self, rid: str) -> list[memoryview] | None:
+        """The request's pages in put order, once sealed; None if not sealed in time.
+
+        One read of the whole answer, then a view per page (no copy per page); a framing
+        that does not add up (a torn batch) is a ``ConnectionError`` naming the page."""
         self._send(GET, rid)
-        count = _U32.unpack(self._read(4))[0]
+        count, size = _ANSWER.unpack(self._read(_ANSWER.size))
         if count == MISSING:
             return None
-        return [self._read(_U32.unpack(self._read(4))[0]) for _ in range(count)]
+        body = memoryview(self._read(size))
+        pages, off = [], 0
+        for i in range(count):
+            if off + 4 > size:
+                raise ConnectionError(f"KV store answer for {rid}: page {i} of {count} starts past its {size} bytes")
+            (n,) = _U32.unpack_from(body, off)
+            if off + 4 + n > size:
+                raise ConnectionError(f"KV store answer for {rid}: page {i} ({n} bytes) runs past its {size} bytes")
+            pages.append(body[off + 4 : off + 4 + n])
+            off += 4 + n
+        if off != size:
+            raise ConnectionError(f"KV store answer for {rid}: {size - off} bytes after its {count} pages")
+        return pages
 
     def _read(self, n: int) -> bytes:
         data = self._rfile.read(n)

@@ -122,7 +122,7 @@ def pack_bulk(snap: Snapshot, length: int, page_tokens: int, token_ids: Sequence
     return _page(KIND_BULK, 0, 0, 0, length, keys[-1] if keys else b"\0" * 32, b"".join(parts))
 
 
-def unpack(pages: list[bytes], cache: ModelCache, length: int) -> Snapshot:
+def unpack(pages: Sequence[bytes | memoryview], cache: ModelCache, length: int) -> Snapshot:
     """Pages (either form) back into tensors shaped like ``capture``'s; every checksum verified.
 
     The pages are written into numpy arrays (a slice assignment per page, no torch op per

@@ -97,6 +97,13 @@ def test_the_store_takes_a_batch_put_as_its_pages(tmp_path: Path) -> None:
         client.put_many("r", [b"a", b"", b"c" * 70000])
         client.seal("r")
         assert client.get("r") == [b"first", b"a", b"", b"c" * 70000]
+        # The store keeps messages as framed; a torn batch put is found by the reader,
+        # with the page it tore at.
+        from refstack.disagg.kvstore import PUT_MANY
+        client._send(PUT_MANY, "torn", struct.pack("<II", 2, 3) + b"abc" + struct.pack("<I", 99) + b"xy")
+        client.seal("torn")
+        with pytest.raises(ConnectionError, match=r"torn: page 1 \(99 bytes\) runs past"):
+            client.get("torn")
         client.close()
     finally:
         proc.terminate()

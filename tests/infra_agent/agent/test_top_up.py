@@ -1,4 +1,4 @@
-"""The confirmation asks for more pairs when a criterion is left undecided, and only then."""
+"""One more round when the judge cannot decide: the confirmation's gates and an experiment's hypothesis."""
 
 from __future__ import annotations
 
@@ -73,3 +73,56 @@ def test_a_gate_still_undecided_after_the_top_up_stays_inconclusive(tmp_path: Pa
     assert fake.confirm_calls == 2
     gate, = [g for g in run.gates_after if g.name == "chat-throughput"]
     assert gate.outcome == "inconclusive" and gate.more_samples is not None
+
+
+class ExperimentRounds(FakeExecutor):
+    """The experiment's candidate windows come from ``rounds``, one list per execute."""
+
+    def __init__(self, rounds: list[list[float]]) -> None:
+        super().__init__()
+        self.rounds = rounds
+        self.calls = 0
+
+    def execute(self, exp: Experiment, plan: Plan, best: Experiment, on_event: OnEvent | None = None) -> Execution:
+        if exp.role != "experiment":
+            return super().execute(exp, plan, best, on_event)
+        values = self.rounds[min(self.calls, len(self.rounds) - 1)]
+        self.calls += 1
+        self.plans.append((exp.id, plan))
+        return Execution(status="done", candidate={"chat": serving(values)},
+                         baseline={"chat": serving([100.0, 101.0, 99.0])}, e2e_runs=6)
+
+
+def _experiment(tmp_path: Path, executor: ExperimentRounds, **opts: Any) -> Experiment:
+    ws = workspace(tmp_path, criteria=[])
+    step = Step(hypothesis=Hypothesis(statement="more slots", metric="output_throughput", direction="higher",
+                                      min_effect=0.1, scenario="chat"), change=Change(knobs={"max_running": 16}))
+    with Ledger.for_workspace(ws.root) as ledger:
+        run = new_run(tmp_path, ledger, budget_runs=1, **opts)
+        loop_for(ws, ledger, run, Script([step]), executor).execute()
+        exp, = [e for e in ledger.experiments(run.id) if e.role == "experiment"]
+    return exp
+
+
+def test_an_undecided_hypothesis_gets_one_more_round_and_its_verdict_pools_both(tmp_path: Path) -> None:
+    # +20% with one disturbed window: the first round's interval reaches below +10%.
+    fake = ExperimentRounds([[120.0, 121.0, 105.0], [120.0, 119.0, 121.0]])
+    exp = _experiment(tmp_path, fake)
+    assert fake.calls == 2
+    assert exp.verdict is not None and exp.verdict.outcome == "supported" and exp.accepted, exp.verdict
+    assert exp.cost.e2e_runs == 12 and exp.feedback is not None
+    assert sorted(exp.feedback.measurements[0].samples) == sorted([120.0, 121.0, 105.0, 120.0, 119.0, 121.0])
+
+
+def test_without_top_up_the_first_round_decides(tmp_path: Path) -> None:
+    fake = ExperimentRounds([[120.0, 121.0, 105.0], [120.0, 119.0, 121.0]])
+    exp = _experiment(tmp_path, fake, top_up=False)
+    assert fake.calls == 1
+    assert exp.verdict is not None and exp.verdict.outcome == "inconclusive" and not exp.accepted
+
+
+def test_a_decided_hypothesis_is_not_topped_up(tmp_path: Path) -> None:
+    fake = ExperimentRounds([[50.0, 51.0, 49.0]])
+    exp = _experiment(tmp_path, fake)
+    assert fake.calls == 1
+    assert exp.verdict is not None and exp.verdict.outcome == "refuted"
