@@ -25,7 +25,8 @@ def run_top_up(executor: Any, exp: Experiment, plan: Plan, best: Experiment, ex:
 
     Returns whether the extra round completed; a failed round leaves ``ex``'s runs as
     they were (its cost is still counted)."""
-    more: Execution = executor.execute(exp, plan, best, on_event)
+    with executor.fresh_checks():  # a check's earlier run is the first round's sample, not a new one
+        more: Execution = executor.execute(exp, plan, best, on_event)
     ex.wall_s += more.wall_s
     ex.e2e_runs += more.e2e_runs
     ex.probe_runs += more.probe_runs

@@ -137,3 +137,21 @@ def test_the_event_reader_drains_the_pipe_when_the_callback_fails() -> None:
 
     _forward(proc, bad)
     assert proc.wait(timeout=60) == 0 and len(calls) == 200000
+
+
+def test_a_fresh_round_runs_a_check_again_instead_of_reusing_it(tmp_path: Path) -> None:
+    # The check appends a line per run: what ran, not what the cache says, is counted.
+    runs = tmp_path / "runs.txt"
+    counting = {"name": "count", "probe": "command", "components": ["engine"],
+                "config": {"command": [sys.executable, "-c", f"open({str(runs)!r}, 'a').write('x\\n')"]}}
+    root = make_workspace(tmp_path / "ws", checks=[counting])
+    ex = LocalExecutor(load_workspace(root), "rt")
+    first = ex.measure(_exp("e0", role="baseline"), [], 0, ["count"])
+    again = ex.measure(_exp("e1"), [], 0, ["count"])
+    assert runs.read_text().count("x") == 1 and again.checks["count"].meta.get("reused_from") == "e0"
+    with ex.fresh_checks():
+        fresh = ex.measure(_exp("e1"), [], 0, ["count"])
+    assert runs.read_text().count("x") == 2 and "reused_from" not in fresh.checks["count"].meta
+    assert not ex.fresh and first.checks["count"].ok
+    # The cache keeps the first run it saw: a later plain call still names e0.
+    assert ex.measure(_exp("e2"), [], 0, ["count"]).checks["count"].meta.get("reused_from") == "e0"

@@ -9,7 +9,8 @@ Feedback of each side and the cheap gates it ran, and the loop's judge decides.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,6 +36,20 @@ class Execution:
 
 class Executor(ABC):
     name: str = "executor"
+    # Set inside ``fresh_checks``: every check runs again instead of reusing an earlier
+    # run of the same (check, config, knobs, code).
+    fresh: bool = False
+
+    @contextmanager
+    def fresh_checks(self) -> Iterator[None]:
+        """Run checks anew in this block: a second round of measurements (``top_up``) that
+        reused the first round's check results would pool the same samples twice and
+        narrow the interval on nothing."""
+        self.fresh = True
+        try:
+            yield
+        finally:
+            self.fresh = False
 
     @abstractmethod
     def execute(self, exp: Experiment, plan: Plan, best: Experiment, on_event: OnEvent | None = None) -> Execution:

@@ -127,7 +127,7 @@ class LocalExecutor(Executor):
         check = self.ws.check(check_name)
         cfg = {**check.render(knobs), **(config or {})}
         key = self._check_key(check_name, check.probe, cfg, knobs, ws_dir)
-        if key in self._check_cache:
+        if key in self._check_cache and not self.fresh:
             first, cached = self._check_cache[key]
             return cached.model_copy(update={"meta": {**cached.meta, "reused_from": first}})
         what = f"check {check_name!r} ({check.probe} probe)"
@@ -136,7 +136,7 @@ class LocalExecutor(Executor):
         if "feedback" not in out:
             raise InfraAgentError(f"{what} could not run for {exp_id} in {ws_dir}: {out.get('error', 'the probe worker failed')}")
         fb = Feedback.model_validate(out["feedback"])
-        self._check_cache[key] = (exp_id, fb)
+        self._check_cache.setdefault(key, (exp_id, fb))
         return fb
 
     def remember_check(self, exp_id: str, check_name: str, knobs: dict[str, Any], fb: Feedback) -> None:

@@ -166,7 +166,9 @@ class RayExecutor(LocalExecutor):
         spec = {"kind": "measure" if mode == "measure" else "execute", "run_id": self.run_id, "exp": _light(exp),
                 "sides": ids, "packs": packs, "yaml_name": self._yaml_name,
                 "code_ids": {k: self._code_id(d) for k, d in sides.items()},
-                "cache": {k: (first, fb.model_dump(mode="json")) for k, (first, fb) in self._check_cache.items()},
+                # Empty in a fresh round (``fresh_checks``): the node runs every check again.
+                "cache": {} if self.fresh else {k: (first, fb.model_dump(mode="json"))
+                                                for k, (first, fb) in self._check_cache.items()},
                 "options": self._options(), **extra}
         events = self._queue()
         task = ray.remote(run_experiment).options(
