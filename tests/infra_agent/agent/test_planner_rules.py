@@ -108,3 +108,31 @@ def test_a_bad_playbook_names_file_field_and_value(tmp_path: Path) -> None:
     bad.write_text("rules: [")
     with pytest.raises(ConfigError, match="valid YAML"):
         load_playbook(bad)
+
+
+CASE_B_KNOBS = {
+    "ep_release_gil": {"type": "bool", "default": False, "components": ["comm", "model.moe"]},
+    "kv_page_tokens": {"type": "int", "min": 1, "max": 4096, "default": 2, "components": ["kv_transfer"]},
+}
+
+
+def _gil(component: str, holder: str, span: str) -> Finding:
+    return Finding(kind="gil_contention", severity="warning", message="g",
+                   location=Location(component=component, thread=holder, span=span, file="x.py:1"),
+                   evidence={"waiting_thread": "engine-loop", "waiting_share": "95%"})
+
+
+def test_case_b_first_releases_the_gil_in_the_ep_section_then_enlarges_the_transfer_pages(tmp_path: Path) -> None:
+    ws = load_workspace(make_workspace(tmp_path / "ws", extra_knobs=CASE_B_KNOBS))
+    prop = RulesProposer()
+    ep, pages = _gil("comm", "engine-loop", "ep.dispatch|ep.combine"), _gil("kv_transfer", "kv-transfer", "kv.transfer")
+    # The held baseline: the transfer thread waits on the EP section (findings of equal
+    # severity are taken in the probe's order, the larger wait first).
+    step = prop.propose(_state(ws, [ep, pages]))
+    assert step is not None and step.change.knobs == {"ep_release_gil": True}
+    # With the GIL released, what is left is the engine waiting on the transfer thread's own Python.
+    released = {**ws.resolve_knobs(), "ep_release_gil": True}
+    step = prop.propose(_state(ws, [pages], knobs=released))
+    assert step is not None and step.change.knobs == {"kv_page_tokens": 8}
+    assert "engine-loop waited for the GIL held by kv-transfer" in step.hypothesis.statement
+    assert step.hypothesis.metric == "total_token_throughput" and step.hypothesis.locality.span == "kv.transfer"
