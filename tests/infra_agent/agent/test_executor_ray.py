@@ -78,12 +78,14 @@ def test_ray_run_gives_the_local_verdicts(cluster: str, tmp_path: Path) -> None:
     playbook = tmp_path / "playbook.yaml"
     playbook.write_text(PLAYBOOK)
     local_ws, ray_ws = _workspace(tmp_path / "local"), _workspace(tmp_path / "ray")
-    local = start_run(local_ws, RunOptions(proposer="rules", playbook=str(playbook), budget_runs=2, confirm=False),
-                      progress=False)
+    # top_up off on both sides: the test compares executors round for round, and a second
+    # round would double its time in CI without changing what it compares.
+    local = start_run(local_ws, RunOptions(proposer="rules", playbook=str(playbook), budget_runs=2, confirm=False,
+                                           top_up=False), progress=False)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "infra_agent.cli.main", "run", str(ray_ws), "--executor", "ray",
                            "--address", cluster, "--playbook", str(playbook), "--budget-runs", "2", "--no-confirm",
-                           "--no-report", "--json"], capture_output=True, text=True, timeout=600, check=False)
+                           "--no-top-up", "--no-report", "--json"], capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads(proc.stdout)
     assert run["options"]["executor"] == "ray" and run["status"] == "budget", run
