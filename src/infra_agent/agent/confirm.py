@@ -85,9 +85,9 @@ def _top_up(loop: Any, exp: Experiment, plan: Plan, base: Experiment, ex: Any, g
     (``top_up``); the confirmation is the gate table the user reads, so it asks for the
     samples before reporting. A failed top-up keeps the first table."""
     loop.progress.experiment(exp, f"serving/e2e: more pairs, {', '.join(_undecided(gates))} undecided")
-    if not run_top_up(loop.executor, exp, plan, base, ex, loop.progress.event):
-        exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
+    done = run_top_up(loop.executor, exp, plan, base, ex, loop.progress.event)
+    exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
+    if not done:
         return gates
     exp.feedback, exp.baseline_feedback = side_feedback(ex.candidate), side_feedback(ex.baseline)
-    exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
     return gates_of(loop.ws, ex, exp.id, plan) + unmeasured

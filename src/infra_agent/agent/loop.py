@@ -223,17 +223,16 @@ class Loop:
         self.progress.experiment(exp, f"{plan.probe.name}/{plan.probe.tier.value}"
                                       + (f" after {len(plan.pre_checks)} cheap gate(s)" if plan.pre_checks else ""))
         ex = self.executor.execute(exp, plan, best, self.progress.event)
-        exp.feedback = side_feedback(ex.candidate)
-        exp.baseline_feedback = side_feedback(ex.baseline)
-        exp.checks = dict(ex.checks)
-        if plan.mode == "pair" and plan.check and ex.candidate.get(plan.check):
-            exp.checks[plan.check] = ex.candidate[plan.check][-1]
-        exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs,
-                        llm_tokens=exp.cost.llm_tokens)
+        self._take(exp, ex, plan)
         if ex.status == "done":
             exp.verdict = judge(self.ws, exp, ex, plan, self._table(decisive=True))
             if exp.verdict.outcome == "inconclusive" and exp.verdict.low is not None and self.opts.get("top_up", True):
-                self._top_up(exp, plan, best, ex)
+                # Undecided on an interval: one more round, the verdict on the pooled runs (agent/top_up.py).
+                self.progress.experiment(exp, f"{plan.probe.name}/{plan.probe.tier.value}: one more round, the "
+                                              f"hypothesis is undecided ({exp.verdict.message})")
+                if run_top_up(self.executor, exp, plan, best, ex, self.progress.event):
+                    exp.verdict = judge(self.ws, exp, ex, plan, self._table(decisive=True))
+                self._take(exp, ex, plan)
             exp.status = "done"
         else:
             exp.status, exp.error = ex.status, ex.error
@@ -244,17 +243,14 @@ class Loop:
                 exp.feedback.findings.append(failure_finding(kind, ex.error or ex.status))
         self._finish(exp, best, plan)
 
-    def _top_up(self, exp: Experiment, plan: Plan, best: Experiment, ex: Any) -> None:
-        """The hypothesis is undecided on an interval: one more round, then the verdict on
-        the pooled runs (agent/top_up.py)."""
-        self.progress.experiment(exp, f"{plan.probe.name}/{plan.probe.tier.value}: one more round, the hypothesis "
-                                      f"is undecided ({exp.verdict.message if exp.verdict else ''})")
-        if run_top_up(self.executor, exp, plan, best, ex, self.progress.event):
-            exp.feedback, exp.baseline_feedback = side_feedback(ex.candidate), side_feedback(ex.baseline)
-            exp.checks = dict(ex.checks)
-            if plan.mode == "pair" and plan.check and ex.candidate.get(plan.check):
-                exp.checks[plan.check] = ex.candidate[plan.check][-1]
-            exp.verdict = judge(self.ws, exp, ex, plan, self._table(decisive=True))
+    @staticmethod
+    def _take(exp: Experiment, ex: Any, plan: Plan) -> None:
+        """What the execution measured, onto the experiment: both sides' Feedback, the checks, the cost."""
+        exp.feedback = side_feedback(ex.candidate)
+        exp.baseline_feedback = side_feedback(ex.baseline)
+        exp.checks = dict(ex.checks)
+        if plan.mode == "pair" and plan.check and ex.candidate.get(plan.check):
+            exp.checks[plan.check] = ex.candidate[plan.check][-1]
         exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs,
                         llm_tokens=exp.cost.llm_tokens)
 

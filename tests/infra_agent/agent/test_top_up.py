@@ -16,18 +16,19 @@ GATE = [{"name": "chat-throughput", "metric": "output_throughput", "scenario": "
 
 
 class Rounds(FakeExecutor):
-    """The confirmation's candidate windows come from ``rounds``, one list per execute."""
+    """The candidate windows of the experiments of one ``role`` come from ``rounds``, one list per execute."""
 
-    def __init__(self, rounds: list[list[float]]) -> None:
+    def __init__(self, rounds: list[list[float]], role: str = "confirm") -> None:
         super().__init__()
         self.rounds = rounds
-        self.confirm_calls = 0
+        self.role = role
+        self.calls = 0
 
     def execute(self, exp: Experiment, plan: Plan, best: Experiment, on_event: OnEvent | None = None) -> Execution:
-        if exp.role != "confirm":
+        if exp.role != self.role:
             return super().execute(exp, plan, best, on_event)
-        values = self.rounds[min(self.confirm_calls, len(self.rounds) - 1)]
-        self.confirm_calls += 1
+        values = self.rounds[min(self.calls, len(self.rounds) - 1)]
+        self.calls += 1
         self.plans.append((exp.id, plan))
         return Execution(status="done", candidate={"chat": serving(values)},
                          baseline={"chat": serving([100.0, 101.0, 99.0])}, e2e_runs=6)
@@ -50,7 +51,7 @@ def test_an_undecided_gate_gets_one_more_round_and_is_decided_on_the_pooled_runs
     fake = Rounds([[400.0, 400.0, 100.0], [400.0, 401.0, 399.0]])
     run, exps = _run(tmp_path, fake)
     confirm, = [e for e in exps if e.role == "confirm"]
-    assert fake.confirm_calls == 2
+    assert fake.calls == 2
     gate, = [g for g in run.gates_after if g.name == "chat-throughput"]
     assert gate.outcome == "pass" and gate.low is not None and gate.low >= 150, gate
     # The verdict and the stored feedback are over all six windows.
@@ -62,7 +63,7 @@ def test_an_undecided_gate_gets_one_more_round_and_is_decided_on_the_pooled_runs
 def test_a_decided_table_is_not_topped_up(tmp_path: Path) -> None:
     fake = Rounds([[400.0, 401.0, 399.0]])
     run, _ = _run(tmp_path, fake)
-    assert fake.confirm_calls == 1
+    assert fake.calls == 1
     assert [g.outcome for g in run.gates_after if g.name == "chat-throughput"] == ["pass"]
 
 
@@ -70,30 +71,12 @@ def test_a_gate_still_undecided_after_the_top_up_stays_inconclusive(tmp_path: Pa
     # Wild windows in both rounds: one round more, then the table says what it knows.
     fake = Rounds([[400.0, 20.0, 160.0], [10.0, 390.0, 150.0]])
     run, _ = _run(tmp_path, fake)
-    assert fake.confirm_calls == 2
+    assert fake.calls == 2
     gate, = [g for g in run.gates_after if g.name == "chat-throughput"]
     assert gate.outcome == "inconclusive" and gate.more_samples is not None
 
 
-class ExperimentRounds(FakeExecutor):
-    """The experiment's candidate windows come from ``rounds``, one list per execute."""
-
-    def __init__(self, rounds: list[list[float]]) -> None:
-        super().__init__()
-        self.rounds = rounds
-        self.calls = 0
-
-    def execute(self, exp: Experiment, plan: Plan, best: Experiment, on_event: OnEvent | None = None) -> Execution:
-        if exp.role != "experiment":
-            return super().execute(exp, plan, best, on_event)
-        values = self.rounds[min(self.calls, len(self.rounds) - 1)]
-        self.calls += 1
-        self.plans.append((exp.id, plan))
-        return Execution(status="done", candidate={"chat": serving(values)},
-                         baseline={"chat": serving([100.0, 101.0, 99.0])}, e2e_runs=6)
-
-
-def _experiment(tmp_path: Path, executor: ExperimentRounds, **opts: Any) -> Experiment:
+def _experiment(tmp_path: Path, executor: Rounds, **opts: Any) -> Experiment:
     ws = workspace(tmp_path, criteria=[])
     step = Step(hypothesis=Hypothesis(statement="more slots", metric="output_throughput", direction="higher",
                                       min_effect=0.1, scenario="chat"), change=Change(knobs={"max_running": 16}))
@@ -106,7 +89,7 @@ def _experiment(tmp_path: Path, executor: ExperimentRounds, **opts: Any) -> Expe
 
 def test_an_undecided_hypothesis_gets_one_more_round_and_its_verdict_pools_both(tmp_path: Path) -> None:
     # +20% with one disturbed window: the first round's interval reaches below +10%.
-    fake = ExperimentRounds([[120.0, 121.0, 105.0], [120.0, 119.0, 121.0]])
+    fake = Rounds([[120.0, 121.0, 105.0], [120.0, 119.0, 121.0]], role="experiment")
     exp = _experiment(tmp_path, fake)
     assert fake.calls == 2
     assert exp.verdict is not None and exp.verdict.outcome == "supported" and exp.accepted, exp.verdict
@@ -115,14 +98,14 @@ def test_an_undecided_hypothesis_gets_one_more_round_and_its_verdict_pools_both(
 
 
 def test_without_top_up_the_first_round_decides(tmp_path: Path) -> None:
-    fake = ExperimentRounds([[120.0, 121.0, 105.0], [120.0, 119.0, 121.0]])
+    fake = Rounds([[120.0, 121.0, 105.0], [120.0, 119.0, 121.0]], role="experiment")
     exp = _experiment(tmp_path, fake, top_up=False)
     assert fake.calls == 1
     assert exp.verdict is not None and exp.verdict.outcome == "inconclusive" and not exp.accepted
 
 
 def test_a_decided_hypothesis_is_not_topped_up(tmp_path: Path) -> None:
-    fake = ExperimentRounds([[50.0, 51.0, 49.0]])
+    fake = Rounds([[50.0, 51.0, 49.0]], role="experiment")
     exp = _experiment(tmp_path, fake)
     assert fake.calls == 1
     assert exp.verdict is not None and exp.verdict.outcome == "refuted"
