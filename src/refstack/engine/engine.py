@@ -270,9 +270,14 @@ class Engine:
         free of the OS's wake-up latency.
         """
         s = self.config.step_slowdown
-        now = time.perf_counter()
-        base = (step_start - prev_start) if prev_start is not None else (now - step_start) / (1.0 - s)
-        with tracing.span("step_slowdown", cat="engine"):
+        # The span carries the period it stretched, so a trace (and the test) can check the
+        # spin against the engine's own clock rather than span starts, which a preemption
+        # between ``step_start`` and the step span's opening would shift.
+        with tracing.span("step_slowdown", cat="engine") as spin:
+            now = time.perf_counter()
+            base = (step_start - prev_start) if prev_start is not None else (now - step_start) / (1.0 - s)
+            if tracing.is_enabled():
+                spin.args = {"base_us": base * 1e6}
             until = now + s * base
             while time.perf_counter() < until:
                 pass
