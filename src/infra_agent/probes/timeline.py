@@ -37,7 +37,6 @@ value, so its findings describe the configuration under test.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import urllib.error
 import urllib.request
@@ -52,12 +51,13 @@ from infra_agent.feedback import (
     Artifact,
     Feedback,
     Finding,
-    Location,
     Measurement,
     Tier,
 )
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
-from infra_agent.vocabulary import FindingKind, related
+from infra_agent.probes.target_processes import pick_process
+from infra_agent.probes.timeline_locate import knobs_for, locate, span_categories
+from infra_agent.vocabulary import FindingKind
 from infra_agent.workspace.models import Scenario
 
 # Span category (or name prefix) -> the component a finding about it is located in.
@@ -252,7 +252,7 @@ class TimelineProbe(Probe):
             res = PySpyResult(None, None, "py-spy unavailable, spans only: the target's process id is unknown "
                                            "(a server given by URL)")
         else:
-            pid, picked = _pick_process(int(target.pid), cfg.sample_process, cfg.lead_s, worker)
+            pid, picked = pick_process(int(target.pid), cfg.sample_process, cfg.lead_s, worker)
             if worker.is_alive():
                 sampler = PySpyDumpSampler(pid, ctx.workdir / f"gil-{name}.jsonl", interval_s=cfg.sample_interval_s).start()
         worker.join()
@@ -295,10 +295,10 @@ class TimelineProbe(Probe):
         tfb = timeline_feedback(report, knob_hints=hints, serving_result=result if result.get("ok", True) else None,
                                 meta={"sampled_process": picked})
         components = {**DEFAULT_SPAN_COMPONENTS, **cfg.span_components}
-        cats = _span_categories(tl)
+        cats = span_categories(tl)
         tags = {"scenario": name, **({"knob": arm} if arm else {})}
         for f in tfb.findings:
-            _locate(f, components, cats, ctx.workspace, hints)
+            locate(f, components, cats, ctx.workspace, hints)
             f.evidence.setdefault("scenario", name)
             fb.findings.append(f)
         for m in tfb.measurements:
@@ -324,11 +324,11 @@ class TimelineProbe(Probe):
             return {}
         components = {**DEFAULT_SPAN_COMPONENTS, **cfg.span_components}
         out: dict[str, str] = {}
-        for span_name, cat in _span_categories(tl).items():
+        for span_name, cat in span_categories(tl).items():
             comp = components.get(cat) or components.get(span_name.split(".", 1)[0])
             if comp is None:
                 continue
-            knobs = _knobs_for(ws, comp)
+            knobs = knobs_for(ws, comp)
             if len(knobs) == 1:
                 out[span_name] = knobs[0]
         return out
@@ -443,125 +443,6 @@ def _get_json(url: str, timeout_s: float = 60.0) -> tuple[Any, str | None]:
         return None, f"HTTP {exc.code}: {body}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
-
-
-def _children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (Linux /proc)."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(")") + 2:].split()
-        parent[int(entry)] = int(rest[1])
-    out, frontier = [], [pid]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parent.items() if pp == p]
-        out += kids
-        frontier += kids
-    return out
-
-
-def _cpu_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rest = stat[stat.rfind(")") + 2:].split()
-    return int(rest[11]) + int(rest[12])  # utime + stime
-
-
-def _comm(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return None
-
-
-def _pick_process(server: int, mode: str, lead_s: float, worker: threading.Thread) -> tuple[int, dict[str, Any]]:
-    """The process to sample: the server, or the busiest of it and its descendants over ``lead_s``."""
-    if mode == "server":
-        worker.join(lead_s) if lead_s else None
-        return server, {"pid": server, "why": "the server process"}
-    pids = [server, *_children(server)]
-    if mode != "auto":
-        worker.join(lead_s) if lead_s else None
-        named = [p for p in pids if _comm(p) == mode] or [p for p in [server, *_children(server)] if _comm(p) == mode]
-        if named:
-            return named[0], {"pid": named[0], "name": mode, "why": f"the process named {mode!r}"}
-        return server, {"pid": server, "why": f"no process named {mode!r} among the server's "
-                                              f"{len(pids)}: the server process"}
-    before = {p: _cpu_ticks(p) for p in pids}
-    worker.join(lead_s if lead_s > 0 else 0.2)
-    used = {p: (t1 - t0) for p in pids if (t0 := before[p]) is not None and (t1 := _cpu_ticks(p)) is not None}
-    if not used:
-        return server, {"pid": server, "why": "the server process (no CPU times readable)"}
-    best = max(used, key=lambda p: (used[p], p == server))
-    name = ""
-    try:
-        name = Path(f"/proc/{best}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")[:200]
-    except OSError:
-        pass
-    return best, {"pid": best, "cmdline": name, "cpu_ticks": used,
-                  "why": f"busiest of {len(pids)} process(es) over the first {lead_s:g} s"}
-
-
-def _span_categories(tl: Any) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for s in tl.span_sources():
-        if s.name not in out and s.cat:
-            out[s.name] = s.cat
-    return out
-
-
-def _component_of(span: str | None, components: dict[str, str], cats: dict[str, str]) -> str | None:
-    """The component of a span group (``ep.dispatch|ep.combine`` -> comm), from category or name prefix."""
-    if not span:
-        return None
-    found = []
-    for part in span.split("|"):
-        cat = cats.get(part, part)
-        comp = components.get(cat) or components.get(part.split(".", 1)[0])
-        if comp:
-            found.append(comp)
-    return found[0] if found and len(set(found)) == 1 else None
-
-
-def _knobs_for(ws: Any, component: str) -> list[str]:
-    """Workspace knobs whose components act on ``component`` (calibration knobs left out)."""
-    out = []
-    for name, k in ws.knobs.items():
-        if (k.help or "").lower().startswith("calibration") or name in ("trace",):
-            continue
-        if any(related(c, component) for c in k.components):
-            out.append(name)
-    return out
-
-
-def _locate(f: Finding, components: dict[str, str], cats: dict[str, str], ws: Any, hints: dict[str, str]) -> None:
-    """Give a timeline finding the component it is about, and a knob where exactly one fits.
-
-    GIL contention and missing overlap are about the holder's span (``ep.dispatch`` held
-    the GIL: the fix is in ``comm``), so the component comes from that span's category."""
-    loc = f.location or Location()
-    comp = _component_of(loc.span, components, cats)
-    if comp is not None and f.kind in (FindingKind.GIL_CONTENTION, FindingKind.NO_OVERLAP, FindingKind.SPAN_TREND,
-                                       FindingKind.STEP_OVERHEAD):
-        loc.component = comp
-    # A knob only from a component the holder's span located (``runtime``, the default
-    # of a GIL finding, is every thread-related knob and names none of them).
-    if loc.knob is None and ws is not None and comp is not None and f.kind in (
-            FindingKind.GIL_CONTENTION, FindingKind.NO_OVERLAP):
-        knobs = _knobs_for(ws, comp)
-        if len(knobs) == 1:
-            loc.knob = knobs[0]
-    if loc.knob and f.next_question and loc.knob not in f.next_question:
-        f.next_question += f" Try knob {loc.knob}."
-    f.location = loc
 
 
 def _small_report(report: Any) -> dict[str, Any]:

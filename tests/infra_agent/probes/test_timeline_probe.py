@@ -16,7 +16,8 @@ from infra_agent.agent.proposers.rules import RulesProposer
 from infra_agent.errors import ConfigError
 from infra_agent.feedback import Feedback, Finding, Location, Tier
 from infra_agent.probes.base import ProbeContext, get_probe, registered_probes
-from infra_agent.probes.timeline import TimelineProbe, _locate
+from infra_agent.probes.timeline import TimelineProbe
+from infra_agent.probes.timeline_locate import locate
 from infra_agent.vocabulary import FindingKind
 from infra_agent.workspace import load_workspace
 
@@ -55,12 +56,12 @@ def test_a_gil_finding_in_an_ep_span_is_located_at_comm_with_the_one_knob_there(
     ws = _example(tmp_path)
     f = Finding(kind=FindingKind.GIL_CONTENTION, message="m", next_question="Release it?",
                 location=Location(thread="engine-loop", span="ep.dispatch|ep.combine", component="runtime", file="moe.py"))
-    _locate(f, {"ep": "comm"}, {"ep.dispatch": "ep", "ep.combine": "ep"}, ws, {})
+    locate(f, {"ep": "comm"}, {"ep.dispatch": "ep", "ep.combine": "ep"}, ws, {})
     assert f.location is not None and f.location.component == "comm" and f.location.knob == "ep_release_gil"
     assert "ep_release_gil" in (f.next_question or "")
     # No span: the default component (runtime) names no knob, though one workspace knob acts there.
     g = Finding(kind=FindingKind.GIL_CONTENTION, message="m", location=Location(thread="engine-loop", component="runtime"))
-    _locate(g, {"ep": "comm"}, {}, ws, {})
+    locate(g, {"ep": "comm"}, {}, ws, {})
     assert g.location is not None and g.location.component == "runtime" and g.location.knob is None
 
 
