@@ -28,7 +28,7 @@ from infra_agent.feedback import Feedback, Location, Tier
 Direction = Literal["higher", "lower"]
 VerdictOutcome = Literal["supported", "refuted", "inconclusive"]
 # The baseline and the final confirmation are measurements, not claims.
-RecordOutcome = Literal["supported", "refuted", "inconclusive", "baseline", "confirmed", "not_confirmed"]
+RecordOutcome = Literal["supported", "refuted", "inconclusive", "baseline", "confirmed", "not_confirmed", "diagnosed"]
 GateOutcome = Literal["pass", "fail", "inconclusive", "error", "skipped"]
 Status = Literal["proposed", "running", "done", "rejected", "error", "timeout", "interrupted"]
 # Exact counts a check reports in Feedback.meta: compared exactly, as differences.
@@ -146,7 +146,8 @@ class Experiment(_Model):
     seq: int
     parent: str | None = None  # None: the baseline itself
     proposer: str = ""
-    role: Literal["baseline", "experiment", "confirm"] = "experiment"
+    # "diagnose": a look-again, the best re-measured for findings (agent/look_again.py).
+    role: Literal["baseline", "experiment", "confirm", "diagnose"] = "experiment"
     hypothesis: Hypothesis
     change: Change = Field(default_factory=Change)
     probe: ProbeCall | None = None

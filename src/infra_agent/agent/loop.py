@@ -36,6 +36,7 @@ from infra_agent.agent.judging import (
     judge,
     side_feedback,
 )
+from infra_agent.agent.look_again import checks_to_rerun, looked_at, run_look_again
 from infra_agent.agent.planner import Plan, Planner
 from infra_agent.agent.progress import RunProgress
 from infra_agent.agent.proposers.base import LoopState, Proposer
@@ -75,14 +76,17 @@ class Loop:
 
     def _state(self) -> LoopState:
         best = self._best()
-        fbs = latest_feedback(accepted_path(self.history, best))
+        # A look-again on the best re-measured its checks: their findings are the newest.
+        looked = [e for e in self.history if e.role == "diagnose" and e.parent == best.id and e.finished]
+        fbs = latest_feedback(accepted_path(self.history, best) + looked)
         return LoopState(workspace=self.ws, run=self.run, best=best, history=list(self.history), feedback=fbs,
                          gates=list(self._table().values()), code_root=self.ws.root,
                          budget_runs_left=self._runs_left(), budget_s_left=self._seconds_left())
 
     def _runs_left(self) -> int | None:
         n = self.opts.get("budget_runs")
-        return None if n is None else n - sum(1 for e in self.history if e.role == "experiment")
+        # A look-again costs a check run, as an experiment does.
+        return None if n is None else n - sum(1 for e in self.history if e.role in ("experiment", "diagnose"))
 
     def _seconds_left(self) -> float | None:
         s = self.opts.get("budget_s")
@@ -170,6 +174,8 @@ class Loop:
                 break
             if step is None:
                 reason = getattr(self.proposer, "stopped_reason", None) or f"the {self.proposer.name} proposer has nothing more to try"
+                if self._look_again(state.best, reason):
+                    continue
                 break
             exp = self._new_experiment(step, state.best)
             self._run_experiment(exp, step)
@@ -182,6 +188,20 @@ class Loop:
         if reason.endswith("spent"):
             self.run.status = "budget"
         self.progress.line(f"stopped: {reason}")
+
+    def _look_again(self, best: Experiment, why: str) -> bool:
+        """Re-run the failing gates' checks on ``best`` once, for fresh findings (agent/look_again.py);
+        False when it was done already, there is nothing to re-run, or it is switched off."""
+        if not self.opts.get("look_again", True):
+            return False
+        done = looked_at(self.history, best)
+        if done is not None and done.finished:
+            return False
+        checks = checks_to_rerun(self.ws, self._table())
+        if not checks:
+            return False
+        exp = run_look_again(self, best, checks, why)
+        return exp.status == "done"
 
     def _new_experiment(self, step: Step, best: Experiment) -> Experiment:
         seq = self.ledger.next_seq(self.run.id)

@@ -53,6 +53,8 @@ class RunOptions(BaseModel):
     confirm: bool = True
     # One more round when the judge cannot decide (agent/top_up.py); off: a verdict per round.
     top_up: bool = True
+    # Re-run the failing gates' checks once per best when the proposer has nothing to try (agent/look_again.py).
+    look_again: bool = True
     keep_going: bool = False
     playbook: str | None = None
     seed: int = 0

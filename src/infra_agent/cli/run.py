@@ -39,6 +39,9 @@ def register(app: typer.Typer) -> None:
         no_confirm: bool = typer.Option(False, "--no-confirm", help="Skip the final best-vs-baseline confirmation."),
         no_top_up: bool = typer.Option(False, "--no-top-up",
                                        help="Judge each experiment on its first round: no extra round when a verdict is undecided."),
+        no_look_again: bool = typer.Option(False, "--no-look-again",
+                                           help="Stop when the proposer has nothing to try, without re-running the failing "
+                                                "gates' checks once for fresh findings."),
         keep_going: bool = typer.Option(False, "--keep-going", help="Go on after every gate passes, until the budget ends."),
         executor: str = typer.Option("local", "--executor", help="Where experiments run: local (subprocesses on this "
                                      "machine) or ray (one Ray task per experiment; needs infra-agent\\[ray])."),
@@ -74,7 +77,7 @@ def register(app: typer.Typer) -> None:
             try:
                 opts = RunOptions(proposer=proposer, budget_runs=budget_runs, budget_s=budget_s, pairs=pairs,  # type: ignore[arg-type]
                                   scenarios=list(scenario) or None, playbook=playbook, seed=seed, blind=blind, model=model,
-                                  base_url=base_url, probe_timeout_s=probe_timeout_s, confirm=not no_confirm, top_up=not no_top_up,
+                                  base_url=base_url, probe_timeout_s=probe_timeout_s, confirm=not no_confirm, top_up=not no_top_up, look_again=not no_look_again,
                                   keep_going=keep_going, executor=executor, address=address,  # type: ignore[arg-type]
                                   task_cpus=task_cpus, task_gpus=task_gpus)
             except ValidationError as exc:

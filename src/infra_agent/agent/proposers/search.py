@@ -341,8 +341,8 @@ class SearchProposer:
     def _take(self, exp: Experiment) -> None:
         """Record one finished experiment: tell its trial, or add it as a finished trial."""
         assert self._study is not None and self._objective is not None
-        if exp.id in self._seen or not exp.finished or exp.role == "confirm":
-            return  # an interrupted experiment runs again and is taken then; a confirmation repeats the best
+        if exp.id in self._seen or not exp.finished or exp.role in ("confirm", "diagnose"):
+            return  # an interrupted experiment runs again and is taken then; a confirmation or a look-again repeats the best
         self._seen.add(exp.id)
         self._experiments.append(exp)
         config = self._config_of(exp)

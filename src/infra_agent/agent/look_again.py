@@ -1,0 +1,78 @@
+"""Look again: when the proposer has nothing to try while a gate still fails, re-run its check.
+
+A trace-tier check samples a few seconds of the target.  The finding that names the
+next fix (the engine waiting on the transfer thread's per-page Python, say) is in most
+samples of that window but not in every one, and a proposer that reads findings has
+nothing to go on when it is missing.  An engineer would measure again before giving
+up; so does the loop, once per best configuration: the checks behind the failing gates
+(or every check, when the failing gates are not checks) run anew on the best's code,
+and the proposer is asked again with their findings.
+
+What a look-again is, and is not:
+- an experiment of role ``diagnose`` with no change, whose question is "where does the
+  remaining gap come from?"; it counts against ``--budget-runs`` like an experiment,
+  since it costs a check run;
+- its checks join the best configuration's feedback (``Loop._state``), newest last;
+- it leaves the gate table alone: a re-measure that passes by noise is not a fix, and
+  a gate changes only through an experiment's verdict or the confirmation.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from infra_agent.agent.experiment import Cost, Experiment, Hypothesis, Verdict
+from infra_agent.feedback import Tier
+
+
+def checks_to_rerun(ws: Any, table: dict[str, Any]) -> list[str]:
+    """The checks behind the failing gates; every check when the failing gates are criteria."""
+    names = [c.name for c in ws.checks]
+    failing = [g for g in table.values() if g.outcome == "fail"]
+    if not failing:
+        return []
+    behind = [g.name for g in failing if g.kind == "check" and g.name in names]
+    return behind or names
+
+
+def looked_at(history: list[Experiment], best: Experiment) -> Experiment | None:
+    """The look-again already run (or left unfinished by a killed run) on ``best``."""
+    return next((e for e in history if e.role == "diagnose" and e.parent == best.id), None)
+
+
+def run_look_again(loop: Any, best: Experiment, checks: list[str], why: str) -> Experiment:
+    """Re-run ``checks`` on ``best`` with fresh samples; the experiment records their feedback."""
+    again = looked_at(loop.history, best)
+    seq = again.seq if again is not None else loop.ledger.next_seq(loop.run.id)
+    gates = ", ".join(sorted(g.name for g in loop._table().values() if g.outcome == "fail"))
+    hyp = Hypothesis(statement=f"look again: {why}, while {gates} fail(s); a fresh run of {', '.join(checks)} "
+                               f"on {best.id} may carry the finding that names the next change",
+                     metric="-", direction="higher")
+    exp = Experiment(id=again.id if again is not None else f"e{seq}", run_id=loop.run.id, seq=seq, parent=best.id,
+                     role="diagnose", proposer=loop.proposer.name, hypothesis=hyp, knobs=dict(best.knobs),
+                     commit=best.commit, base_commit=best.commit or best.base_commit)
+    exp.status, exp.started_at = "running", time.time()
+    loop._save(exp)
+    loop.progress.experiment(exp, f"{', '.join(checks)}/check again on {best.id}")
+    # Fresh: the executor's cache holds the very runs whose findings named nothing.
+    with loop.executor.fresh_checks():
+        ex = loop.executor.measure(exp, [], 0, checks, loop.progress.event)
+    exp.checks = dict(ex.checks)
+    exp.cost = Cost(wall_s=ex.wall_s, tier=Tier.check, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
+    exp.finished_at = time.time()
+    if ex.status != "done" and not exp.checks:
+        exp.status, exp.error = ex.status, ex.error or ex.status
+    else:
+        exp.status = "done"
+        found = [f for fb in exp.checks.values() for f in fb.findings]
+        named = sorted({f"{f.kind}" + (f" at {f.location.component}" if f.location and f.location.component else "")
+                        for f in found})
+        exp.verdict = Verdict(outcome="diagnosed", message=f"{len(found)} finding(s) on a fresh run"
+                              + (f": {'; '.join(named[:6])}" if named else ""))
+    loop._save(exp)
+    loop.progress.finished(exp, best, list(loop._table().values()))
+    return exp
+
+
+__all__ = ["checks_to_rerun", "looked_at", "run_look_again"]
