@@ -442,3 +442,23 @@ def test_stops_when_every_configuration_is_tried(tmp_path: Path) -> None:
     assert p.study is not None and len(p.study.trials) == 2
     assert p.propose(state) is None
     assert p.stopped_reason is not None and "no untried configuration" in p.stopped_reason
+
+
+def test_a_knob_a_finding_names_is_tried_alone_before_the_top_k_space(tmp_path: Path) -> None:
+    text = (EXAMPLE / "infra-agent.yaml").read_text().replace(
+        "    choices: [fp32, tf32, 3xtf32, bf16]\n    default: fp32\n    components: [model.lm_head]",
+        "    choices: [fp32, tf32, 3xtf32, bf16]\n    default: fp32\n    components: [engine.scheduler]")
+    (tmp_path / "infra-agent.yaml").write_text(text)
+    ws = load_workspace(tmp_path)
+    named = Finding(kind="queue_dominates_ttft", severity="warning", message="m",
+                    location=Location(component="engine.scheduler", knob="lm_head_precision"))
+    p = SearchProposer(seed=3, widen_after=100)  # the default top_k, 2
+    _, steps, _ = simulate(ws, p, 5, [named], objective=lambda c: 500.0)
+    assert p.stages[0] == ("lm_head_precision",) and len(p.stages[1]) == 2 and p.stages[1][0] == "lm_head_precision"
+    assert [set(s.change.knobs) for s in steps[:3]] == [{"lm_head_precision"}] * 3
+    assert set(steps[3].change.knobs) == set(p.stages[1])
+    assert p.widenings[0].endswith("every configuration of lm_head_precision tried")
+    # Without a named knob the first stage is the top two, as before.
+    q = SearchProposer(seed=3)
+    simulate(ws, q, 1, [QUEUE], objective=lambda c: 500.0)
+    assert len(q.stages[0]) == 2

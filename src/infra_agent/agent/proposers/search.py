@@ -397,6 +397,12 @@ class SearchProposer:
             self._stages = [tuple(positive[:i]) for i in range(self.top_k, len(positive) + self.top_k, self.top_k)]
             if len(positive) < len(order):
                 self._stages.append(tuple(order))
+            # A knob a finding names is tried alone first: the measurement said where to look,
+            # and sampling a second knob with it would blur what the first trials answer
+            # (case B: ``ep_release_gil`` beside a random ``max_batch_tokens``).  A discrete
+            # knob's stage ends when its values are tried; a continuous one's when stale.
+            if self._ranking[0].named and len(self._stages[0]) > 1:
+                self._stages.insert(0, (self._ranking[0].name,))
         # A restored run continues in the stage its last trial searched.
         own = [r for r in self._records if r.active is not None]
         if own:
