@@ -462,3 +462,27 @@ def test_a_knob_a_finding_names_is_tried_alone_before_the_top_k_space(tmp_path: 
     q = SearchProposer(seed=3)
     simulate(ws, q, 1, [QUEUE], objective=lambda c: 500.0)
     assert len(q.stages[0]) == 2
+
+
+def test_a_new_best_whose_findings_name_another_knob_restarts_the_space_there(ws: Workspace) -> None:
+    p = SearchProposer(seed=4)
+    state = make_state(ws, [QUEUE])
+    first = p.propose(state)
+    assert first is not None and set(first.change.knobs) == set(p.stages[0])
+    exp = run_step(state, first, 2000.0)
+    state.history.append(exp)
+    p.observe(state, exp)
+    # Accepted; the new best's check names a knob the baseline's findings did not point at.
+    state.best = exp
+    state.feedback = [Feedback(probe="serving", tier=Tier.e2e, findings=[Finding(
+        kind="step_overhead", severity="warning", message="m", location=Location(component="runtime", knob="torch_threads"))])]
+    second = p.propose(state)
+    assert second is not None and set(second.change.knobs) == {"torch_threads"}
+    assert p.stages[0] == ("torch_threads",) and p.widenings[-1] == f"re-ranked on {exp.id}'s findings: torch_threads first"
+    # The same findings on the same best do not restart it again.
+    stages = list(p.stages)
+    exp2 = run_step(state, second, 2000.0)
+    state.history.append(exp2)
+    p.observe(state, exp2)
+    p.propose(state)
+    assert p.stages == stages

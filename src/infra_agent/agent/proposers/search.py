@@ -152,6 +152,7 @@ class SearchProposer:
         self._tried_changes: set[str] = set()
         self._pending: _Pending | None = None
         self._ranking: list[KnobScore] | None = None
+        self._ranked_on: str | None = None  # the best experiment whose findings made the ranking
         self._stages: list[tuple[str, ...]] = []
         self._stage = 0
         self._stage_start = 0  # index into this proposer's own records where the stage began
@@ -219,6 +220,8 @@ class SearchProposer:
             self._pending = None
         if self._ranking is None:
             self._rank(state)
+        elif state.best.id != self._ranked_on and not self.blind:
+            self._rerank(state)
         base = self._best_config(state)
         tried_changes = self._tried_changes | state.tried()
         while True:
@@ -386,23 +389,41 @@ class SearchProposer:
 
     # ------------------------------------------------------------ the active space
 
-    def _rank(self, state: LoopState) -> None:
-        ranking = rank_knobs(state.workspace, state.findings, state.failing_gates)
-        self._ranking = [s for s in ranking if s.name in self._dists]
-        order = [s.name for s in self._ranking]
-        positive = [s.name for s in self._ranking if s.score > 0]
+    def _stages_of(self, state: LoopState) -> tuple[list[KnobScore], list[tuple[str, ...]]]:
+        ranking = [s for s in rank_knobs(state.workspace, state.findings, state.failing_gates) if s.name in self._dists]
+        order = [s.name for s in ranking]
+        positive = [s.name for s in ranking if s.score > 0]
         if self.blind or not positive:
-            self._stages = [tuple(order)]
-        else:
-            self._stages = [tuple(positive[:i]) for i in range(self.top_k, len(positive) + self.top_k, self.top_k)]
-            if len(positive) < len(order):
-                self._stages.append(tuple(order))
-            # A knob a finding names is tried alone first: the measurement said where to look,
-            # and sampling a second knob with it would blur what the first trials answer
-            # (case B: ``ep_release_gil`` beside a random ``max_batch_tokens``).  A discrete
-            # knob's stage ends when its values are tried; a continuous one's when stale.
-            if self._ranking[0].named and len(self._stages[0]) > 1:
-                self._stages.insert(0, (self._ranking[0].name,))
+            return ranking, [tuple(order)]
+        stages = [tuple(positive[:i]) for i in range(self.top_k, len(positive) + self.top_k, self.top_k)]
+        if len(positive) < len(order):
+            stages.append(tuple(order))
+        # A knob a finding names is tried alone first: the measurement said where to look,
+        # and sampling a second knob with it would blur what the first trials answer
+        # (case B: ``ep_release_gil`` beside a random ``max_batch_tokens``).  A discrete
+        # knob's stage ends when its values are tried; a continuous one's when stale.
+        if ranking[0].named and len(stages[0]) > 1:
+            stages.insert(0, (ranking[0].name,))
+        return ranking, stages
+
+    def _rerank(self, state: LoopState) -> None:
+        """A new best brings its own findings: when they point at other knobs, the search
+        starts over from their first stage (the study keeps every trial for TPE).
+
+        Case B: once ``ep_release_gil`` is accepted, the next check finds the engine waiting
+        on the transfer thread (``gil_contention`` at ``kv_transfer``), which the
+        baseline's ranking never pointed at."""
+        self._ranked_on = state.best.id
+        ranking, stages = self._stages_of(state)
+        if stages == self._stages:
+            return
+        self._ranking, self._stages, self._stage = ranking, stages, 0
+        self._stage_start = sum(r.active is not None for r in self._records)
+        self._widenings.append(f"re-ranked on {state.best.id}'s findings: {', '.join(stages[0])} first")
+
+    def _rank(self, state: LoopState) -> None:
+        self._ranked_on = state.best.id
+        self._ranking, self._stages = self._stages_of(state)
         # A restored run continues in the stage its last trial searched.
         own = [r for r in self._records if r.active is not None]
         if own:
