@@ -74,14 +74,14 @@ def _verdicts(ws: Path, run_id: str) -> list[tuple[Any, ...]]:
     return [(e.change.knobs, e.status, e.verdict.outcome if e.verdict else None, e.accepted) for e in exps]
 
 
-def test_ray_run_gives_the_local_verdicts(cluster: str, tmp_path: Path) -> None:
+def test_ray_run_gives_the_verdicts_of_the_scenario(cluster: str, tmp_path: Path) -> None:
+    # The verdicts follow from the scenario (PLAYBOOK's comment), and a local run of this
+    # playbook gives them too (it was run beside this one until CI time ran short; the local
+    # executor's verdicts on real servers are tested in test_loop.py).  Top-up off: a second
+    # round would double the test's time without changing what it checks.
     playbook = tmp_path / "playbook.yaml"
     playbook.write_text(PLAYBOOK)
-    local_ws, ray_ws = _workspace(tmp_path / "local"), _workspace(tmp_path / "ray")
-    # top_up off on both sides: the test compares executors round for round, and a second
-    # round would double its time in CI without changing what it compares.
-    local = start_run(local_ws, RunOptions(proposer="rules", playbook=str(playbook), budget_runs=2, confirm=False,
-                                           top_up=False), progress=False)
+    ray_ws = _workspace(tmp_path / "ray")
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "infra_agent.cli.main", "run", str(ray_ws), "--executor", "ray",
                            "--address", cluster, "--playbook", str(playbook), "--budget-runs", "2", "--no-confirm",
@@ -90,7 +90,6 @@ def test_ray_run_gives_the_local_verdicts(cluster: str, tmp_path: Path) -> None:
     run = json.loads(proc.stdout)
     assert run["options"]["executor"] == "ray" and run["status"] == "budget", run
     expected = [({"max_running": 4}, "done", "supported", True), ({"max_running": 1}, "done", "refuted", False)]
-    assert _verdicts(local_ws, local.id) == expected
     assert _verdicts(ray_ws, run["id"]) == expected
     with Ledger.for_workspace(ray_ws) as ledger:
         exps = ledger.experiments(run["id"])
