@@ -87,6 +87,7 @@ class FindingKind:
     SPAN_TREND: Final = "span_trend"
     STEP_OVERHEAD: Final = "step_overhead"
     LATENCY_RISES_WITH_POSITION: Final = "latency_rises_with_position"
+    GC_PAUSE: Final = "gc_pause"
     DELTA_ATTRIBUTION: Final = "delta_attribution"
     SAMPLER_UNAVAILABLE: Final = "sampler_unavailable"
     # quality probe (teacher-forced logprobs, candidate against baseline)

@@ -167,6 +167,10 @@ KNOBS: tuple[Knob, ...] = (
          "Expert-parallel dispatch/combine: the native section (token shuffle, then a wait for the peer ranks) "
          "releases the GIL (true) or holds it while it works and waits (false, as an EP library that never drops "
          "it), so other Python threads of the process (the KV transfer thread) cannot run meanwhile."),
+    Knob("gc_freeze", "bool", True, ("runtime.gc",),
+         "After the engine is built, collect once and freeze every live object (gc.freeze, as vLLM does at "
+         "startup), so the cyclic collector's full collections no longer walk the model's and the imports' "
+         "objects; false leaves the collector alone (full collections then stall a step for ~100 ms on small)."),
     Knob("ep_link_gbps", "float", 0.0, ("model.moe",),
          "Modelled link bandwidth (GB/s) of the expert-parallel exchange: dispatch and combine each wait "
          "(bytes of token rows crossing ranks) / bandwidth in native code, at most 50 ms; 0 = no wait (all ranks "

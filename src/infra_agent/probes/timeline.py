@@ -19,7 +19,8 @@ keeps a server running, else the workspace target launched with this run's knobs
 
 The Feedback holds the serving probe's measurements of the window (the same names, so
 the judge compares e2e metrics across probes), the timeline's own (``overlap_share``,
-``gil_wait_share``, ``thread_busy_share``, ``gil_holder_share``) and the merged Perfetto
+``gil_wait_share``, ``thread_busy_share``, ``gil_holder_share``, and from the collector's
+spans ``gc_pause_ms``, the window's longest collection, and ``gc_share``) and the merged Perfetto
 trace as an artifact.
 
 **Comparing two values of a knob** (``compare_knob``): the probe starts two servers of
@@ -63,10 +64,11 @@ from infra_agent.workspace.models import Scenario
 # Span category (or name prefix) -> the component a finding about it is located in.
 DEFAULT_SPAN_COMPONENTS: dict[str, str] = {
     "ep": "comm", "comm": "comm", "nccl": "comm", "kv": "kv_transfer", "transfer": "kv_transfer",
-    "engine": "engine", "http": "server", "model": "model",
+    "engine": "engine", "http": "server", "model": "model", "gc": "runtime.gc",
 }
 # Metrics a timeline run reports beside the serving ones.
 TIMELINE_METRICS: tuple[str, ...] = ("overlap_share", "gil_wait_share", "thread_busy_share", "gil_holder_share",
+                                     "gc_pause_ms", "gc_share",
                                      "input_throughput")
 
 

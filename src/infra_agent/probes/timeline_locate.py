@@ -35,14 +35,18 @@ def component_of(span: str | None, components: dict[str, str], cats: dict[str, s
 
 
 def knobs_for(ws: Any, component: str) -> list[str]:
-    """Workspace knobs whose components act on ``component`` (calibration knobs left out)."""
-    out = []
+    """Workspace knobs whose components act on ``component`` (calibration knobs left out);
+    those declared on exactly ``component`` alone when there are any (``gc_freeze`` on
+    ``runtime.gc``, not every knob on ``runtime``)."""
+    out, exact = [], []
     for name, k in ws.knobs.items():
         if (k.help or "").lower().startswith("calibration") or name in ("trace",):
             continue
         if any(related(c, component) for c in k.components):
             out.append(name)
-    return out
+            if component in k.components:
+                exact.append(name)
+    return exact or out
 
 
 def locate(f: Finding, components: dict[str, str], cats: dict[str, str], ws: Any, hints: dict[str, str]) -> None:
@@ -60,6 +64,11 @@ def locate(f: Finding, components: dict[str, str], cats: dict[str, str], ws: Any
     if loc.knob is None and ws is not None and comp is not None and f.kind in (
             FindingKind.GIL_CONTENTION, FindingKind.NO_OVERLAP):
         knobs = knobs_for(ws, comp)
+        if len(knobs) == 1:
+            loc.knob = knobs[0]
+    # A collector pause is located by the finding itself (``runtime.gc``), not by a span.
+    if loc.knob is None and ws is not None and f.kind == FindingKind.GC_PAUSE and loc.component:
+        knobs = knobs_for(ws, loc.component)
         if len(knobs) == 1:
             loc.knob = knobs[0]
     if loc.knob and f.next_question and loc.knob not in f.next_question:

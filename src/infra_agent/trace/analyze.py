@@ -15,6 +15,7 @@ from itertools import pairwise
 from typing import Any
 
 from infra_agent.trace.critical import CriticalPath, critical_paths
+from infra_agent.trace.gc_pauses import GC_SPAN, GCPauses, gc_pauses
 from infra_agent.trace.gil import (
     WaitReport,
     holder_shares,
@@ -74,6 +75,7 @@ class TimelineReport:
     trends: list[Any] = field(default_factory=list)  # trends.SpanTrend
     step_shares: Any = None  # trends.StepShares
     samples: int = 0
+    gc: GCPauses | None = None  # the cyclic collector's pauses, when the trace has gc spans
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -88,6 +90,7 @@ class TimelineReport:
             "critical_paths": [p.to_dict() for p in self.paths],
             "trends": [t.to_dict() for t in self.trends],
             "step_shares": self.step_shares.to_dict() if self.step_shares is not None else None,
+            "gc": self.gc.to_dict() if self.gc is not None else None,
         }
 
 
@@ -195,9 +198,11 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
     return TimelineReport(
         window=window, sources=timeline.sources, warnings=list(timeline.warnings),
         threads=thread_times(spans, window, waiting_by_thread),
-        overlap=overlap_matrix(spans, by=by), waits=waits, holder_spans=holder_spans, expected=expected,
+        # Collector pauses stop every thread rather than run beside them: not a group of work
+        # for the overlap matrix (they have their own report, ``gc``).
+        overlap=overlap_matrix([s for s in spans if s.cat != GC_SPAN], by=by), waits=waits, holder_spans=holder_spans, expected=expected,
         gaps=thread_gaps, paths=critical_paths(timeline),
         trends=trends_mod.span_trends(spans, context_args=context_args),
         step_shares=trends_mod.step_shares(spans, step_span=step_span, model_spans=model_spans),
-        samples=len(timeline.samples),
+        samples=len(timeline.samples), gc=gc_pauses(spans, window),
     )

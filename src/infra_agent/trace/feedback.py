@@ -22,6 +22,10 @@ WAIT_US_MIN = 1000.0
 EXPECT_SHARE_MIN = 0.2
 STEP_OVERHEAD_MIN = 0.2
 IDLE_SHARE_MIN = 0.5
+# A collection this long stalls a step many times over (a decode step is ~0.3-10 ms here);
+# or the collector's total share of the window, whichever fires first.
+GC_PAUSE_MIN_US = 20_000.0
+GC_SHARE_MIN = 0.02
 
 
 def _knob(hints: dict[str, str], *texts: str) -> str | None:
@@ -131,6 +135,23 @@ def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
                     f"(largest: {top_name} {_pct(shares.get(top_name, ss.untraced_us / ss.step_us))})",
             location=Location(span=top_name, component="engine.loop"), evidence=ss.to_dict(),
             next_question=f"Can {top_name} move off the step's critical path (overlap it with the forward pass, or batch it)?"))
+    gcp = report.gc
+    if gcp is not None and (gcp.longest_us >= GC_PAUSE_MIN_US or gcp.share >= GC_SHARE_MIN):
+        thread = next(iter(sorted(gcp.by_thread, key=lambda t: -gcp.by_thread[t])), None)
+        full = gcp.by_generation.get(2, {})
+        knob = _knob(hints, "gc")
+        out.append(Finding(
+            kind=FindingKind.GC_PAUSE, severity="warning",
+            message=f"Python's garbage collector stopped the process for {gcp.total_us / 1e3:.1f} ms in {gcp.count} "
+                    f"collection(s), {_pct(gcp.share)} of the window; the longest, generation "
+                    f"{gcp.longest_generation}, took {gcp.longest_us / 1e3:.1f} ms"
+                    + (f" ({int(full['count'])} full collection(s), {full['total_us'] / 1e3:.1f} ms)" if full else "")
+                    + (f", on thread {thread}" if thread else ""),
+            location=Location(component="runtime.gc", span="gc", thread=thread, knob=knob),
+            evidence={**gcp.to_dict(), "share": gcp.share},
+            next_question="Does a full collection walk objects that live for the whole run (the model's modules and "
+                          "tensors, the imports)? Freeze them once startup is done (gc.collect(); gc.freeze(), as vLLM "
+                          "and SGLang do)" + (f": try knob {knob}." if knob else ", or raise the collector's thresholds.")))
     if position is not None and position.rising and position.fit is not None:
         out.append(Finding(
             kind=FindingKind.LATENCY_RISES_WITH_POSITION, severity="warning",
@@ -150,6 +171,11 @@ def measurements(report: TimelineReport) -> list[Measurement]:
                                      interval=w.group) for w in report.waits[:8]]
     out += [Measurement.from_samples("overlap_share", "ratio", [e.share_of_a], better="higher", interval=f"{e.a}|{e.b}")
             for e in report.expected]
+    if report.gc is not None:
+        # The longest stop of the window: what one unlucky step (and every stream in it) waited.
+        out.append(Measurement.from_samples("gc_pause_ms", "ms", [report.gc.longest_us / 1e3], better="lower",
+                                            component="runtime.gc"))
+        out.append(Measurement.from_samples("gc_share", "ratio", [report.gc.share], better="lower", component="runtime.gc"))
     return out
 
 

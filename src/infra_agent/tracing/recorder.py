@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import json
 import os
 import threading
@@ -176,8 +177,41 @@ def get_tracer() -> Tracer:
                 tracer = Tracer(path=path, enabled=path is not None, level=os.environ.get(LEVEL_ENV_VAR) or "layer")
                 if path is not None:
                     atexit.register(_dump_at_exit, tracer)
+                    _watch_gc()
                 _TRACER = tracer
     return _TRACER
+
+
+# The start of the collection in progress: collections never nest, and the thread that
+# triggers one holds the GIL until it ends, so one slot serves every thread.
+_GC_START = [0]
+
+
+def _on_gc(phase: str, info: dict[str, Any]) -> None:
+    """A ``gc`` span per collection of the cyclic collector, on the thread it stalled.
+
+    A full collection walks every tracked object of the process (~100 ms for a serving
+    engine whose heap is not frozen) and stops the thread that allocated at that moment,
+    mid-step; without its own span that time is silently part of whatever span was open.
+    """
+    tracer = _TRACER
+    if tracer is None or not tracer.enabled or "gc" in tracer.skip_cats:
+        _GC_START[0] = 0
+        return
+    if phase == "start":
+        _GC_START[0] = perf_counter_ns()
+        return
+    start, _GC_START[0] = _GC_START[0], 0
+    if start:
+        tracer.record("gc", "gc", start, perf_counter_ns() - start,
+                      {"generation": int(info.get("generation", -1)), "collected": int(info.get("collected", 0)),
+                       "uncollectable": int(info.get("uncollectable", 0))})
+
+
+def _watch_gc() -> None:
+    """Record collections from now on (idempotent; the callback checks the tracer each time)."""
+    if _on_gc not in gc.callbacks:
+        gc.callbacks.append(_on_gc)
 
 
 def _dump_at_exit(tracer: Tracer) -> None:
@@ -252,6 +286,7 @@ def enable(path: str | os.PathLike[str] | None = None, level: str | None = None)
         tracer.skip_cats = level_skips(level)
         tracer.level = level
     tracer.enabled = True
+    _watch_gc()
     return tracer
 
 

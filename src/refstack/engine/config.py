@@ -89,6 +89,11 @@ class EngineConfig:
     # modelled link bandwidth its spin-wait stands for (0: no wait).
     ep_release_gil: bool = True
     ep_link_gbps: float = 0.0
+    # Move everything alive after the engine is built (the model's modules and tensors,
+    # torch's and the server's imports) out of the cyclic collector's reach, as vLLM does
+    # after startup: a full collection otherwise walks that whole heap, 80-100 ms on the
+    # small preset, and stalls the step it lands in (docs/refstack.md, "GC pauses").
+    gc_freeze: bool = True
     # Disaggregated serving (refstack.disagg): whether the prefill worker's transfer
     # thread moves the KV pages (else they move in bulk on the engine thread), and the
     # tokens per attention KV page.  Unused by a single engine.

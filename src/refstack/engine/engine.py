@@ -9,6 +9,8 @@ asyncio consumer; ``generate()`` is the synchronous form for tests and benchmark
 from __future__ import annotations
 
 import asyncio
+import atexit
+import gc
 import itertools
 import logging
 import threading
@@ -57,6 +59,23 @@ def _rows_on_host(ready: list[tuple[ScheduledChunk, torch.Tensor]]) -> list[tupl
         return ready
     rows = torch.stack([row for _, row in ready]).cpu()
     return [(c, rows[i]) for i, (c, _) in enumerate(ready)]
+
+
+_UNFREEZE_AT_EXIT: list[bool] = []
+
+
+def freeze_heap() -> None:
+    """Collect once, then freeze every object alive (``gc.freeze``): later collections,
+    including the full ones, walk only what was allocated since.  Process-wide, as the
+    collector is; ``--gc-freeze false`` leaves it alone."""
+    gc.collect()
+    gc.freeze()
+    # Back into the collector's reach at exit, so shutdown collects them as it would have
+    # (extension types that count their live instances, nanobind's in triton, otherwise
+    # report the frozen ones as leaked).
+    if not _UNFREEZE_AT_EXIT:
+        atexit.register(gc.unfreeze)
+        _UNFREEZE_AT_EXIT.append(True)
 
 
 class QueueFullError(RuntimeError):
@@ -143,6 +162,8 @@ class Engine:
         # Read by /metrics from other threads; written once per step by the loop thread.
         self.num_running = 0
         self.num_slots_used = 0
+        if config.gc_freeze:
+            freeze_heap()
 
     # ---- thread-safe front door -------------------------------------------------
     @property

@@ -246,3 +246,18 @@ def test_an_explicit_dtype_that_contradicts_the_given_model_is_refused() -> None
     with pytest.raises(ValueError, match="dtype='bfloat16' but the model given was built with dtype='float32'"):
         Engine(EngineConfig(preset="tiny", dtype="bfloat16"), model=model, tokenizer=TOK)
     assert Engine(EngineConfig(preset="tiny", dtype="float32"), model=model, tokenizer=TOK).dtype == "float32"
+
+
+def test_gc_freeze_moves_the_built_engine_out_of_the_collectors_reach(model: HybridModel) -> None:
+    import gc
+
+    gc.unfreeze()
+    try:
+        make_engine(model, gc_freeze=False)
+        assert gc.get_freeze_count() == 0
+        make_engine(model, gc_freeze=True)
+        # The model's modules and tensors are frozen: a full collection no longer walks them.
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000
+    finally:
+        gc.unfreeze()
