@@ -1,141 +1,130 @@
-"""What Python's garbage collector costs refstack's decode steps, with and without ``--gc-freeze``.
+"""What Python's garbage collector costs a refstack server, with and without ``--gc-freeze``.
 
-    python bench/gc_freeze.py [--preset small] [--batch 32] [--gen-len 64] [--repeats 12] [--json out.json]
+    python bench/gc_freeze.py [--preset small] [--turns 4] [--num-requests 160] [--concurrency 16] [--json out.json]
 
-Two worker processes build the same engine (same seed, one torch thread), one with
-``gc_freeze=False`` (the collector walks the whole heap on a full collection) and one
-with ``gc_freeze=True`` (the default: everything alive after the engine is built is
-frozen, as vLLM and SGLang do after startup).  They take turns, one ``generate`` of
-``--batch`` prompts each per turn, the order alternating, so drift hits both alike.
-Per decode step the workers record its wall time; per collection its generation and
-duration (``gc.callbacks``).  Reported per setting: median, p99 and max step time, the
-collections by generation with their total and longest time, and decode tok/s; the
-ratios are frozen / not frozen, with the tok/s ratio's bootstrap 95% CI over the turns.
+Two servers of the same preset and seed run side by side, ``--gc-freeze false`` (a full
+collection walks every object alive since startup: the model's modules and tensors,
+torch's and the web stack's imports) and ``--gc-freeze true`` (the default: all of that
+is frozen once the engine is built, as vLLM and SGLang do after startup).  Both run
+with ``--trace true``.  They take turns, the order alternating: per turn, the span buffer
+is cleared, ``infra-agent bench`` sends ``--num-requests`` streamed completions
+(``--concurrency`` at a time) and the window's trace is fetched.  Reported per setting,
+over the turns: the collections by generation from the trace's ``gc`` spans (count,
+total and longest ms), and from the client's inter-token latencies the median, p99,
+p99.9 and max.  A collection stops every stream in flight once, so it shows in the
+tail (p99.9, max) and not in the median; the ratio column is frozen / not frozen.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 
-def worker(args: argparse.Namespace) -> None:
-    import gc
-    import random
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
-    from refstack.engine import Engine, EngineConfig, SamplingParams
-    from refstack.model import ByteTokenizer
 
-    engine = Engine(EngineConfig(preset=args.preset, max_running=args.batch, max_batch_tokens=args.batch * 32,
-                                 prefill_chunk=32, torch_threads=1, gc_freeze=args.freeze),
-                    tokenizer=ByteTokenizer())
-    pauses: list[tuple[int, float]] = []
-    t0 = [0.0]
+def start(preset: str, freeze: bool) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(["refstack", "serve", "--preset", preset, "--port", str(port), "--trace", "true",
+                             "--gc-freeze", str(freeze).lower(), "--torch-threads", "1", "--log-level", "error"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).read()
+            return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit(f"refstack serve --gc-freeze {str(freeze).lower()} exited ({proc.returncode})") from None
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"refstack serve did not become ready at {url} in 180 s")
 
-    def on_gc(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            t0[0] = time.perf_counter()
-        else:
-            pauses.append((int(info["generation"]), time.perf_counter() - t0[0]))
 
-    gc.callbacks.append(on_gc)
-    params = SamplingParams(max_tokens=args.gen_len, temperature=0.0, ignore_eos=True)
-    rng = random.Random(0)
-    for line in sys.stdin:  # one line per turn
-        prompts = [[rng.randrange(256) for _ in range(32)] for _ in range(args.batch)]
-        done: list[int] = []
-        for p in prompts:
-            engine.add_request(p, params, lambda out: done.append(1) if out.finished else None)
-        pauses.clear()
-        engine.step()  # the prefill, not timed
-        steps = []
-        while True:
-            s = time.perf_counter()
-            if not engine.step():
-                break
-            steps.append(time.perf_counter() - s)
-        print(json.dumps({"steps": steps, "pauses": list(pauses), "frozen": gc.get_freeze_count()}), flush=True)
+def window(url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    urllib.request.urlopen(url + "/debug/trace?reset=true", timeout=60).read()
+    subprocess.run(["infra-agent", "bench", url, "--num-requests", str(args.num_requests), "--max-concurrency",
+                    str(args.concurrency), "--input-len", "64", "--output-len", "64", "--warmup-requests", "2",
+                    "--seed", str(args.seed), "-o", str(out)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trace = json.loads(urllib.request.urlopen(url + "/debug/trace", timeout=60).read())
+    result = json.loads(out.read_text())
+    result = result.get("result", result)
+    gcs = [(int(e["args"].get("generation", -1)), e["dur"] / 1e3) for e in trace["traceEvents"] if e.get("name") == "gc"]
+    itls = [g * 1e3 for r in result["itls"] for g in r]
+    return {"gc": gcs, "itl_ms": itls, "output_throughput": result["output_throughput"]}
+
+
+def summarise(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    itl = np.array([x for t in turns for x in t["itl_ms"]])
+    gcs = [g for t in turns for g in t["gc"]]
+    by_gen = {}
+    for gen in sorted({g for g, _ in gcs}):
+        durs = [d for g, d in gcs if g == gen]
+        by_gen[gen] = {"count": len(durs), "total_ms": sum(durs), "longest_ms": max(durs)}
+    return {"by_generation": by_gen, "gc_total_ms": sum(d for _, d in gcs), "gc_longest_ms": max((d for _, d in gcs), default=0.0),
+            "itl_p50_ms": float(np.percentile(itl, 50)), "itl_p99_ms": float(np.percentile(itl, 99)),
+            "itl_p999_ms": float(np.percentile(itl, 99.9)), "itl_max_ms": float(itl.max()),
+            "output_throughput": float(np.mean([t["output_throughput"] for t in turns])), "itls": int(itl.size)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--gen-len", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=12)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--num-requests", type=int, default=160)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--freeze", type=lambda v: v == "true", default=True, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
-        worker(args)
-        return 0
-    base = [sys.executable, str(Path(__file__).resolve()), "--worker", "--preset", args.preset, "--batch", str(args.batch),
-            "--gen-len", str(args.gen_len)]
-    procs = {name: subprocess.Popen([*base, "--freeze", flag], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-             for name, flag in (("not frozen", "false"), ("frozen", "true"))}
-    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in procs}
+    settings = {"not frozen": False, "frozen": True}
+    servers = {name: start(args.preset, flag) for name, flag in settings.items()}
+    turns: dict[str, list[dict[str, Any]]] = {name: [] for name in settings}
     try:
-        for r in range(args.repeats + 1):  # the first turn warms up, not counted
-            for name in (list(procs) if r % 2 == 0 else list(procs)[::-1]):
-                p = procs[name]
-                assert p.stdin is not None and p.stdout is not None
-                p.stdin.write("go\n")
-                p.stdin.flush()
-                line = p.stdout.readline()
-                if not line:
-                    raise SystemExit(f"the {name} worker exited ({p.wait()})")
-                if r:
-                    runs[name].append(json.loads(line))
-                print(f"  turn {r}/{args.repeats} {name}", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory(prefix="gc-freeze-") as tmp:
+            for t in range(args.turns):
+                for name in (list(settings) if t % 2 == 0 else list(settings)[::-1]):
+                    turns[name].append(window(servers[name][1], args, Path(tmp) / f"{name}-{t}.json"))
+                    print(f"  turn {t + 1}/{args.turns} {name}: {len(turns[name][-1]['gc'])} collections, longest "
+                          f"{max((d for _, d in turns[name][-1]['gc']), default=0.0):.1f} ms", file=sys.stderr, flush=True)
     finally:
-        for p in procs.values():
-            if p.stdin:
-                p.stdin.close()
-            p.wait(30)
-    rows = {name: summarise(rs, args.batch) for name, rs in runs.items()}
-    a, b = runs["not frozen"], runs["frozen"]
-    ratios = np.array([tps(y, args.batch) / tps(x, args.batch) for x, y in zip(a, b)])
-    boot = np.random.default_rng(0).choice(ratios, (5000, len(ratios))).mean(axis=1)
-    out = {"meta": {"preset": args.preset, "batch": args.batch, "gen_len": args.gen_len, "repeats": args.repeats,
-                    "command": "python bench/gc_freeze.py " + " ".join(sys.argv[1:])},
-           "settings": rows, "tok_s_ratio": {"mean": float(ratios.mean()), "ci": [float(np.percentile(boot, 2.5)),
-                                                                              float(np.percentile(boot, 97.5))]}}
-    print(f"# refstack {args.preset}, batch {args.batch}, {args.gen_len} tokens, {args.repeats} turns each, one torch thread")
-    print("| setting | objects frozen | step p50 ms | step p99 ms | step max ms | full collections (total / longest ms) "
-          "| young collections (total ms) | decode tok/s |")
+        for proc, _ in servers.values():
+            os.killpg(proc.pid, 15)
+            proc.wait(30)
+    rows = {name: summarise(ts) for name, ts in turns.items()}
+    print(f"# refstack {args.preset}, {args.turns} turns x {args.num_requests} requests ({args.concurrency} at a time, "
+          f"64 in / 64 out), one torch thread per server; collections from the servers' gc spans")
+    print("| setting | full collections: n, total / longest ms | young (gen 0-1): n, total ms | ITL p50 | p99 | p99.9 | max ms "
+          "| output tok/s |")
     print("|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
-        print(f"| {name} | {r['frozen']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.2f} | {r['full']} "
-              f"({r['full_ms']:.0f} / {r['full_longest_ms']:.0f}) | {r['young']} ({r['young_ms']:.1f}) | {r['tok_s']:.0f} |")
+        full = r["by_generation"].get(2, {"count": 0, "total_ms": 0.0, "longest_ms": 0.0})
+        young = [v for g, v in r["by_generation"].items() if g != 2]
+        print(f"| {name} | {full['count']}, {full['total_ms']:.0f} / {full['longest_ms']:.0f} | {sum(v['count'] for v in young)}, "
+              f"{sum(v['total_ms'] for v in young):.0f} | {r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} | {r['itl_p999_ms']:.1f} "
+              f"| {r['itl_max_ms']:.1f} | {r['output_throughput']:.0f} |")
     f, n = rows["frozen"], rows["not frozen"]
-    print(f"\nfrozen / not frozen: step p99 {f['p99_ms'] / n['p99_ms']:.2f}x, step max {f['max_ms'] / n['max_ms']:.2f}x, "
-          f"decode tok/s {out['tok_s_ratio']['mean']:.3f}x [{out['tok_s_ratio']['ci'][0]:.3f}, {out['tok_s_ratio']['ci'][1]:.3f}]")
+    print(f"\nfrozen / not frozen: longest collection {f['gc_longest_ms'] / max(n['gc_longest_ms'], 1e-9):.3f}x, ITL p99.9 "
+          f"{f['itl_p999_ms'] / n['itl_p999_ms']:.2f}x, max {f['itl_max_ms'] / n['itl_max_ms']:.2f}x, p50 "
+          f"{f['itl_p50_ms'] / n['itl_p50_ms']:.2f}x, output tok/s {f['output_throughput'] / n['output_throughput']:.3f}x")
     if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
+        args.json.write_text(json.dumps({"meta": vars(args) | {"json": str(args.json)}, "settings": rows}, indent=2, default=str))
     return 0
-
-
-def tps(run: dict[str, Any], batch: int) -> float:
-    return batch * len(run["steps"]) / sum(run["steps"])
-
-
-def summarise(runs: list[dict[str, Any]], batch: int) -> dict[str, Any]:
-    steps = np.array([s for r in runs for s in r["steps"]]) * 1e3
-    pauses = [p for r in runs for p in r["pauses"]]
-    full = [d for g, d in pauses if g == 2]
-    young = [d for g, d in pauses if g != 2]
-    return {"frozen": runs[-1]["frozen"], "p50_ms": float(np.percentile(steps, 50)), "p99_ms": float(np.percentile(steps, 99)),
-            "max_ms": float(steps.max()), "full": len(full), "full_ms": 1e3 * sum(full),
-            "full_longest_ms": 1e3 * max(full, default=0.0), "young": len(young), "young_ms": 1e3 * sum(young),
-            "tok_s": float(np.mean([tps(r, batch) for r in runs]))}
 
 
 if __name__ == "__main__":
