@@ -77,6 +77,12 @@ def test_a_check_rerun_on_the_best_finds_what_the_first_run_missed_and_the_propo
     assert run.message == "the experiment budget is spent"
     # The gate table is the experiments': the look-again's failing check is not a verdict.
     assert all(g.measured_in != look.id for g in run.gates_before)
+    # The report shows it in the tree, with its outcome.
+    from infra_agent.report import render_html, render_markdown
+
+    md = render_markdown(run, exps)
+    assert look.id in md and "diagnosed" in md
+    assert look.id in render_html(run, exps)
 
 
 def test_the_loop_looks_again_once_per_best_and_then_stops_with_the_proposers_reason(tmp_path: Path) -> None:
