@@ -38,7 +38,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _ThreadBuffer:
-    __slots__ = ("dropped", "flat", "ident", "name", "tid")
+    __slots__ = ("add", "dropped", "flat", "ident", "name", "tid")
 
     def __init__(self, tid: int, name: str, ident: int = 0) -> None:
         self.tid = tid
@@ -46,7 +46,7 @@ class _ThreadBuffer:
         # sampler's threads can be matched to these spans' (native-id) threads.
         self.ident = ident
         self.name = name
-        # Events laid end to end, FIELDS values each: name, cat, start_ns, dur_ns (-1 for
+        # Events laid end to end, FIELDS values each: name, cat, start_ns, end_ns (-1 for
         # an instant event), args.  Not a tuple per event: recording a span must leave
         # no object the garbage collector tracks.  A tuple per event stays tracked (for
         # good when it holds the args dict), and a long trace of them triggered full
@@ -55,6 +55,7 @@ class _ThreadBuffer:
         # which CPython leaves untracked while its values are atomic.  One extend per
         # event keeps a concurrent snapshot whole (list.extend holds the GIL throughout).
         self.flat: list[Any] = []
+        self.add = self.flat.extend  # bound once: one lookup less per span
         self.dropped = 0
 
 
@@ -95,7 +96,7 @@ class Tracer:
         if len(buf.flat) >= MAX_FLAT:
             buf.dropped += 1
             return
-        buf.flat.extend((name, cat, start_ns, dur_ns, args))
+        buf.flat.extend((name, cat, start_ns, start_ns + dur_ns if dur_ns >= 0 else -1, args))
 
     def reset(self) -> None:
         with self._lock:
@@ -118,7 +119,7 @@ class Tracer:
             dropped += buf.dropped
             flat = list(buf.flat)
             for i in range(0, len(flat), FIELDS):
-                name, cat, start_ns, dur_ns, args = flat[i : i + FIELDS]
+                name, cat, start_ns, end_ns, args = flat[i : i + FIELDS]
                 ev: dict[str, Any] = {
                     "name": name,
                     "cat": cat,
@@ -126,12 +127,12 @@ class Tracer:
                     "tid": buf.tid,
                     "ts": (start_ns - self.origin_perf_ns) / 1000.0,
                 }
-                if dur_ns < 0:
+                if end_ns < 0:
                     ev["ph"] = "i"
                     ev["s"] = "t"
                 else:
                     ev["ph"] = "X"
-                    ev["dur"] = dur_ns / 1000.0
+                    ev["dur"] = (end_ns - start_ns) / 1000.0
                 if args:
                     ev["args"] = args
                 events.append(ev)
@@ -240,15 +241,20 @@ class span:
         start = self._start
         if start:
             # Tracer.record inlined: this runs ~30 times per engine step, and every call
-            # and lookup saved here is throughput the trace does not take away.
+            # and lookup saved here is throughput the trace does not take away (a plain
+            # attribute read of the thread's buffer, its bound ``extend``, the duration
+            # taken at snapshot time: ~0.1 µs of the ~0.5 µs a recorded span cost).
             end = perf_counter_ns()
+            self._start = 0
             tracer = _TRACER or get_tracer()
-            buf = getattr(tracer._local, "buf", None) or tracer._buffer()
+            try:
+                buf = tracer._local.buf
+            except AttributeError:
+                buf = tracer._buffer()
             if len(buf.flat) < MAX_FLAT:
-                buf.flat.extend((self.name, self.cat, start, end - start, self.args))
+                buf.add((self.name, self.cat, start, end, self.args))
             else:
                 buf.dropped += 1
-            self._start = 0
 
     def __call__(self, fn: F) -> F:
         name, cat, args = self.name, self.cat, self.args or {}

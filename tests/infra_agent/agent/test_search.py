@@ -486,3 +486,11 @@ def test_a_new_best_whose_findings_name_another_knob_restarts_the_space_there(ws
     p.observe(state, exp2)
     p.propose(state)
     assert p.stages == stages
+
+
+def test_a_knob_a_check_compares_is_never_searched() -> None:
+    ws = load_workspace(Path(__file__).resolve().parents[3] / "examples" / "kv-transfer")
+    p = SearchProposer(seed=0, blind=True)
+    p._bind(ws)
+    assert "kv_transfer" in ws.knobs and "kv_transfer" not in p._dists  # the check's compare_knob
+    assert "kv_page_tokens" in p._dists and "ep_release_gil" in p._dists

@@ -266,9 +266,13 @@ class SearchProposer:
         if self._workspace is not None:
             return
         self._workspace = workspace
+        # A knob a check compares (``compare_knob``: kv_transfer off vs on) is the criterion's
+        # variable, set by the check on both sides: changing it in the configuration moves
+        # nothing the check measures, so a trial of it would be wasted.
+        compared = {str(c.config.get("compare_knob")) for c in getattr(workspace, "checks", []) if c.config.get("compare_knob")}
         for name in sorted(workspace.knobs):
             knob = workspace.knobs[name]
-            if is_calibration(knob):
+            if is_calibration(knob) or name in compared:
                 continue  # see CALIBRATION_PREFIX: an injected slowdown is not a tuning knob
             dist = distribution(knob)
             if dist is not None:
