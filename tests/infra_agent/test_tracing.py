@@ -83,10 +83,14 @@ def test_step_level_leaves_out_per_layer_spans_and_is_named_in_the_trace() -> No
                 pass
             with tracing.span("ep.dispatch", cat="ep"):
                 pass
+            with tracing.span("decode", cat="engine"), tracing.span("model.forward", cat="model"):
+                with tracing.span("lm_head", cat="lm_head"):
+                    pass
         tracing.instant("moe.note", cat="moe")
         trace = tracing.snapshot()
         names = [e["name"] for e in trace["traceEvents"] if e["ph"] != "M"]
-        assert names == ["engine.step"] and trace["otherData"]["level"] == "step"
+        # decode ends before engine.step; the forward and the LM head inside it are left out.
+        assert names == ["decode", "engine.step"] and trace["otherData"]["level"] == "step"
     finally:
         tracing.enable(level="layer")
         tracing.disable()

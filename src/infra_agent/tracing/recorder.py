@@ -23,13 +23,15 @@ from typing import Any, TypeVar
 ENV_VAR = "INFRA_AGENT_TRACE"
 LEVEL_ENV_VAR = "INFRA_AGENT_TRACE_LEVEL"
 # What each level leaves out, by span category.  "layer" (the default) records every
-# span; "step" drops the per-layer ones (KDA, attention, MoE, expert-parallel), about
-# four in five of a decode step's spans, for a trace cheap enough to leave on in
-# serving (docs/performance.md, bench/tracer_overhead.py).  The timeline analysis of
-# the expert-parallel section needs "layer".
+# span; "step" drops the per-layer ones (KDA, attention, MoE, expert-parallel) and the
+# two inside a step's ``decode``/``prefill`` that repeat its extent (``model.forward``,
+# ``lm_head``): four spans per decode step instead of ~30, for a trace cheap enough to
+# leave on in serving (docs/performance.md, bench/tracer_overhead.py).  The step shares
+# and trends need only those four; the timeline analysis of the expert-parallel section
+# needs "layer".
 LEVELS: dict[str, frozenset[str]] = {
     "layer": frozenset(),
-    "step": frozenset({"kda", "attn", "moe", "ep"}),
+    "step": frozenset({"kda", "attn", "moe", "ep", "model", "lm_head"}),
 }
 # A bound per thread keeps a forgotten trace from eating the machine's memory.
 MAX_EVENTS_PER_THREAD = 2_000_000
