@@ -66,9 +66,11 @@ def locate(f: Finding, components: dict[str, str], cats: dict[str, str], ws: Any
         knobs = knobs_for(ws, comp)
         if len(knobs) == 1:
             loc.knob = knobs[0]
-    # A collector pause is located by the finding itself (``runtime.gc``), not by a span.
+    # A collector pause is located by the finding itself (``runtime.gc``), not by a span,
+    # and only a knob declared on that component is about it (``torch_threads`` acts on
+    # ``runtime`` too and does nothing to the collector).
     if loc.knob is None and ws is not None and f.kind == FindingKind.GC_PAUSE and loc.component:
-        knobs = knobs_for(ws, loc.component)
+        knobs = [k for k in knobs_for(ws, loc.component) if loc.component in ws.knobs[k].components]
         if len(knobs) == 1:
             loc.knob = knobs[0]
     if loc.knob and f.next_question and loc.knob not in f.next_question:

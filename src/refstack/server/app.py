@@ -89,6 +89,12 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        if config.gc_freeze:
+            # The server's own heap too (the web stack; with --disagg the front end has no
+            # Engine of its own, and its full collections took 117-131 ms of the event loop).
+            from refstack.engine.engine import freeze_heap
+
+            freeze_heap()
         try:
             yield
         finally:

@@ -140,3 +140,17 @@ def test_the_planner_answers_the_gc_hypothesis_with_the_timeline_probe(tmp_path:
                 change=Change(knobs={"gc_freeze": True}))
     plan = Planner(ws, {}).plan(step, ["runtime.gc"])
     assert (plan.probe.name, plan.mode) == ("timeline", "ab")
+
+
+def test_no_knob_is_named_when_none_is_declared_on_runtime_gc(tmp_path: Path) -> None:
+    from infra_agent.feedback import Finding, Location
+    from infra_agent.probes.timeline_locate import locate
+    from infra_agent.workspace import load_workspace
+
+    (tmp_path / "infra-agent.yaml").write_text(
+        "name: gc\ntarget: {kind: endpoint, url: 'http://127.0.0.1:9'}\n"
+        "knobs:\n  torch_threads: {type: int, min: 0, max: 64, default: 0, components: [runtime]}\n"
+        "scenarios: {chat: {dataset: {kind: random, input_len: 8, output_len: 8}, num_requests: 4}}\n")
+    f = Finding(kind=FindingKind.GC_PAUSE, message="m", location=Location(component="runtime.gc", span="gc"))
+    locate(f, {"gc": "runtime.gc"}, {"gc": "gc"}, load_workspace(tmp_path), {})
+    assert f.location is not None and f.location.knob is None
