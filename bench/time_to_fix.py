@@ -110,7 +110,8 @@ def run_method(method: str, seed: int, workdir: Path, args: argparse.Namespace) 
             "baseline_passed": bool(exps) and all(g.outcome in ("pass", "skipped") for g in
                                                    (exps[0].verdict.gates if exps[0].verdict else [])),
             "run": run.id, "status": run.status, "message": run.message,
-            "trail": [(e.id, e.change.knobs, e.status, e.verdict.outcome if e.verdict else None, e.cost.e2e_runs) for e in exps]}
+            "trail": [(e.id, e.change.knobs, e.status, e.verdict.outcome if e.verdict else None, e.cost.e2e_runs,
+                       e.accepted and e.role == "experiment") for e in exps]}
 
 
 def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -147,7 +148,7 @@ def main() -> int:
             for method in methods:
                 r = run_method(method, seed, Path(tmp), args)
                 results.append(r)
-                knobs = [t[1] for t in r["trail"] if t[2] == "accepted"]
+                knobs = [t[1] for t in r["trail"] if t[5]]
                 print(f"seed {seed} {method:>10}: {'fixed' if r['fixed'] else 'NOT fixed'} after {r['e2e_runs']} e2e runs, "
                       f"{r['experiments']} experiments, {r['wall_s']:.0f} s; accepted {knobs or 'nothing'} "
                       f"({r['message']})", flush=True)
