@@ -194,6 +194,9 @@ class Loop:
         False when it was done already, there is nothing to re-run, or it is switched off."""
         if not self.opts.get("look_again", True):
             return False
+        left = self._runs_left()
+        if left is not None and left < 2:
+            return False  # a look-again that leaves no run for the step it may lead to is wasted
         done = looked_at(self.history, best)
         if done is not None and done.finished:
             return False

@@ -97,11 +97,19 @@ def test_the_loop_looks_again_once_per_best_and_then_stops_with_the_proposers_re
 def test_each_new_best_gets_its_own_look_again(tmp_path: Path) -> None:
     # Only look-again runs (the odd runs after the baseline's) carry the finding.
     fake = Sampled(lambda n: n % 2 == 1)
-    run, exps = _run(tmp_path, fake, budget_runs=3)
+    run, exps = _run(tmp_path, fake, budget_runs=4)
     roles = [e.role for e in exps]
-    assert roles == ["baseline", "diagnose", "experiment", "diagnose"], roles
+    assert roles == ["baseline", "diagnose", "experiment", "diagnose", "experiment"], roles
     assert exps[3].parent == exps[2].id and exps[2].accepted
+    assert exps[4].change.knobs == {"max_running": 16} and exps[4].parent == exps[2].id
     assert run.message == "the experiment budget is spent"
+
+
+def test_no_look_again_when_it_would_spend_the_last_run(tmp_path: Path) -> None:
+    fake = Sampled(lambda n: n >= 1)
+    run, exps = _run(tmp_path, fake, budget_runs=1)
+    assert [e.role for e in exps] == ["baseline"]
+    assert "no rule of the playbook matches" in run.message
 
 
 def test_without_look_again_the_run_stops_when_the_proposer_does(tmp_path: Path) -> None:
