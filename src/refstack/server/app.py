@@ -9,6 +9,7 @@ are in ``config``.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -159,6 +160,10 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
             "max_seq_len": engine.max_seq_len,
             "cache": cache_info(engine),
             "server": {"max_request_bytes": max_request_bytes},
+            # The collector's state in this process: what --gc-freeze froze, and how far each
+            # generation is from its next collection.
+            "gc": {"frozen_objects": gc.get_freeze_count(), "counts": list(gc.get_count()),
+                   "thresholds": list(gc.get_threshold())},
             "disagg": None if not disagg else {
                 "kv_transfer": config.kv_transfer, "store_pid": engine.store.pid,
                 "workers": {role: w.proc.pid for role, w in engine.workers.items()}},
