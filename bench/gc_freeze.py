@@ -19,47 +19,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from infra_agent.target.server import ServerProcess
+from infra_agent.workspace.models import ServerTargetSpec
 
 
-def start(preset: str, freeze: bool) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(["refstack", "serve", "--preset", preset, "--port", str(port), "--trace", "true",
-                             "--gc-freeze", str(freeze).lower(), "--torch-threads", "1", "--log-level", "error"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).read()
-            return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit(f"refstack serve --gc-freeze {str(freeze).lower()} exited ({proc.returncode})") from None
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"refstack serve did not become ready at {url} in 180 s")
+def server_spec(preset: str) -> ServerTargetSpec:
+    return ServerTargetSpec(
+        kind="server",
+        command=[sys.executable, "-m", "refstack.cli", "serve", "--preset", preset, "--port", "{port}", "--trace", "true",
+                 "--gc-freeze", "{freeze}", "--torch-threads", "1", "--log-level", "error"],
+        ready_url="/health", ready_timeout_s=180)
 
 
 def window(url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     urllib.request.urlopen(url + "/debug/trace?reset=true", timeout=60).read()
-    subprocess.run(["infra-agent", "bench", url, "--num-requests", str(args.num_requests), "--max-concurrency",
+    subprocess.run([sys.executable, "-m", "infra_agent.cli.main", "bench", url, "--num-requests", str(args.num_requests), "--max-concurrency",
                     str(args.concurrency), "--input-len", "64", "--output-len", "64", "--warmup-requests", "2",
                     "--seed", str(args.seed), "-o", str(out)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     trace = json.loads(urllib.request.urlopen(url + "/debug/trace", timeout=60).read())
@@ -92,20 +76,17 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    settings = {"not frozen": False, "frozen": True}
-    servers = {name: start(args.preset, flag) for name, flag in settings.items()}
+    settings = {"not frozen": "false", "frozen": "true"}
     turns: dict[str, list[dict[str, Any]]] = {name: [] for name in settings}
-    try:
-        with tempfile.TemporaryDirectory(prefix="gc-freeze-") as tmp:
-            for t in range(args.turns):
-                for name in (list(settings) if t % 2 == 0 else list(settings)[::-1]):
-                    turns[name].append(window(servers[name][1], args, Path(tmp) / f"{name}-{t}.json"))
-                    print(f"  turn {t + 1}/{args.turns} {name}: {len(turns[name][-1]['gc'])} collections, longest "
-                          f"{max((d for _, d in turns[name][-1]['gc']), default=0.0):.1f} ms", file=sys.stderr, flush=True)
-    finally:
-        for proc, _ in servers.values():
-            os.killpg(proc.pid, 15)
-            proc.wait(30)
+    with tempfile.TemporaryDirectory(prefix="gc-freeze-") as tmp, ExitStack() as stack:
+        servers = {name: stack.enter_context(ServerProcess(server_spec(args.preset), {"freeze": flag}, Path(tmp) / "logs",
+                                                           name=f"refstack-gc-freeze-{flag}"))
+                   for name, flag in settings.items()}
+        for t in range(args.turns):
+            for name in (list(settings) if t % 2 == 0 else list(settings)[::-1]):
+                turns[name].append(window(servers[name].url, args, Path(tmp) / f"{name}-{t}.json"))
+                print(f"  turn {t + 1}/{args.turns} {name}: {len(turns[name][-1]['gc'])} collections, longest "
+                      f"{max((d for _, d in turns[name][-1]['gc']), default=0.0):.1f} ms", file=sys.stderr, flush=True)
     rows = {name: summarise(ts) for name, ts in turns.items()}
     print(f"# refstack {args.preset}, {args.turns} turns x {args.num_requests} requests ({args.concurrency} at a time, "
           f"64 in / 64 out), one torch thread per server; collections from the servers' gc spans")
