@@ -9,8 +9,6 @@ asyncio consumer; ``generate()`` is the synchronous form for tests and benchmark
 from __future__ import annotations
 
 import asyncio
-import atexit
-import gc
 import itertools
 import logging
 import threading
@@ -25,6 +23,7 @@ from infra_agent import tracing
 from refstack.engine.config import EngineConfig, resolve_dtype
 from refstack.engine.consumers import RequestStream, run_to_completion
 from refstack.engine.device import resolve_placement, select_kernels
+from refstack.engine.heap import freeze_heap
 from refstack.engine.request import Request, RequestOutput, RequestState, RequestStats, Sink
 from refstack.engine.sampling import SamplingParams, make_generator, sample_tokens
 from refstack.engine.scheduler import ScheduledChunk, Scheduler
@@ -59,23 +58,6 @@ def _rows_on_host(ready: list[tuple[ScheduledChunk, torch.Tensor]]) -> list[tupl
         return ready
     rows = torch.stack([row for _, row in ready]).cpu()
     return [(c, rows[i]) for i, (c, _) in enumerate(ready)]
-
-
-_UNFREEZE_AT_EXIT: list[bool] = []
-
-
-def freeze_heap() -> None:
-    """Collect once, then freeze every object alive (``gc.freeze``): later collections,
-    including the full ones, walk only what was allocated since.  Process-wide, as the
-    collector is; ``--gc-freeze false`` leaves it alone."""
-    gc.collect()
-    gc.freeze()
-    # Back into the collector's reach at exit, so shutdown collects them as it would have
-    # (extension types that count their live instances, nanobind's in triton, otherwise
-    # report the frozen ones as leaked).
-    if not _UNFREEZE_AT_EXIT:
-        atexit.register(gc.unfreeze)
-        _UNFREEZE_AT_EXIT.append(True)
 
 
 class QueueFullError(RuntimeError):
@@ -297,8 +279,7 @@ class Engine:
         with tracing.span("step_slowdown", cat="engine") as spin:
             now = time.perf_counter()
             base = (step_start - prev_start) if prev_start is not None else (now - step_start) / (1.0 - s)
-            if tracing.is_enabled():
-                spin.args = {"base_us": base * 1e6}
+            spin.args = {"base_us": base * 1e6}  # recorded only when tracing is on
             until = now + s * base
             while time.perf_counter() < until:
                 pass

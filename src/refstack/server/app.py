@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from infra_agent import tracing
 from refstack.engine import EngineConfig
+from refstack.engine.heap import freeze_heap
 from refstack.knobs import knob
 from refstack.server.errors import APIError, api_error_handler
 from refstack.server.limits import BodySizeLimit
@@ -93,8 +94,6 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
         if config.gc_freeze:
             # The server's own heap too (the web stack; with --disagg the front end has no
             # Engine of its own, and its full collections took 117-131 ms of the event loop).
-            from refstack.engine.engine import freeze_heap
-
             freeze_heap()
         try:
             yield
