@@ -24,6 +24,25 @@ from infra_agent.agent.top_up import run_top_up
 from infra_agent.judge.gates import hypothesis_outcome
 
 
+def confirm_best(loop: Any) -> None:
+    """The run's *after* table: the confirmation of the best against the baseline (once per
+    best; one a killed run left unfinished runs again under its id), or the gate table as
+    it stands when nothing was accepted or ``--no-confirm``."""
+    best = loop._best()
+    base = loop._by_id(loop.run.baseline)
+    assert base is not None
+    table = loop._table()
+    if best.id == base.id or not loop.opts.get("confirm", True):
+        loop.run.gates_after = list(table.values())
+        return
+    done = next((e for e in loop.history if e.role == "confirm" and e.finished and e.parent == best.id), None)
+    if done is None:
+        again = next((e for e in loop.history if e.role == "confirm" and not e.finished and e.parent == best.id), None)
+        done = run_confirm(loop, base, best, again)
+    loop.run.gates_after = [g for g in (done.verdict.gates if done.verdict else []) if g.kind != "hypothesis"] \
+        or list(table.values())
+
+
 def run_confirm(loop: Any, base: Experiment, best: Experiment, again: Experiment | None = None) -> Experiment:
     """Run the confirmation (``again``: one a killed run left unfinished, run again under its id)."""
     from infra_agent.workspace import metric_direction

@@ -41,6 +41,24 @@ def looked_at(history: list[Experiment], best: Experiment) -> Experiment | None:
     return next((e for e in history if e.role == "diagnose" and e.parent == best.id), None)
 
 
+def look_again(loop: Any, best: Experiment, why: str) -> bool:
+    """Re-run the failing gates' checks on ``best`` once, for fresh findings; False when it
+    was done already, would spend the budget's last run, has nothing to re-run, or is
+    switched off (``--no-look-again``)."""
+    if not loop.opts.get("look_again", True):
+        return False
+    left = loop._runs_left()
+    if left is not None and left < 2:
+        return False  # a look-again that leaves no run for the step it may lead to is wasted
+    done = looked_at(loop.history, best)
+    if done is not None and done.finished:
+        return False
+    checks = checks_to_rerun(loop.ws, loop._table())
+    if not checks:
+        return False
+    return run_look_again(loop, best, checks, why).status == "done"
+
+
 def run_look_again(loop: Any, best: Experiment, checks: list[str], why: str) -> Experiment:
     """Re-run ``checks`` on ``best`` with fresh samples; the experiment records their feedback."""
     again = looked_at(loop.history, best)
@@ -75,4 +93,4 @@ def run_look_again(loop: Any, best: Experiment, checks: list[str], why: str) -> 
     return exp
 
 
-__all__ = ["checks_to_rerun", "looked_at", "run_look_again"]
+__all__ = ["checks_to_rerun", "look_again", "looked_at", "run_look_again"]

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from infra_agent.agent.baseline import run_baseline
-from infra_agent.agent.confirm import run_confirm
+from infra_agent.agent.confirm import confirm_best
 from infra_agent.agent.executors.base import Executor
 from infra_agent.agent.experiment import (
     Cost,
@@ -36,7 +36,7 @@ from infra_agent.agent.judging import (
     judge,
     side_feedback,
 )
-from infra_agent.agent.look_again import checks_to_rerun, looked_at, run_look_again
+from infra_agent.agent.look_again import look_again, looked_at
 from infra_agent.agent.planner import Plan, Planner
 from infra_agent.agent.progress import RunProgress
 from infra_agent.agent.proposers.base import LoopState, Proposer
@@ -77,8 +77,8 @@ class Loop:
     def _state(self) -> LoopState:
         best = self._best()
         # A look-again on the best re-measured its checks: their findings are the newest.
-        looked = [e for e in self.history if e.role == "diagnose" and e.parent == best.id and e.finished]
-        fbs = latest_feedback(accepted_path(self.history, best) + looked)
+        looked = looked_at(self.history, best)
+        fbs = latest_feedback(accepted_path(self.history, best) + ([looked] if looked and looked.finished else []))
         return LoopState(workspace=self.ws, run=self.run, best=best, history=list(self.history), feedback=fbs,
                          gates=list(self._table().values()), code_root=self.ws.root,
                          budget_runs_left=self._runs_left(), budget_s_left=self._seconds_left())
@@ -112,7 +112,7 @@ class Loop:
             except InfraAgentError as exc:
                 self.progress.line(f"warning: could not restore the run's branch to {self._best().id}: {exc}")
             self._iterate()
-            self._confirm()
+            confirm_best(self)
             self.run.status = "done" if self.run.status == "running" else self.run.status
         except KeyboardInterrupt:
             self.run.status, self.run.message = "interrupted", "interrupted (Ctrl-C): resume with `infra-agent resume`"
@@ -174,7 +174,7 @@ class Loop:
                 break
             if step is None:
                 reason = getattr(self.proposer, "stopped_reason", None) or f"the {self.proposer.name} proposer has nothing more to try"
-                if self._look_again(state.best, reason):
+                if look_again(self, state.best, reason):
                     continue
                 break
             exp = self._new_experiment(step, state.best)
@@ -188,23 +188,6 @@ class Loop:
         if reason.endswith("spent"):
             self.run.status = "budget"
         self.progress.line(f"stopped: {reason}")
-
-    def _look_again(self, best: Experiment, why: str) -> bool:
-        """Re-run the failing gates' checks on ``best`` once, for fresh findings (agent/look_again.py);
-        False when it was done already, there is nothing to re-run, or it is switched off."""
-        if not self.opts.get("look_again", True):
-            return False
-        left = self._runs_left()
-        if left is not None and left < 2:
-            return False  # a look-again that leaves no run for the step it may lead to is wasted
-        done = looked_at(self.history, best)
-        if done is not None and done.finished:
-            return False
-        checks = checks_to_rerun(self.ws, self._table())
-        if not checks:
-            return False
-        exp = run_look_again(self, best, checks, why)
-        return exp.status == "done"
 
     def _new_experiment(self, step: Step, best: Experiment) -> Experiment:
         seq = self.ledger.next_seq(self.run.id)
@@ -296,23 +279,6 @@ class Loop:
             self._save_run()
         self.proposer.observe(self._state(), exp)
         self.progress.finished(exp, self._best(), list(self._table().values()))
-
-    def _confirm(self) -> None:
-        best = self._best()
-        base = self._by_id(self.run.baseline)
-        assert base is not None
-        table = self._table()
-        if best.id == base.id or not self.opts.get("confirm", True):
-            self.run.gates_after = list(table.values())
-            return
-        done = next((e for e in self.history if e.role == "confirm" and e.finished and e.parent == best.id), None)
-        if done is None:
-            # A confirmation a killed run left unfinished runs again under its own id.
-            again = next((e for e in self.history if e.role == "confirm" and not e.finished and e.parent == best.id), None)
-            done = run_confirm(self, base, best, again)
-        self.run.gates_after = [g for g in (done.verdict.gates if done.verdict else []) if g.kind != "hypothesis"] \
-            or list(table.values())
-
 
 _NAMED = "named by the proposer"
 # Proposals in a row rejected before running (invalid, empty, repeated) that end the run:
