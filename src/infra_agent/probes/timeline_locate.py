@@ -34,10 +34,10 @@ def component_of(span: str | None, components: dict[str, str], cats: dict[str, s
     return found[0] if found and len(set(found)) == 1 else None
 
 
-def knobs_for(ws: Any, component: str) -> list[str]:
+def knobs_for(ws: Any, component: str, exact_only: bool = False) -> list[str]:
     """Workspace knobs whose components act on ``component`` (calibration knobs left out);
     those declared on exactly ``component`` alone when there are any (``gc_freeze`` on
-    ``runtime.gc``, not every knob on ``runtime``)."""
+    ``runtime.gc``, not every knob on ``runtime``), and only those with ``exact_only``."""
     out, exact = [], []
     for name, k in ws.knobs.items():
         if (k.help or "").lower().startswith("calibration") or name in ("trace",):
@@ -46,7 +46,7 @@ def knobs_for(ws: Any, component: str) -> list[str]:
             out.append(name)
             if component in k.components:
                 exact.append(name)
-    return exact or out
+    return exact if exact or exact_only else out
 
 
 def locate(f: Finding, components: dict[str, str], cats: dict[str, str], ws: Any, hints: dict[str, str]) -> None:
@@ -70,7 +70,7 @@ def locate(f: Finding, components: dict[str, str], cats: dict[str, str], ws: Any
     # and only a knob declared on that component is about it (``torch_threads`` acts on
     # ``runtime`` too and does nothing to the collector).
     if loc.knob is None and ws is not None and f.kind == FindingKind.GC_PAUSE and loc.component:
-        knobs = [k for k in knobs_for(ws, loc.component) if loc.component in ws.knobs[k].components]
+        knobs = knobs_for(ws, loc.component, exact_only=True)
         if len(knobs) == 1:
             loc.knob = knobs[0]
     if loc.knob and f.next_question and loc.knob not in f.next_question:

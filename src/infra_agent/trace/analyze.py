@@ -200,7 +200,8 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
         threads=thread_times(spans, window, waiting_by_thread),
         # Collector pauses stop every thread rather than run beside them: not a group of work
         # for the overlap matrix (they have their own report, ``gc``).
-        overlap=overlap_matrix([s for s in spans if s.cat != GC_SPAN], by=by), waits=waits, holder_spans=holder_spans, expected=expected,
+        overlap=overlap_matrix([s for s in spans if s.cat != GC_SPAN], by=by),
+        waits=waits, holder_spans=holder_spans, expected=expected,
         gaps=thread_gaps, paths=critical_paths(timeline),
         trends=trends_mod.span_trends(spans, context_args=context_args),
         step_shares=trends_mod.step_shares(spans, step_span=step_span, model_spans=model_spans),

@@ -137,7 +137,7 @@ def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
             next_question=f"Can {top_name} move off the step's critical path (overlap it with the forward pass, or batch it)?"))
     gcp = report.gc
     if gcp is not None and (gcp.longest_us >= GC_PAUSE_MIN_US or gcp.share >= GC_SHARE_MIN):
-        thread = next(iter(sorted(gcp.by_thread, key=lambda t: -gcp.by_thread[t])), None)
+        thread = max(gcp.by_thread, key=gcp.by_thread.__getitem__, default=None)
         full = gcp.by_generation.get(2, {})
         knob = _knob(hints, "gc")
         out.append(Finding(
@@ -148,7 +148,7 @@ def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
                     + (f" ({int(full['count'])} full collection(s), {full['total_us'] / 1e3:.1f} ms)" if full else "")
                     + (f", on thread {thread}" if thread else ""),
             location=Location(component="runtime.gc", span="gc", thread=thread, knob=knob),
-            evidence={**gcp.to_dict(), "share": gcp.share},
+            evidence=gcp.to_dict(),
             next_question="Does a full collection walk objects that live for the whole run (the model's modules and "
                           "tensors, the imports)? Freeze them once startup is done (gc.collect(); gc.freeze(), as vLLM "
                           "and SGLang do)" + (f": try knob {knob}." if knob else ", or raise the collector's thresholds.")))
