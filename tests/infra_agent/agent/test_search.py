@@ -248,14 +248,18 @@ def test_default_widen_after_is_four_per_active_knob(ws: Workspace) -> None:
     assert [len(s.change.knobs) for s in steps] == [2] * 8 + [4]
 
 
-def test_widens_when_a_discrete_space_is_exhausted(tmp_path: Path) -> None:
+def _lm_head_named_at_the_scheduler(tmp_path: Path) -> tuple[Workspace, Finding]:
+    """The example with ``lm_head_precision`` on the scheduler, and a queueing finding that names it."""
     text = (EXAMPLE / "infra-agent.yaml").read_text().replace(
         "    choices: [fp32, tf32, 3xtf32, bf16]\n    default: fp32\n    components: [model.lm_head]",
         "    choices: [fp32, tf32, 3xtf32, bf16]\n    default: fp32\n    components: [engine.scheduler]")
     (tmp_path / "infra-agent.yaml").write_text(text)
-    ws = load_workspace(tmp_path)
-    named = Finding(kind="queue_dominates_ttft", severity="warning", message="m",
-                    location=Location(component="engine.scheduler", knob="lm_head_precision"))
+    return load_workspace(tmp_path), Finding(kind="queue_dominates_ttft", severity="warning", message="m",
+                                             location=Location(component="engine.scheduler", knob="lm_head_precision"))
+
+
+def test_widens_when_a_discrete_space_is_exhausted(tmp_path: Path) -> None:
+    ws, named = _lm_head_named_at_the_scheduler(tmp_path)
     p = SearchProposer(seed=0, top_k=1, widen_after=100)
     _, steps, _ = simulate(ws, p, 6, [named], objective=lambda c: 500.0)
     assert p.stages[0] == ("lm_head_precision",)  # the knob a finding names comes first
@@ -445,13 +449,7 @@ def test_stops_when_every_configuration_is_tried(tmp_path: Path) -> None:
 
 
 def test_a_knob_a_finding_names_is_tried_alone_before_the_top_k_space(tmp_path: Path) -> None:
-    text = (EXAMPLE / "infra-agent.yaml").read_text().replace(
-        "    choices: [fp32, tf32, 3xtf32, bf16]\n    default: fp32\n    components: [model.lm_head]",
-        "    choices: [fp32, tf32, 3xtf32, bf16]\n    default: fp32\n    components: [engine.scheduler]")
-    (tmp_path / "infra-agent.yaml").write_text(text)
-    ws = load_workspace(tmp_path)
-    named = Finding(kind="queue_dominates_ttft", severity="warning", message="m",
-                    location=Location(component="engine.scheduler", knob="lm_head_precision"))
+    ws, named = _lm_head_named_at_the_scheduler(tmp_path)
     p = SearchProposer(seed=3, widen_after=100)  # the default top_k, 2
     _, steps, _ = simulate(ws, p, 5, [named], objective=lambda c: 500.0)
     assert p.stages[0] == ("lm_head_precision",) and len(p.stages[1]) == 2 and p.stages[1][0] == "lm_head_precision"

@@ -15,8 +15,21 @@ from infra_agent.trace.feedback import timeline_feedback
 from infra_agent.trace.load import load_timeline
 from infra_agent.tracing.recorder import Tracer
 from infra_agent.vocabulary import FindingKind
+from infra_agent.workspace import Workspace, load_workspace
 
 from .synth import MAIN, ours, write
+
+GC_FREEZE = "gc_freeze: {type: bool, default: false, components: [runtime.gc]}"
+TORCH_THREADS = "torch_threads: {type: int, min: 0, max: 64, default: 0, components: [runtime]}"
+
+
+def _knob_workspace(tmp_path: Path, *knobs: str) -> Workspace:
+    """A URL workspace holding only ``knobs`` (their YAML lines)."""
+    (tmp_path / "infra-agent.yaml").write_text(
+        "name: gc\ntarget: {kind: endpoint, url: 'http://127.0.0.1:9'}\nknobs:\n"
+        + "".join(f"  {k}\n" for k in knobs)
+        + "scenarios: {chat: {dataset: {kind: random, input_len: 8, output_len: 8}, num_requests: 4}}\n")
+    return load_workspace(tmp_path)
 
 
 def test_a_collection_is_a_gc_span_on_the_thread_it_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,16 +95,10 @@ def test_young_collections_alone_are_no_finding(tmp_path: Path) -> None:
 
 
 def test_the_playbook_freezes_the_heap_on_a_gc_finding(tmp_path: Path) -> None:
-    from infra_agent.agent.proposers.base import LoopState
     from infra_agent.agent.experiment import Experiment, Hypothesis, RunRecord
-    from infra_agent.workspace import load_workspace
+    from infra_agent.agent.proposers.base import LoopState
 
-    (tmp_path / "infra-agent.yaml").write_text(
-        "name: gc\ntarget: {kind: endpoint, url: 'http://127.0.0.1:9'}\n"
-        "knobs:\n  gc_freeze: {type: bool, default: false, components: [runtime.gc]}\n"
-        "  torch_threads: {type: int, min: 0, max: 64, default: 0, components: [runtime]}\n"
-        "scenarios: {chat: {dataset: {kind: random, input_len: 8, output_len: 8}, num_requests: 4}}\n")
-    ws = load_workspace(tmp_path)
+    ws = _knob_workspace(tmp_path, GC_FREEZE, TORCH_THREADS)
     report = analyze(load_timeline([write(tmp_path / "t.json", ours(_steps_with_a_full_collection()))]))
     fb = timeline_feedback(report)
     base = Experiment(id="e0", run_id="r", seq=0, role="baseline", proposer="-", status="done",
@@ -106,14 +113,8 @@ def test_the_playbook_freezes_the_heap_on_a_gc_finding(tmp_path: Path) -> None:
 def test_the_timeline_probe_names_the_knob_declared_on_runtime_gc(tmp_path: Path) -> None:
     from infra_agent.feedback import Finding, Location
     from infra_agent.probes.timeline_locate import locate
-    from infra_agent.workspace import load_workspace
 
-    (tmp_path / "infra-agent.yaml").write_text(
-        "name: gc\ntarget: {kind: endpoint, url: 'http://127.0.0.1:9'}\n"
-        "knobs:\n  gc_freeze: {type: bool, default: false, components: [runtime.gc]}\n"
-        "  torch_threads: {type: int, min: 0, max: 64, default: 0, components: [runtime]}\n"
-        "scenarios: {chat: {dataset: {kind: random, input_len: 8, output_len: 8}, num_requests: 4}}\n")
-    ws = load_workspace(tmp_path)
+    ws = _knob_workspace(tmp_path, GC_FREEZE, TORCH_THREADS)
     f = Finding(kind=FindingKind.GC_PAUSE, message="m", next_question="q?",
                 location=Location(component="runtime.gc", span="gc"))
     locate(f, {"gc": "runtime.gc"}, {"gc": "gc"}, ws, {})
@@ -126,13 +127,8 @@ def test_the_planner_answers_the_gc_hypothesis_with_the_timeline_probe(tmp_path:
     from infra_agent.agent.planner import Planner
     from infra_agent.agent.proposers.rules import load_playbook
     from infra_agent.feedback import Location
-    from infra_agent.workspace import load_workspace
 
-    (tmp_path / "infra-agent.yaml").write_text(
-        "name: gc\ntarget: {kind: endpoint, url: 'http://127.0.0.1:9'}\n"
-        "knobs:\n  gc_freeze: {type: bool, default: false, components: [runtime.gc]}\n"
-        "scenarios: {chat: {dataset: {kind: random, input_len: 8, output_len: 8}, num_requests: 4}}\n")
-    ws = load_workspace(tmp_path)
+    ws = _knob_workspace(tmp_path, GC_FREEZE)
     rule = next(r for r in load_playbook().rules if r.name == "freeze-gc-heap")
     step = Step(hypothesis=Hypothesis(statement="s", metric=rule.hypothesis.metric, direction=rule.hypothesis.direction,
                                       min_effect=rule.hypothesis.min_effect,
@@ -145,12 +141,8 @@ def test_the_planner_answers_the_gc_hypothesis_with_the_timeline_probe(tmp_path:
 def test_no_knob_is_named_when_none_is_declared_on_runtime_gc(tmp_path: Path) -> None:
     from infra_agent.feedback import Finding, Location
     from infra_agent.probes.timeline_locate import locate
-    from infra_agent.workspace import load_workspace
 
-    (tmp_path / "infra-agent.yaml").write_text(
-        "name: gc\ntarget: {kind: endpoint, url: 'http://127.0.0.1:9'}\n"
-        "knobs:\n  torch_threads: {type: int, min: 0, max: 64, default: 0, components: [runtime]}\n"
-        "scenarios: {chat: {dataset: {kind: random, input_len: 8, output_len: 8}, num_requests: 4}}\n")
+    ws = _knob_workspace(tmp_path, TORCH_THREADS)
     f = Finding(kind=FindingKind.GC_PAUSE, message="m", location=Location(component="runtime.gc", span="gc"))
-    locate(f, {"gc": "runtime.gc"}, {"gc": "gc"}, load_workspace(tmp_path), {})
+    locate(f, {"gc": "runtime.gc"}, {"gc": "gc"}, ws, {})
     assert f.location is not None and f.location.knob is None
