@@ -2,6 +2,11 @@
 
     python bench/quantization.py [--preset small] [--repeats 8] [--batches 8 32] [--gen-len 64]
                                  [--budget-gib 1] [--context 2048] [--quick] [--json out.json]
+    python bench/quantization.py --device cuda --batches 8 32 128     # the GPU table
+
+On ``--device cuda`` the baseline is bf16 (``--dtype``; the GPU's serving default), W8A8
+runs ``torch._int_mm`` (calibrated on the GPU), and the KV caches live on the GPU; the
+same table, the same quality comparisons.
 
 Settings (each an ``EngineConfig`` on the same seeded weights; see docs/quantization.md):
 
@@ -117,15 +122,15 @@ def kda_state_bytes(engine: Engine) -> int:
 
 
 def make_engine(model: HybridModel, preset: str, batch: int, prompt_len: int, max_seq_len: int,
-                knobs: dict[str, Any]) -> Engine:
+                knobs: dict[str, Any], device: str = "cpu") -> Engine:
     # Every prompt of the batch prefills whole in one step (as in engine_throughput.py).
     cfg = EngineConfig(preset=preset, max_running=batch, max_batch_tokens=batch * prompt_len, prefill_chunk=prompt_len,
-                       max_seq_len=max_seq_len, **knobs)
+                       max_seq_len=max_seq_len, device=device, **knobs)
     return Engine(cfg, model=model, tokenizer=ByteTokenizer())
 
 
 def build(settings: list[Setting], base: HybridModel, preset: str, batches: list[int],
-          prompt_len: int, max_seq_len: int) -> None:
+          prompt_len: int, max_seq_len: int, device: str = "cpu") -> None:
     """Each setting's engines; a setting that cannot be built (or whose cache ignores the
     knob) is marked with why.  A W8A8 setting gets its own copy of the model (same seed, same
     weights), quantised here with its held sites before its engines see it."""
@@ -133,10 +138,12 @@ def build(settings: list[Setting], base: HybridModel, preset: str, batches: list
         model = base
         try:
             if s.knobs.get("quantization") == "w8a8":
-                model = HybridModel(base.config)
+                # Quantised where it runs: on cuda the calibration and the int8 layouts
+                # are the GPU's (torch._int_mm), not the native CPU kernels'.
+                model = HybridModel(base.config).to(device)
                 quantize_model(model, held=s.held)
             for b in batches:
-                s.engines[b] = make_engine(model, preset, b, prompt_len, max_seq_len, s.knobs)
+                s.engines[b] = make_engine(model, preset, b, prompt_len, max_seq_len, s.knobs, device)
         except (NotImplementedError, ValueError, TypeError, AssertionError, RuntimeError) as exc:
             s.error = f"not implemented ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
             s.engines.clear()
@@ -296,6 +303,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--budget-gib", type=float, default=1.0)
     ap.add_argument("--context", type=int, default=2048, help="tokens per sequence for the batch that fits")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--dtype", default="auto", help="the model dtype (auto: the CPU launch default; bfloat16 on cuda)")
     ap.add_argument("--settings", nargs="+", help="a subset of the settings (bf16 is always run)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 2 repeats, short generations, fewer prompts")
     ap.add_argument("--json", dest="json_path", help="also write the raw samples and results here")
@@ -306,15 +315,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    dtype = resolve_dtype("auto", "auto")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench/quantization.py --device cuda: no CUDA device is visible")
+    dtype = args.dtype if args.dtype != "auto" else "bfloat16" if args.device == "cuda" else resolve_dtype("auto", "auto")
     cfg = HybridConfig.preset(args.preset, dtype=dtype)
     max_seq_len = min(cfg.max_seq_len, args.prompt_len + max(args.gen_len, args.quality_steps) + 8)
     print(f"# preset={args.preset} dtype auto={dtype} batches={args.batches} prompt_len={args.prompt_len} "
           f"gen_len={args.gen_len} repeats={args.repeats} torch_threads={torch.get_num_threads()} "
           f"cpu={platform.processor() or platform.machine()}")
-    print(f"# native kernels: {cpu_kernels.unavailable_reason() or 'built'}; int8 tiles on "
-          f"{'AVX512-VNNI vpdpbusd' if cpu_kernels.int8_dot_native() else 'the portable path'}; "
-          f"bf16 dot product: {cpu_kernels.bf16_dot_native()}")
+    if args.device == "cuda":
+        print(f"# device: {torch.cuda.get_device_name()}, torch {torch.__version__}; W8A8 on torch._int_mm")
+    else:
+        print(f"# native kernels: {cpu_kernels.unavailable_reason() or 'built'}; int8 tiles on "
+              f"{'AVX512-VNNI vpdpbusd' if cpu_kernels.int8_dot_native() else 'the portable path'}; "
+              f"bf16 dot product: {cpu_kernels.bf16_dot_native()}")
     settings = settings_for(cfg)
     if args.settings:
         settings = [s for s in settings if s.name == "bf16" or s.name in args.settings]
@@ -323,7 +337,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # The quality engines hold a slot per quality prompt; built before the timing ones.
     qbatch = max(args.quality_prompts, *args.batches)
     t0 = time.perf_counter()
-    build(settings, base, args.preset, sorted({*args.batches, qbatch}), args.prompt_len, max_seq_len)
+    build(settings, base, args.preset, sorted({*args.batches, qbatch}), args.prompt_len, max_seq_len, args.device)
     print(f"# engines built in {time.perf_counter() - t0:.1f} s (w8a8: calibration and quantisation included)")
     for s in settings:
         if s.error:

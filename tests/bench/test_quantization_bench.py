@@ -52,10 +52,11 @@ def test_a_setting_the_engine_refuses_is_reported_not_raised(capsys: pytest.Capt
     bench = _bench()
     real = bench.make_engine
 
-    def refusing(model: Any, preset: str, batch: int, prompt_len: int, max_seq_len: int, knobs: dict[str, Any]) -> Any:
+    def refusing(model: Any, preset: str, batch: int, prompt_len: int, max_seq_len: int, knobs: dict[str, Any],
+                 device: str = "cpu") -> Any:
         if knobs.get("kv_cache_dtype") == "int8":
             raise NotImplementedError("int8 KV storage is not wired yet")
-        return real(model, preset, batch, prompt_len, max_seq_len, knobs)
+        return real(model, preset, batch, prompt_len, max_seq_len, knobs, device)
 
     monkeypatch.setattr(bench, "make_engine", refusing)
     results = bench.main([*ARGS, "--settings", "kv-int8", "kv-bf16"])

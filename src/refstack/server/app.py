@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from infra_agent import tracing
 from refstack.engine import EngineConfig
-from refstack.engine.heap import freeze_heap
+from refstack.engine.heap import freeze_heap, frozen_by_refstack
 from refstack.knobs import knob
 from refstack.server.errors import APIError, api_error_handler
 from refstack.server.limits import BodySizeLimit
@@ -161,7 +161,8 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
             "server": {"max_request_bytes": max_request_bytes},
             # The collector's state in this process: what --gc-freeze froze, and how far each
             # generation is from its next collection.
-            "gc": {"frozen_objects": gc.get_freeze_count(), "counts": list(gc.get_count()),
+            "gc": {"frozen_objects": gc.get_freeze_count(), "frozen_by_refstack": frozen_by_refstack(),
+                   "counts": list(gc.get_count()),
                    "thresholds": list(gc.get_threshold())},
             "disagg": None if not disagg else {
                 "kv_transfer": config.kv_transfer, "store_pid": engine.store.pid,
