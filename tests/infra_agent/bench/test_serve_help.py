@@ -57,3 +57,27 @@ def test_example_workspaces_validate_and_vllm_domains_follow_its_help() -> None:
         assert set(vllm.knobs[name].choices or []) <= set(from_help), name
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         assert f"--{name.replace('_', '-')} {{{name}}}" in str(vllm.target.command)
+
+
+SGLANG_HELP = (Path(__file__).with_name("fixtures") / "sglang-0.5.23-launch-server-help-excerpt.txt").read_text()
+
+
+def test_sglang_domains_follow_its_launcher_help() -> None:
+    """The SGLang example against ``python -m sglang.launch_server --help`` (SGLang 0.5.23,
+    the argparse of its own ServerArgs): every flag the command places exists, the choice
+    knobs' values are the launcher's, and the radix-cache knob's values are bare switches."""
+    sglang = load_workspace(ROOT / "examples" / "sglang-serving")
+    opts = parse_help(SGLANG_HELP)
+    command = str(sglang.target.command)
+    placed = {flag for flag in command.split() if flag.startswith("--")}
+    known = {f for opt in opts.values() for f in opt.flags} | {"--port", "--host"}  # not in the excerpt
+    assert placed <= known, placed - known
+    for name in ("schedule_policy", "kv_cache_dtype"):
+        from_help = knob_spec(opts, name)["choices"]
+        assert set(sglang.knobs[name].choices or []) <= set(from_help), (name, from_help)
+    for flag in sglang.knobs["radix_cache"].choices or []:
+        opt = opts[flag.removeprefix("--").replace("-", "_")]
+        assert opt.flags == [flag] and opt.metavar is None, flag  # a switch: it takes no value
+    for name in ("context_length", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
+                 "mem_fraction_static"):
+        assert f"--{name.replace('_', '-')} {{{name}}}" in command and name in opts, name
