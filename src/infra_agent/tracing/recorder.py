@@ -285,6 +285,32 @@ def is_enabled() -> bool:
     return (_TRACER or get_tracer()).enabled
 
 
+def records(cat: str) -> bool:
+    """Whether spans of ``cat`` are recorded now (tracing on, and the level keeps them)."""
+    tracer = _TRACER or get_tracer()
+    return tracer.enabled and cat not in tracer.skip_cats
+
+
+def emit(events: list[Any]) -> None:
+    """Record finished spans that the caller timed itself, laid end to end: name, cat,
+    start_ns, end_ns (``time.perf_counter_ns``) and args (or None) for each, in one call.
+
+    For a hot loop that times its own phases: the engine's step records its four spans
+    this way, one clock read per phase boundary and one buffer lookup per step, where
+    four ``span`` objects each paid an entry, an exit and a lookup (docs/performance.md,
+    "Tracing overhead").  The caller checks ``records(cat)`` first; the level is not
+    checked again here."""
+    tracer = _TRACER or get_tracer()
+    try:
+        buf = tracer._local.buf
+    except AttributeError:
+        buf = tracer._buffer()
+    if len(buf.flat) < MAX_FLAT:
+        buf.add(events)
+    else:
+        buf.dropped += len(events) // FIELDS
+
+
 def enable(path: str | os.PathLike[str] | None = None, level: str | None = None) -> Tracer:
     """Switch tracing on; ``level`` ("layer" or "step", see LEVELS) if given."""
     tracer = get_tracer()

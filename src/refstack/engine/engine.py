@@ -217,11 +217,22 @@ class Engine:
         # Time spent idle before this step is no part of a step period.
         prev_start = None if was_idle else self._prev_step_start
         self._prev_step_start = step_start
-        with tracing.span("engine.step", cat="engine") as step_span:
-            with tracing.span("schedule", cat="engine"):
-                out = self.scheduler.schedule()
-                for req in out.admitted:
-                    self._on_admitted(req)
+        # The step's own spans (engine.step, schedule, decode/prefill, sample) are timed
+        # here and recorded in one call when the step ends, not as span objects: at ~0.3
+        # ms a step, four spans' entry and exit were most of what tracing cost
+        # (docs/performance.md, "Tracing overhead").  A step that raises still records
+        # the phases it finished and its own extent.
+        traced = tracing.records("engine")
+        clock = time.perf_counter_ns
+        t_step = clock() if traced else 0
+        events: list[Any] = []  # finished phases: name, cat, start_ns, end_ns, args (tracing.emit)
+        step_args: dict[str, int] | None = None
+        try:
+            out = self.scheduler.schedule()
+            for req in out.admitted:
+                self._on_admitted(req)
+            if traced:
+                events += ("schedule", "engine", t_step, clock(), None)
             with self._lock:
                 self._num_waiting -= len(out.admitted)
             self._publish_counts()  # before any token of this step reaches a client
@@ -229,33 +240,42 @@ class Engine:
             # Ascending slots let the model slice its caches instead of gathering.
             decode = sorted(out.decode, key=lambda c: c.request.slot)
             prefill_tokens = out.num_tokens - len(decode)
-            traced = tracing.is_enabled()
             if traced:  # the step's shape, for regressions of span durations on it
-                step_span.args = _shape_args(decode + out.prefill)
+                step_args = _shape_args(decode + out.prefill if out.prefill else decode)
             if self.config.fuse_prefill_decode and decode and out.prefill:
                 # One pass over the weights for both; the span is a "prefill" step that
                 # also carries the decode batch (see its args: tokens counts both kinds).
-                with tracing.span("prefill", cat="engine", chunks=len(out.prefill), decode_batch=len(decode),
-                                  prefill_tokens=prefill_tokens, **((step_span.args or {}) if traced else {})):
-                    ready += self._forward(decode + out.prefill)
+                t = clock() if traced else 0
+                ready += self._forward(decode + out.prefill)
+                if traced:
+                    events += ("prefill", "engine", t, clock(), {"chunks": len(out.prefill), "decode_batch": len(decode),
+                                                                  "prefill_tokens": prefill_tokens, **(step_args or {})})
             else:
                 if decode:
-                    # A decode-only step's shape is the step's: computed once.
-                    shape = (step_span.args if not out.prefill else _shape_args(decode)) if traced else None
-                    with tracing.span("decode", cat="engine", **(shape or {"batch": len(decode)})):
-                        ready += self._forward(decode)
+                    t = clock() if traced else 0
+                    ready += self._forward(decode)
+                    if traced:  # a decode-only step's shape is the step's (the same dict, read-only)
+                        events += ("decode", "engine", t, clock(), step_args if not out.prefill else _shape_args(decode))
                 if out.prefill:
-                    with tracing.span("prefill", cat="engine", chunks=len(out.prefill),
-                                      **(_shape_args(out.prefill) if traced else {"tokens": prefill_tokens})):
-                        ready += self._forward(out.prefill)
+                    t = clock() if traced else 0
+                    ready += self._forward(out.prefill)
+                    if traced:
+                        events += ("prefill", "engine", t, clock(), {"chunks": len(out.prefill),
+                                                                      **_shape_args(out.prefill)})
             if ready:
-                with tracing.span("sample", cat="engine", batch=len(ready)):
-                    self._sample(_rows_on_host(ready))
+                t = clock() if traced else 0
+                self._sample(_rows_on_host(ready))
+                if traced:
+                    events += ("sample", "engine", t, clock(), {"batch": len(ready)})
             if self.config.step_delay_ms > 0:
                 with tracing.span("step_delay", cat="engine"):
                     time.sleep(self.config.step_delay_ms / 1000.0)
             if self.config.step_slowdown > 0:
                 self._slow_down(step_start, prev_start)
+        finally:
+            if traced:
+                events += ("engine.step", "engine", t_step, clock(), step_args)
+                tracing.emit(events)
         return True
 
     def _on_admitted(self, req: Request) -> None:

@@ -22,3 +22,38 @@ def test_step_spans_carry_the_batch_shape(monkeypatch: pytest.MonkeyPatch) -> No
     assert decodes[1]["args"] == {"batch": 2, "tokens": 2, "context": 12 + 8, "generated": 4}
     steps = [e for e in spans if e["name"] == "engine.step"]
     assert steps[0]["args"] == {"batch": 2, "tokens": 16, "context": 16, "generated": 0}
+
+
+def test_the_step_times_its_own_phases_nested_in_order_and_a_failed_step_keeps_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step's four spans are timed by the engine and recorded in one call: each phase
+    lies inside its step, in order; a step whose forward raises still records its schedule
+    phase and its own extent; the step level records them, a level without "engine" not."""
+    engine = Engine(EngineConfig(preset="tiny", max_running=2, cpu_kernels="torch", dtype="float32"))
+    monkeypatch.setattr(rec, "_TRACER", Tracer(enabled=True, level="step"))
+    engine.generate([[1] * 5], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    spans = [e for e in rec.snapshot()["traceEvents"] if e["ph"] == "X" and e["cat"] == "engine"]
+    steps = sorted((e for e in spans if e["name"] == "engine.step"), key=lambda e: e["ts"])
+    assert len(steps) == 3  # a prefill and two decodes
+    for step in steps:
+        inside = sorted((e for e in spans if e["name"] != "engine.step" and step["ts"] <= e["ts"]
+                         and e["ts"] + e["dur"] <= step["ts"] + step["dur"]), key=lambda e: e["ts"])
+        assert [e["name"] for e in inside][0] == "schedule" and [e["name"] for e in inside][-1] == "sample"
+        assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(inside, inside[1:]))  # phases do not overlap
+
+    rec.reset()
+
+    def broken(chunks):  # type: ignore[no-untyped-def]
+        raise RuntimeError("forward failed")
+
+    monkeypatch.setattr(engine, "_forward", broken)
+    engine.add_request([7, 8, 9], SamplingParams(temperature=0.0, max_tokens=2), lambda out: None)
+    with pytest.raises(RuntimeError, match="forward failed"):
+        engine.step()
+    names = [e["name"] for e in rec.snapshot()["traceEvents"] if e["ph"] == "X"]
+    assert names == ["schedule", "engine.step"]
+
+    rec.reset()
+    monkeypatch.setattr(rec, "_TRACER", Tracer(enabled=True, level="layer"))
+    rec._TRACER.skip_cats = frozenset({"engine"})
+    assert not rec.records("engine") and rec.records("kda")
