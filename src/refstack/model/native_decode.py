@@ -21,6 +21,7 @@ order, bit for bit (tested), so which path a step takes never changes a token.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,17 @@ from refstack.model.moe import MoE
 
 if TYPE_CHECKING:
     from refstack.model.model import HybridModel
+
+
+# What a per-layer span site enters when no per-layer category is recorded (tracing off,
+# or the "step" level): one shared no-op, instead of a span object built, entered and
+# left at each of the ~24 sites of a `tiny` step (docs/performance.md, "Tracing overhead").
+_NO_SPAN = contextlib.nullcontext()
+
+
+def _layer_spans() -> bool:
+    """Whether any per-layer span of this path is recorded now (asked once per step)."""
+    return tracing.records("kda") or tracing.records("attn") or tracing.records("moe") or tracing.records("ep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +171,12 @@ class NativeDecoder:
         slots, positions = batch.decode_slots.contiguous(), batch.decode_positions.contiguous()
         x = F.embedding(batch.token_ids, self.model.embed.weight)  # the residual stream, updated in place
         xp = x.data_ptr()
+        spans = _layer_spans()
         for layer in self.layers:
             self._check(lib.refstack_rms_norm(xp, None, B, D, layer.mixer_norm[0], layer.mixer_norm[1], None, p["h"], nt),
                         "rms_norm")
             if layer.is_kda:
-                with tracing.span("kda", cat="kda", layer=layer.index, tokens=B):
+                with tracing.span("kda", cat="kda", layer=layer.index, tokens=B) if spans else _NO_SPAN:
                     states = cache.states[layer.index]
                     if batch.fresh_decode_slots is not None:  # a one-token prompt starts from a zero state
                         states.index_fill_(0, batch.fresh_decode_slots, 0.0)
@@ -178,7 +191,7 @@ class NativeDecoder:
                     if work is not states:
                         states.index_copy_(0, slots, work.to(states.dtype))
             else:
-                with tracing.span("attention", cat="attn", layer=layer.index, tokens=B):
+                with tracing.span("attention", cat="attn", layer=layer.index, tokens=B) if spans else _NO_SPAN:
                     keys, values = cache.keys[layer.index], cache.values[layer.index]
                     # The cache's storage type (fp32, bf16, fp8 e4m3, int8) and scales: the
                     # kernel encodes the new rows and widens stored ones as it reads.
@@ -192,11 +205,11 @@ class NativeDecoder:
             # x += delta; h = norm(x)
             self._check(lib.refstack_rms_norm(xp, p["delta"], B, D, layer.mlp_norm[0], layer.mlp_norm[1], None, p["h"], nt),
                         "rms_norm")
-            self._moe(layer, B, p, xp, nt)
+            self._moe(layer, B, p, xp, nt, spans)
         h = cpu_kernels.rms_norm(x, self.model.norm.weight, self.model.norm.eps)
         return self.model.lm_head(h)
 
-    def _moe(self, layer: _Layer, B: int, p: dict[str, int], xp: int, nt: int) -> None:
+    def _moe(self, layer: _Layer, B: int, p: dict[str, int], xp: int, nt: int, spans: bool) -> None:
         lib, D, E, k = self.lib, self.hidden, self.num_experts, self.top_k
         self._check(lib.refstack_gemm(p["h"], B, D, D, layer.router, E, p["router"], E, nt), "router gemm")
         self._check(lib.refstack_moe_route(p["router"], B, E, k, p["ids"], p["w"]), "moe_route")
@@ -205,18 +218,18 @@ class NativeDecoder:
         ep_lib = lib if ep.release_gil else self.lib_holding_gil
         cross = lib.refstack_ep_cross_bytes(p["ids"], B, k, E, self.ep_ranks, D) if ns > 0 and self.ep_ranks > 1 else 0
         gil = "released" if ep.release_gil else "held"
-        with tracing.span("moe.dispatch", cat="moe", tokens=B), \
-                tracing.span("ep.dispatch", cat="ep", tokens=B, bytes=cross, gil=gil):
+        with tracing.span("moe.dispatch", cat="moe", tokens=B) if spans else _NO_SPAN, \
+                tracing.span("ep.dispatch", cat="ep", tokens=B, bytes=cross, gil=gil) if spans else _NO_SPAN:
             self._check(ep_lib.refstack_ep_dispatch(p["h"], B, D, p["ids"], p["w"], k, E, p["counts"], p["rows"],
                                                     p["slot"], p["token"], p["weights"], p["offsets"], nt, cross, ns),
                         "ep_dispatch")
-        with tracing.span("moe.experts", cat="moe", layer=layer.index, tokens=B):
+        with tracing.span("moe.experts", cat="moe", layer=layer.index, tokens=B) if spans else _NO_SPAN:
             experts = lib.refstack_moe_experts_w8a8 if layer.experts_w8a8 else \
                 lib.refstack_moe_experts_bf16 if layer.experts_bf16 else lib.refstack_moe_experts
             self._check(experts(p["rows"], p["offsets"], E, D, self.expert_hidden, layer.gate_up, layer.down,
                                 p["hidden"], p["expert_out"], nt), "moe_experts")
-        with tracing.span("moe.combine", cat="moe", tokens=B), \
-                tracing.span("ep.combine", cat="ep", tokens=B, bytes=cross, gil=gil):
+        with tracing.span("moe.combine", cat="moe", tokens=B) if spans else _NO_SPAN, \
+                tracing.span("ep.combine", cat="ep", tokens=B, bytes=cross, gil=gil) if spans else _NO_SPAN:
             # x += sum_j w_j * expert_out[slot_j]: the block's residual add rides along.
             self._check(ep_lib.refstack_ep_combine(p["expert_out"], B * k, p["slot"], p["w"], B, k, D, xp, 1, nt, cross, ns),
                         "ep_combine")
