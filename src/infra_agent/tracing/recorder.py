@@ -92,13 +92,19 @@ class Tracer:
         return buf
 
     def record(self, name: str, cat: str, start_ns: int, dur_ns: int, args: dict[str, Any] | None) -> None:
-        buf: _ThreadBuffer | None = getattr(self._local, "buf", None)
-        if buf is None:
+        self.store((name, cat, start_ns, start_ns + dur_ns if dur_ns >= 0 else -1, args))
+
+    def store(self, values: tuple[Any, ...] | list[Any]) -> None:
+        """Append events laid end to end (FIELDS values each) to this thread's buffer, or
+        count them as dropped once it is full."""
+        try:
+            buf = self._local.buf
+        except AttributeError:
             buf = self._buffer()
-        if len(buf.flat) >= MAX_FLAT:
-            buf.dropped += 1
-            return
-        buf.flat.extend((name, cat, start_ns, start_ns + dur_ns if dur_ns >= 0 else -1, args))
+        if len(buf.flat) < MAX_FLAT:
+            buf.add(values)
+        else:
+            buf.dropped += len(values) // FIELDS
 
     def reset(self) -> None:
         with self._lock:
@@ -242,7 +248,7 @@ class span:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         start = self._start
         if start:
-            # Tracer.record inlined: this runs ~30 times per engine step, and every call
+            # Tracer.store inlined: this runs ~30 times per engine step, and every call
             # and lookup saved here is throughput the trace does not take away (a plain
             # attribute read of the thread's buffer, its bound ``extend``, the duration
             # taken at snapshot time: ~0.1 µs of the ~0.5 µs a recorded span cost).
@@ -300,15 +306,7 @@ def emit(events: list[Any]) -> None:
     four ``span`` objects each paid an entry, an exit and a lookup (docs/performance.md,
     "Tracing overhead").  The caller checks ``records(cat)`` first; the level is not
     checked again here."""
-    tracer = _TRACER or get_tracer()
-    try:
-        buf = tracer._local.buf
-    except AttributeError:
-        buf = tracer._buffer()
-    if len(buf.flat) < MAX_FLAT:
-        buf.add(events)
-    else:
-        buf.dropped += len(events) // FIELDS
+    (_TRACER or get_tracer()).store(events)
 
 
 def enable(path: str | os.PathLike[str] | None = None, level: str | None = None) -> Tracer:

@@ -14,19 +14,20 @@ import functools
 import gc
 
 
-_frozen_here = [0]  # objects this module's freezes moved, process-wide as the collector is
+_frozen_here = 0  # objects this module's freezes moved, process-wide as the collector is
 
 
 def freeze_heap() -> int:
     """Collect once, then freeze every object alive: later collections, including the
     full ones, walk only what was allocated since.  Process-wide, as the collector is.
     Returns how many objects this call moved out of the collector's reach."""
+    global _frozen_here
     gc.collect()
     before = gc.get_freeze_count()
     gc.freeze()
     _unfreeze_at_exit()
     moved = gc.get_freeze_count() - before
-    _frozen_here[0] += moved
+    _frozen_here += moved
     return moved
 
 
@@ -34,7 +35,7 @@ def frozen_by_refstack() -> int:
     """How many objects refstack's own freezes moved (some may have been freed since).  A
     library may freeze objects of its own: the process-wide ``gc.get_freeze_count()``
     counts those too."""
-    return _frozen_here[0]
+    return _frozen_here
 
 
 @functools.cache
