@@ -40,13 +40,17 @@ def test_quick_json_run_reports_every_setting_with_ratio_interval_and_verdict() 
         off = doc["settings"][name]
         assert off["available"] and len(off["tokens_per_s"]) == 10 and "ratio" not in off
         assert off["ci"][0] <= off["median"] <= off["ci"][1]
+    calls = meta["calls_per_window"]
     for name in ("tracing", "tracing (step level)", "torch_profiler"):
         row = doc["settings"][name]
-        assert row["available"] and len(row["tokens_per_s"]) == len(row["ratios"]) == 10
+        # Our tracing is paired call by call with off (a ratio per call); the profiler per cycle.
+        n = 10 * calls if name != "torch_profiler" else 10
+        assert row["available"] and len(row["tokens_per_s"]) == 10 and len(row["ratios"]) == n
         assert row["ratio_ci"][0] <= row["ratio"] <= row["ratio_ci"][1]
         assert abs(row["overhead"] - (1 - row["ratio"])) < 1e-12
         assert row["verdict"] in ("pass", "fail", "inconclusive")
-        assert "bootstrap CI of the median per-cycle ratio over 10 cycles" in row["interval"]
+        unit = "paired calls (off and this setting alternated call by call)" if name != "torch_profiler" else "cycles"
+        assert f"bootstrap CI of the median ratio over {n} {unit}" in row["interval"]
         assert meta["events_per_generate"][name] > 0  # the setting recorded the engine's work: a real cost
 
     spy = doc["settings"]["pyspy"]
@@ -63,5 +67,8 @@ def test_without_py_spy_the_run_says_why_and_still_reports_the_rest() -> None:
     assert doc["settings"]["pyspy"] == {"available": False,
                                         "reason": "unavailable: py-spy is not on PATH (pip install py-spy, in the test extras)"}
     tracing = doc["settings"]["tracing"]
-    assert "t-interval of the geometric-mean ratio over 3 cycles" in tracing["interval"]
+    pairs = 3 * doc["meta"]["calls_per_window"]
+    assert len(tracing["ratios"]) == pairs
+    how = "t-interval of the geometric-mean" if pairs < 10 else "bootstrap CI of the median"
+    assert f"{how} ratio over {pairs} paired calls" in tracing["interval"]
     assert tracing["ratio_ci"][0] <= tracing["ratio"] <= tracing["ratio_ci"][1]

@@ -98,3 +98,47 @@ def test_step_level_leaves_out_per_layer_spans_and_is_named_in_the_trace() -> No
     assert Tracer(level="layer").skip_cats == frozenset()
     with pytest.raises(ValueError, match="trace level 'fine'"):
         level_skips("fine")
+
+
+def test_records_of_a_layout_expand_on_their_thread_when_read_and_a_full_buffer_counts_drops(monkeypatch):
+    """``int_sink`` records are integers until the trace is read; then the layout's
+    expander turns each into its events, on the thread that recorded it."""
+    import pytest
+
+    import infra_agent.tracing.recorder as rec
+
+    def expand(v):
+        start, mid, end, n = v
+        return [("a", "hot", start, mid, {"n": n}), ("b", "hot", mid, end, None), ("mark", "hot", end, -1, None)]
+
+    layout = rec.register_layout(4, expand)
+    with pytest.raises(ValueError, match="at least one integer"):
+        rec.register_layout(0, expand)
+    tracer = Tracer(enabled=True, level="step")
+    monkeypatch.setattr(rec, "_TRACER", tracer)
+    assert rec.int_sink("kda") is None  # the step level leaves "kda" out
+    t0 = tracer.origin_perf_ns
+    rec.int_sink("hot")((layout, t0 + 1000, t0 + 3000, t0 + 6000, 7))
+
+    def other_thread() -> None:
+        sink = rec.int_sink("hot")
+        assert sink is not None
+        sink((layout, t0 + 10_000, t0 + 11_000, t0 + 12_000, 8))
+
+    worker = threading.Thread(target=other_thread, name="recorder-2")
+    worker.start()
+    worker.join()
+    events = [e for e in rec.snapshot()["traceEvents"] if e["ph"] != "M"]
+    assert [(e["name"], e["ph"], e["ts"], e.get("dur"), e.get("args")) for e in events] == [
+        ("a", "X", 1.0, 2.0, {"n": 7}), ("b", "X", 3.0, 3.0, None), ("mark", "i", 6.0, None, None),
+        ("a", "X", 10.0, 1.0, {"n": 8}), ("b", "X", 11.0, 1.0, None), ("mark", "i", 12.0, None, None)]
+    assert events[0]["tid"] == threading.get_native_id() and events[3]["tid"] == worker.native_id
+
+    rec.reset()
+    assert [e for e in rec.snapshot()["traceEvents"] if e["ph"] != "M"] == []
+    monkeypatch.setattr(rec, "MAX_INTS", 5)  # room for one record
+    rec.int_sink("hot")((layout, t0, t0, t0, 1))
+    rec.int_sink("hot")((layout, t0, t0, t0, 2))  # the buffer is full: counted, not kept
+    trace = rec.snapshot()
+    assert [e["args"]["n"] for e in trace["traceEvents"] if e["name"] == "a"] == [1]
+    assert trace["otherData"]["dropped_events"] == 1

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from infra_agent import tracing
+from refstack.engine import step_trace
 from refstack.engine.config import EngineConfig, resolve_dtype
 from refstack.engine.consumers import RequestStream, run_to_completion
 from refstack.engine.device import resolve_placement, select_kernels
@@ -31,20 +32,6 @@ from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk
 
 log = logging.getLogger(__name__)
 THREAD_NAME = "engine-loop"
-
-
-def _shape_args(chunks: Sequence[ScheduledChunk]) -> dict[str, int]:
-    """What a forward's time depends on: ``batch`` (sequences), ``tokens`` (forwarded this
-    step), ``context`` (positions attended in total: each chunk's start plus its tokens)
-    and ``generated`` (tokens the batch's requests have generated so far)."""
-    # One loop, not four generator sums: this runs every traced step (bench/tracer_overhead.py).
-    tokens = context = generated = 0
-    for c in chunks:
-        n = len(c.token_ids)
-        tokens += n
-        context += c.start_pos + n
-        generated += len(c.request.output_ids)
-    return {"batch": len(chunks), "tokens": tokens, "context": context, "generated": generated}
 
 
 def _rows_on_host(ready: list[tuple[ScheduledChunk, torch.Tensor]]) -> list[tuple[ScheduledChunk, torch.Tensor]]:
@@ -218,64 +205,64 @@ class Engine:
         prev_start = None if was_idle else self._prev_step_start
         self._prev_step_start = step_start
         # The step's own spans (engine.step, schedule, decode/prefill, sample) are timed
-        # here and recorded in one call when the step ends, not as span objects: at ~0.3
-        # ms a step, four spans' entry and exit were most of what tracing cost
-        # (docs/performance.md, "Tracing overhead").  A step that raises still records
-        # the phases it finished and its own extent.
-        traced = tracing.records("engine")
+        # here, a clock read per phase boundary, and recorded when the step ends as one
+        # record of integers (step_trace): at ~0.3 ms a step, span objects and the
+        # objects they kept were most of what tracing cost (docs/performance.md,
+        # "Tracing overhead").  A step that raises still records the phases it finished
+        # (-1 marks one that did not) and its own extent.
+        record = tracing.int_sink("engine")
+        traced = record is not None
         clock = time.perf_counter_ns
         t_step = clock() if traced else 0
-        events: list[Any] = []  # finished phases: name, cat, start_ns, end_ns, args (tracing.emit)
-        step_args: dict[str, int] | None = None
+        t_sched = d0 = d1 = p0 = p1 = s0 = s1 = -1
+        fused = n_ready = 0
+        d_shape, p_shape = step_trace.NO_SHAPE, step_trace.EMPTY_SHAPE
         try:
             out = self.scheduler.schedule()
             for req in out.admitted:
                 self._on_admitted(req)
             if traced:
-                events += ("schedule", "engine", t_step, clock(), None)
+                t_sched = clock()
             with self._lock:
                 self._num_waiting -= len(out.admitted)
             self._publish_counts()  # before any token of this step reaches a client
             ready: list[tuple[ScheduledChunk, torch.Tensor]] = []
             # Ascending slots let the model slice its caches instead of gathering.
             decode = sorted(out.decode, key=lambda c: c.request.slot)
-            prefill_tokens = out.num_tokens - len(decode)
             if traced:  # the step's shape, for regressions of span durations on it
-                step_args = _shape_args(decode + out.prefill if out.prefill else decode)
+                d_shape = step_trace.shape(decode)
+                if out.prefill:
+                    p_shape = step_trace.shape(out.prefill)
             if self.config.fuse_prefill_decode and decode and out.prefill:
-                # One pass over the weights for both; the span is a "prefill" step that
-                # also carries the decode batch (see its args: tokens counts both kinds).
-                t = clock() if traced else 0
+                # One pass over the weights for both; traced as a "prefill" step that also
+                # carries the decode batch.
+                fused = 1
+                p0 = clock() if traced else -1
                 ready += self._forward(decode + out.prefill)
-                if traced:
-                    events += ("prefill", "engine", t, clock(), {"chunks": len(out.prefill), "decode_batch": len(decode),
-                                                                  "prefill_tokens": prefill_tokens, **(step_args or {})})
+                p1 = clock() if traced else -1
             else:
                 if decode:
-                    t = clock() if traced else 0
+                    d0 = clock() if traced else -1
                     ready += self._forward(decode)
-                    if traced:  # a decode-only step's shape is the step's (the same dict, read-only)
-                        events += ("decode", "engine", t, clock(), step_args if not out.prefill else _shape_args(decode))
+                    d1 = clock() if traced else -1
                 if out.prefill:
-                    t = clock() if traced else 0
+                    p0 = clock() if traced else -1
                     ready += self._forward(out.prefill)
-                    if traced:
-                        events += ("prefill", "engine", t, clock(), {"chunks": len(out.prefill),
-                                                                      **_shape_args(out.prefill)})
+                    p1 = clock() if traced else -1
             if ready:
-                t = clock() if traced else 0
+                s0 = clock() if traced else -1
+                n_ready = len(ready)
                 self._sample(_rows_on_host(ready))
-                if traced:
-                    events += ("sample", "engine", t, clock(), {"batch": len(ready)})
+                s1 = clock() if traced else -1
             if self.config.step_delay_ms > 0:
                 with tracing.span("step_delay", cat="engine"):
                     time.sleep(self.config.step_delay_ms / 1000.0)
             if self.config.step_slowdown > 0:
                 self._slow_down(step_start, prev_start)
         finally:
-            if traced:
-                events += ("engine.step", "engine", t_step, clock(), step_args)
-                tracing.emit(events)
+            if record is not None:
+                record((step_trace.layout(), t_step, t_sched, d0, d1, p0, p1, s0, s1, clock(), fused, n_ready,
+                        *d_shape, *p_shape))
         return True
 
     def _on_admitted(self, req: Request) -> None:

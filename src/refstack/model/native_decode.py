@@ -21,8 +21,8 @@ order, bit for bit (tested), so which path a step takes never changes a token.
 
 from __future__ import annotations
 
-import contextlib
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from infra_agent import tracing
 from refstack.kernels import cpu_blocks, cpu_build, cpu_kernels
+from refstack.model import decode_trace
 from refstack.model.attention import AttentionLayer
 from refstack.model.batch import ForwardBatch
 from refstack.model.cache import ModelCache
@@ -40,17 +40,6 @@ from refstack.model.moe import MoE
 
 if TYPE_CHECKING:
     from refstack.model.model import HybridModel
-
-
-# What a per-layer span site enters when no per-layer category is recorded (tracing off,
-# or the "step" level): one shared no-op, instead of a span object built, entered and
-# left at each of the ~24 sites of a `tiny` step (docs/performance.md, "Tracing overhead").
-_NO_SPAN = contextlib.nullcontext()
-
-
-def _layer_spans() -> bool:
-    """Whether any per-layer span of this path is recorded now (asked once per step)."""
-    return tracing.records("kda") or tracing.records("attn") or tracing.records("moe") or tracing.records("ep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +54,10 @@ class _Layer:
     down: int
     experts_bf16: bool
     experts_w8a8: bool = False  # tagged W8A8 packs (refstack.model.quant)
+
+
+def _untimed() -> int:
+    return -1
 
 
 class NativeDecoder:
@@ -171,45 +164,53 @@ class NativeDecoder:
         slots, positions = batch.decode_slots.contiguous(), batch.decode_positions.contiguous()
         x = F.embedding(batch.token_ids, self.model.embed.weight)  # the residual stream, updated in place
         xp = x.data_ptr()
-        spans = _layer_spans()
+        # The per-layer spans: a clock read at each boundary and one record per layer
+        # (decode_trace), or nothing at all when no per-layer category is recorded.
+        mask, record = decode_trace.sink()
+        clock = time.perf_counter_ns
         for layer in self.layers:
             self._check(lib.refstack_rms_norm(xp, None, B, D, layer.mixer_norm[0], layer.mixer_norm[1], None, p["h"], nt),
                         "rms_norm")
+            m0 = clock() if record else -1
             if layer.is_kda:
-                with tracing.span("kda", cat="kda", layer=layer.index, tokens=B) if spans else _NO_SPAN:
-                    states = cache.states[layer.index]
-                    if batch.fresh_decode_slots is not None:  # a one-token prompt starts from a zero state
-                        states.index_fill_(0, batch.fresh_decode_slots, 0.0)
-                    # A bf16 state (kda_state_dtype): the kernel updates fp32 copies of the
-                    # batch's rows, rounded back into the cache after the step.
-                    work, rows = (states, slots) if states.dtype == torch.float32 else \
-                        (states.index_select(0, slots).float(), torch.arange(B))
-                    a = layer.mixer_args
-                    self._check(lib.refstack_kda_decode_block(
-                        p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], a[6], work.data_ptr(), a[7], a[8], a[9], a[10],
-                        a[11], a[12], a[13], a[14], rows.data_ptr(), p["delta"], p["scratch"], nt), "kda_decode_block")
-                    if work is not states:
-                        states.index_copy_(0, slots, work.to(states.dtype))
+                states = cache.states[layer.index]
+                if batch.fresh_decode_slots is not None:  # a one-token prompt starts from a zero state
+                    states.index_fill_(0, batch.fresh_decode_slots, 0.0)
+                # A bf16 state (kda_state_dtype): the kernel updates fp32 copies of the
+                # batch's rows, rounded back into the cache after the step.
+                work, rows = (states, slots) if states.dtype == torch.float32 else \
+                    (states.index_select(0, slots).float(), torch.arange(B))
+                a = layer.mixer_args
+                self._check(lib.refstack_kda_decode_block(
+                    p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], a[6], work.data_ptr(), a[7], a[8], a[9], a[10],
+                    a[11], a[12], a[13], a[14], rows.data_ptr(), p["delta"], p["scratch"], nt), "kda_decode_block")
+                if work is not states:
+                    states.index_copy_(0, slots, work.to(states.dtype))
             else:
-                with tracing.span("attention", cat="attn", layer=layer.index, tokens=B) if spans else _NO_SPAN:
-                    keys, values = cache.keys[layer.index], cache.values[layer.index]
-                    # The cache's storage type (fp32, bf16, fp8 e4m3, int8) and scales: the
-                    # kernel encodes the new rows and widens stored ones as it reads.
-                    kv = cpu_kernels.kv_cache_args("native decode", keys, values, cache.k_scales.get(layer.index),
-                                                   cache.v_scales.get(layer.index))
-                    a = layer.mixer_args
-                    self._check(lib.refstack_attn_decode_block_kv(
-                        p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], self.rope[0], self.rope[1], self.rope[2],
-                        keys.data_ptr(), values.data_ptr(), *kv, slots.data_ptr(), positions.data_ptr(), cache.num_slots,
-                        keys.shape[2], a[6], p["delta"], p["scratch"], nt), "attn_decode_block")
+                keys, values = cache.keys[layer.index], cache.values[layer.index]
+                # The cache's storage type (fp32, bf16, fp8 e4m3, int8) and scales: the
+                # kernel encodes the new rows and widens stored ones as it reads.
+                kv = cpu_kernels.kv_cache_args("native decode", keys, values, cache.k_scales.get(layer.index),
+                                               cache.v_scales.get(layer.index))
+                a = layer.mixer_args
+                self._check(lib.refstack_attn_decode_block_kv(
+                    p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], self.rope[0], self.rope[1], self.rope[2],
+                    keys.data_ptr(), values.data_ptr(), *kv, slots.data_ptr(), positions.data_ptr(), cache.num_slots,
+                    keys.shape[2], a[6], p["delta"], p["scratch"], nt), "attn_decode_block")
+            m1 = clock() if record else -1
             # x += delta; h = norm(x)
             self._check(lib.refstack_rms_norm(xp, p["delta"], B, D, layer.mlp_norm[0], layer.mlp_norm[1], None, p["h"], nt),
                         "rms_norm")
-            self._moe(layer, B, p, xp, nt, spans)
+            moe_times = self._moe(layer, B, p, xp, nt, record is not None)
+            if record is not None:
+                record((decode_trace.layout(), mask, layer.index, layer.is_kda, B, *moe_times[:2], m0, m1, *moe_times[2:]))
         h = cpu_kernels.rms_norm(x, self.model.norm.weight, self.model.norm.eps)
         return self.model.lm_head(h)
 
-    def _moe(self, layer: _Layer, B: int, p: dict[str, int], xp: int, nt: int, spans: bool) -> None:
+    def _moe(self, layer: _Layer, B: int, p: dict[str, int], xp: int, nt: int, timed: bool) -> tuple[int, ...]:
+        """The MoE block; when ``timed``, (bytes exchanged, GIL held, then the start and end
+        of moe.dispatch, ep.dispatch, moe.experts, moe.combine, ep.combine) for the
+        layer's record (decode_trace), else an empty tuple."""
         lib, D, E, k = self.lib, self.hidden, self.num_experts, self.top_k
         self._check(lib.refstack_gemm(p["h"], B, D, D, layer.router, E, p["router"], E, nt), "router gemm")
         self._check(lib.refstack_moe_route(p["router"], B, E, k, p["ids"], p["w"]), "moe_route")
@@ -217,22 +218,26 @@ class NativeDecoder:
         ns = ep.ns_per_byte
         ep_lib = lib if ep.release_gil else self.lib_holding_gil
         cross = lib.refstack_ep_cross_bytes(p["ids"], B, k, E, self.ep_ranks, D) if ns > 0 and self.ep_ranks > 1 else 0
-        gil = "released" if ep.release_gil else "held"
-        with tracing.span("moe.dispatch", cat="moe", tokens=B) if spans else _NO_SPAN, \
-                tracing.span("ep.dispatch", cat="ep", tokens=B, bytes=cross, gil=gil) if spans else _NO_SPAN:
-            self._check(ep_lib.refstack_ep_dispatch(p["h"], B, D, p["ids"], p["w"], k, E, p["counts"], p["rows"],
-                                                    p["slot"], p["token"], p["weights"], p["offsets"], nt, cross, ns),
-                        "ep_dispatch")
-        with tracing.span("moe.experts", cat="moe", layer=layer.index, tokens=B) if spans else _NO_SPAN:
-            experts = lib.refstack_moe_experts_w8a8 if layer.experts_w8a8 else \
-                lib.refstack_moe_experts_bf16 if layer.experts_bf16 else lib.refstack_moe_experts
-            self._check(experts(p["rows"], p["offsets"], E, D, self.expert_hidden, layer.gate_up, layer.down,
-                                p["hidden"], p["expert_out"], nt), "moe_experts")
-        with tracing.span("moe.combine", cat="moe", tokens=B) if spans else _NO_SPAN, \
-                tracing.span("ep.combine", cat="ep", tokens=B, bytes=cross, gil=gil) if spans else _NO_SPAN:
-            # x += sum_j w_j * expert_out[slot_j]: the block's residual add rides along.
-            self._check(ep_lib.refstack_ep_combine(p["expert_out"], B * k, p["slot"], p["w"], B, k, D, xp, 1, nt, cross, ns),
-                        "ep_combine")
+        clock = time.perf_counter_ns if timed else _untimed
+        d0 = clock()  # moe.dispatch, with ep.dispatch (the exchange itself) inside it
+        ed0 = clock()
+        self._check(ep_lib.refstack_ep_dispatch(p["h"], B, D, p["ids"], p["w"], k, E, p["counts"], p["rows"],
+                                                p["slot"], p["token"], p["weights"], p["offsets"], nt, cross, ns),
+                    "ep_dispatch")
+        ed1 = clock()
+        d1 = x0 = clock()
+        experts = lib.refstack_moe_experts_w8a8 if layer.experts_w8a8 else \
+            lib.refstack_moe_experts_bf16 if layer.experts_bf16 else lib.refstack_moe_experts
+        self._check(experts(p["rows"], p["offsets"], E, D, self.expert_hidden, layer.gate_up, layer.down,
+                            p["hidden"], p["expert_out"], nt), "moe_experts")
+        x1 = c0 = clock()
+        ec0 = clock()
+        # x += sum_j w_j * expert_out[slot_j]: the block's residual add rides along.
+        self._check(ep_lib.refstack_ep_combine(p["expert_out"], B * k, p["slot"], p["w"], B, k, D, xp, 1, nt, cross, ns),
+                    "ep_combine")
+        ec1 = clock()
+        c1 = clock()
+        return (cross, not ep.release_gil, d0, d1, ed0, ed1, x0, x1, c0, c1, ec0, ec1) if timed else ()
 
     @staticmethod
     def _check(rc: int, kernel: str) -> None:

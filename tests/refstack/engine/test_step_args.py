@@ -57,3 +57,30 @@ def test_the_step_times_its_own_phases_nested_in_order_and_a_failed_step_keeps_t
     monkeypatch.setattr(rec, "_TRACER", Tracer(enabled=True, level="layer"))
     rec._TRACER.skip_cats = frozenset({"engine"})
     assert not rec.records("engine") and rec.records("kda")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_mixed_step_records_each_forward_with_its_own_shape(monkeypatch: pytest.MonkeyPatch, fused: bool) -> None:
+    """A step that decodes one request and prefills another: unfused, a ``decode`` and a
+    ``prefill`` span, each with its chunks' shape; fused, one ``prefill`` span carrying
+    the decode batch; ``engine.step`` has the two together either way."""
+    engine = Engine(EngineConfig(preset="tiny", max_running=4, cpu_kernels="torch", dtype="float32",
+                                 fuse_prefill_decode=fused))
+    monkeypatch.setattr(rec, "_TRACER", Tracer(enabled=True, level="step"))
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    engine.add_request([3] * 5, params, lambda out: None)
+    assert engine.step()  # prefills the first request and samples its first token
+    rec.reset()
+    engine.add_request([4] * 4, params, lambda out: None)
+    assert engine.step()  # decodes the first (position 5) and prefills the second
+    events = [e for e in rec.snapshot()["traceEvents"] if e["ph"] == "X"]
+    by_name = {e["name"]: e["args"] for e in events if "args" in e}
+    both = {"batch": 2, "tokens": 5, "context": 6 + 4, "generated": 1}
+    if fused:
+        assert [e["name"] for e in events] == ["schedule", "prefill", "sample", "engine.step"]
+        assert by_name["prefill"] == {"chunks": 1, "decode_batch": 1, "prefill_tokens": 4, **both}
+    else:
+        assert [e["name"] for e in events] == ["schedule", "decode", "prefill", "sample", "engine.step"]
+        assert by_name["decode"] == {"batch": 1, "tokens": 1, "context": 6, "generated": 1}
+        assert by_name["prefill"] == {"chunks": 1, "batch": 1, "tokens": 4, "context": 4, "generated": 0}
+    assert by_name["sample"] == {"batch": 2} and by_name["engine.step"] == both

@@ -1,0 +1,67 @@
+"""The native decode step's per-layer spans, recorded as one record of integers per layer.
+
+The native path (``refstack.model.native_decode``) runs a layer as a few C calls, and
+its spans are the module path's: the mixer (``kda`` or ``attention``), then
+``moe.dispatch`` with ``ep.dispatch`` inside it, ``moe.experts``, and ``moe.combine``
+with ``ep.combine`` inside it.  On ``tiny`` (a ~0.3 ms step, 4 layers) six ``span``
+objects per layer cost ~12% of the step at the ``layer`` level.  The step reads the
+clock at each boundary instead and hands ``tracing.int_sink`` one tuple per layer; the
+events and their args are built only when the trace is read (docs/performance.md,
+"Tracing overhead").
+
+A record, after the layout id: which categories were recorded (``MASK`` bits), the
+layer's index, whether it is a KDA layer, the batch, the bytes the expert-parallel
+exchange moved, whether it held the GIL, then the start and end of: the mixer,
+``moe.dispatch``, ``ep.dispatch``, ``moe.experts``, ``moe.combine``, ``ep.combine``.
+A layer whose kernel raised records nothing (the step fails; the layers before it
+keep theirs).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from infra_agent import tracing
+
+MASK = {"kda": 1, "attn": 2, "moe": 4, "ep": 8}
+WIDTH = 18
+
+
+def sink() -> tuple[int, Callable[[tuple[int, ...]], None] | None]:
+    """This step's category mask and the sink its layer records go to; (0, None) when no
+    per-layer category is recorded now (tracing off, or the ``step`` level)."""
+    mask = 0
+    for cat, bit in MASK.items():
+        if tracing.records(cat):
+            mask |= bit
+    if not mask:
+        return 0, None
+    return mask, tracing.int_sink(next(cat for cat, bit in MASK.items() if mask & bit))
+
+
+@functools.cache
+def layout() -> int:
+    """The layer record's layout id (registered on the first traced step)."""
+    return tracing.register_layout(WIDTH, expand)
+
+
+def expand(v: Sequence[int]) -> list[tuple[str, str, int, int, dict[str, Any] | None]]:
+    """One layer record's events, in the order the layer finished them."""
+    mask, layer, is_kda, B, cross, held, m0, m1, d0, d1, ed0, ed1, x0, x1, c0, c1, ec0, ec1 = v
+    gil = "held" if held else "released"
+    events: list[tuple[str, str, int, int, dict[str, Any] | None]] = []
+    if mask & (MASK["kda"] if is_kda else MASK["attn"]):
+        events.append(("kda", "kda", m0, m1, {"layer": layer, "tokens": B}) if is_kda
+                      else ("attention", "attn", m0, m1, {"layer": layer, "tokens": B}))
+    if mask & MASK["ep"]:
+        events.append(("ep.dispatch", "ep", ed0, ed1, {"tokens": B, "bytes": cross, "gil": gil}))
+    if mask & MASK["moe"]:
+        events.append(("moe.dispatch", "moe", d0, d1, {"tokens": B}))
+        events.append(("moe.experts", "moe", x0, x1, {"layer": layer, "tokens": B}))
+    if mask & MASK["ep"]:
+        events.append(("ep.combine", "ep", ec0, ec1, {"tokens": B, "bytes": cross, "gil": gil}))
+    if mask & MASK["moe"]:
+        events.append(("moe.combine", "moe", c0, c1, {"tokens": B}))
+    return events
