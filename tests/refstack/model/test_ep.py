@@ -135,3 +135,35 @@ def test_native_decode_path_runs_the_ep_section(monkeypatch: pytest.MonkeyPatch)
     spans = [e for e in rec.snapshot()["traceEvents"] if e["ph"] == "X" and e["cat"] == "ep"]
     assert {e["name"] for e in spans} == {"ep.dispatch", "ep.combine"}
     assert all(e["args"]["gil"] == "held" and e["args"]["tokens"] == 2 for e in spans)
+
+
+@NATIVE
+def test_native_decode_records_only_the_categories_the_tracer_keeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native step's per-layer records carry which categories were recorded: a
+    tracer that keeps only "ep" gets the exchange spans and no mixer or moe ones, and the
+    layer level gets every layer's six, each ep span inside its moe phase."""
+    model = HybridModel(HybridConfig.preset("tiny"))
+    model.use_native_kernels(True)
+    cache = model.new_cache(num_slots=2)
+    model.forward_chunks([SeqChunk(0, [1, 2, 3], 0), SeqChunk(1, [4, 5], 0)], cache)
+    tracer = Tracer(enabled=True)
+    tracer.skip_cats = frozenset({"kda", "attn", "moe", "model", "lm_head"})
+    monkeypatch.setattr(rec, "_TRACER", tracer)
+    model.forward_chunks([SeqChunk(0, [9], 3), SeqChunk(1, [8], 2)], cache)
+    names = [e["name"] for e in rec.snapshot()["traceEvents"] if e["ph"] == "X"]
+    assert names == ["ep.dispatch", "ep.combine"] * model.config.num_layers
+
+    rec.reset()
+    tracer.skip_cats = frozenset()
+    model.forward_chunks([SeqChunk(0, [7], 4), SeqChunk(1, [6], 3)], cache)
+    spans = [e for e in rec.snapshot()["traceEvents"] if e["ph"] == "X"]
+    layers = model.config.num_layers
+    mixers = [e for e in spans if e["name"] in ("kda", "attention")]
+    assert [e["args"]["layer"] for e in mixers] == list(range(layers))
+    assert all(e["args"]["tokens"] == 2 for e in mixers)
+    for inner, outer in (("ep.dispatch", "moe.dispatch"), ("ep.combine", "moe.combine")):
+        pairs = list(zip((e for e in spans if e["name"] == inner), (e for e in spans if e["name"] == outer), strict=True))
+        assert len(pairs) == layers
+        assert all(o["ts"] <= i["ts"] and i["ts"] + i["dur"] <= o["ts"] + o["dur"] for i, o in pairs)
+    experts = [e for e in spans if e["name"] == "moe.experts"]
+    assert [e["args"]["layer"] for e in experts] == list(range(layers))
