@@ -17,13 +17,14 @@ reported beside it.  Why the shape of the run:
 - The engine is stepped on the worker's main thread (``Engine.generate`` without the
   loop thread): torch.profiler records only the thread that starts it, so with the
   serving loop thread it would record nothing and cost nothing.
-- ``tracing``: ``tracing.enable()`` + ``reset()`` before the window, which is what
-  ``--trace true`` (the timeline probe's trace knob) and its ``/debug/trace?reset=true``
-  do in a server.  ``torch_profiler``: CPU activities, ``record_shapes=False``.
+- ``tracing``: ``tracing.reset()`` before the window and ``tracing.enable()`` before
+  each of its tracing calls, which is what ``--trace true`` (the timeline probe's trace
+  knob) and its ``/debug/trace?reset=true`` do in a server.  ``torch_profiler``: CPU activities, ``record_shapes=False``.
   ``pyspy``: the timeline probe's own sampler (``PySpyDumpSampler``, back-to-back
   ``py-spy dump`` at its default ``sample_interval_s``) on the worker, tracing off.
   Reading the results out (snapshot, profiler stop) happens after the window, as the
-  probe fetches spans after its window; its time is the ``post s`` column.
+  probe fetches spans after its window; its time is the ``post s`` column (for our
+  tracing, one snapshot of both levels' events, the window they share).
 - The workers import refstack's server modules and none of this script's analysis: span
   events kept in memory are objects the garbage collector walks, and each full collection
   walks the whole heap, so tracing's cost grows with the heap and a server's is the one
