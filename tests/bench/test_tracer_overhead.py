@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "tracer_overhead.py"
-SETTINGS = ("off", "tracing", "tracing (step level)", "pyspy", "off (profiler worker)", "torch_profiler")
+SETTINGS = ("off", "tracing", "tracing (step level)", "off (whole window)", "tracing (step level, whole window)", "pyspy",
+            "off (profiler worker)", "torch_profiler")
 
 
 def _run(repeats: int, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
@@ -36,22 +37,25 @@ def test_quick_json_run_reports_every_setting_with_ratio_interval_and_verdict() 
                            "step_level_outcome": doc["settings"]["tracing (step level)"]["verdict"]}
 
     assert set(meta["gc_objects"]) == {"main", "profiler"}
-    for name in ("off", "off (profiler worker)"):  # each worker's baseline
+    for name in ("off", "off (whole window)", "off (profiler worker)"):  # each baseline
         off = doc["settings"][name]
         assert off["available"] and len(off["tokens_per_s"]) == 10 and "ratio" not in off
         assert off["ci"][0] <= off["median"] <= off["ci"][1]
     calls = meta["calls_per_window"]
-    for name in ("tracing", "tracing (step level)", "torch_profiler"):
+    for name in ("tracing", "tracing (step level)", "tracing (step level, whole window)", "torch_profiler"):
         row = doc["settings"][name]
-        # Our tracing is paired call by call with off (a ratio per call); the profiler per cycle.
-        n = 10 * calls if name != "torch_profiler" else 10
-        assert row["available"] and len(row["tokens_per_s"]) == 10 and len(row["ratios"]) == n
+        # One ratio per cycle; our paired rows keep their per-call ratios beside them.
+        paired = name in ("tracing", "tracing (step level)")
+        assert row["available"] and len(row["tokens_per_s"]) == len(row["ratios"]) == 10
+        assert len(row.get("call_ratios", [])) == (10 * calls if paired else 0)
         assert row["ratio_ci"][0] <= row["ratio"] <= row["ratio_ci"][1]
         assert abs(row["overhead"] - (1 - row["ratio"])) < 1e-12
         assert row["verdict"] in ("pass", "fail", "inconclusive")
-        unit = "paired calls (off and this setting alternated call by call)" if name != "torch_profiler" else "cycles"
-        assert f"bootstrap CI of the median ratio over {n} {unit}" in row["interval"]
-        assert meta["events_per_generate"][name] > 0  # the setting recorded the engine's work: a real cost
+        unit = "cycles, each the median of its paired calls" if paired else "cycles"
+        assert f"bootstrap CI of the median ratio over 10 {unit}" in row["interval"]
+        if name in meta["events_per_generate"]:
+            assert meta["events_per_generate"][name] > 0  # the setting recorded the engine's work: a real cost
+    assert {"tracing", "tracing (step level)", "torch_profiler"} <= set(meta["events_per_generate"])
 
     spy = doc["settings"]["pyspy"]
     if spy["available"]:
@@ -67,8 +71,6 @@ def test_without_py_spy_the_run_says_why_and_still_reports_the_rest() -> None:
     assert doc["settings"]["pyspy"] == {"available": False,
                                         "reason": "unavailable: py-spy is not on PATH (pip install py-spy, in the test extras)"}
     tracing = doc["settings"]["tracing"]
-    pairs = 3 * doc["meta"]["calls_per_window"]
-    assert len(tracing["ratios"]) == pairs
-    how = "t-interval of the geometric-mean" if pairs < 10 else "bootstrap CI of the median"
-    assert f"{how} ratio over {pairs} paired calls" in tracing["interval"]
+    assert len(tracing["ratios"]) == 3 and len(tracing["call_ratios"]) == 3 * doc["meta"]["calls_per_window"]
+    assert "t-interval of the geometric-mean ratio over 3 cycles, each the median of its paired calls" in tracing["interval"]
     assert tracing["ratio_ci"][0] <= tracing["ratio"] <= tracing["ratio_ci"][1]

@@ -8,6 +8,8 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
+
 from infra_agent.tracing.recorder import Tracer, span
 
 
@@ -103,8 +105,6 @@ def test_step_level_leaves_out_per_layer_spans_and_is_named_in_the_trace() -> No
 def test_records_of_a_layout_expand_on_their_thread_when_read_and_a_full_buffer_counts_drops(monkeypatch):
     """``int_sink`` records are integers until the trace is read; then the layout's
     expander turns each into its events, on the thread that recorded it."""
-    import pytest
-
     import infra_agent.tracing.recorder as rec
 
     def expand(v):
@@ -142,3 +142,29 @@ def test_records_of_a_layout_expand_on_their_thread_when_read_and_a_full_buffer_
     trace = rec.snapshot()
     assert [e["args"]["n"] for e in trace["traceEvents"] if e["name"] == "a"] == [1]
     assert trace["otherData"]["dropped_events"] == 1
+
+
+def test_a_bad_integer_record_keeps_the_records_before_it_and_the_trace_readable(monkeypatch, caplog):
+    """A writer's bad record (a value that is not an integer, a wrong width, an unknown
+    layout) must not make the whole trace unreadable: what came before it is kept, the
+    rest counts as dropped, and a warning says where."""
+    import infra_agent.tracing.recorder as rec
+
+    layout = rec.register_layout(2, lambda v: [("ok", "hot", v[0], v[1], None)])
+    tracer = Tracer(enabled=True)
+    monkeypatch.setattr(rec, "_TRACER", tracer)
+    t0 = tracer.origin_perf_ns
+    sink = rec.int_sink("hot")
+    sink((layout, t0, t0 + 1000))
+    with pytest.raises(TypeError):
+        sink((layout, t0, None))  # array.extend stops part way: the buffer is now unaligned
+    sink((layout, t0 + 2000, t0 + 3000))
+    with caplog.at_level("WARNING", logger="infra_agent.tracing.recorder"):
+        trace = rec.snapshot()
+    assert [e["name"] for e in trace["traceEvents"] if e["ph"] == "X"] == ["ok"]
+    assert trace["otherData"]["dropped_events"] == 1
+    assert "could not be read as records" in caplog.text and "from offset 3" in caplog.text
+
+    rec.reset()
+    sink((len(rec._LAYOUTS) + 5, 1, 2))  # no such layout
+    assert [e for e in rec.snapshot()["traceEvents"] if e["ph"] == "X"] == []

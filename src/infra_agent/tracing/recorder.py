@@ -12,6 +12,7 @@ import atexit
 import functools
 import gc
 import json
+import logging
 import os
 import threading
 import time
@@ -38,6 +39,7 @@ LEVELS: dict[str, frozenset[str]] = {
 MAX_EVENTS_PER_THREAD = 2_000_000
 
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger(__name__)
 
 
 class _ThreadBuffer:
@@ -67,12 +69,16 @@ class _ThreadBuffer:
         self.dropped = 0
 
     def drop(self, record: tuple[int, ...]) -> None:
-        """A full buffer's int sink: counts the record it does not keep (as one dropped event)."""
+        """A full buffer's int sink: counts the record it does not keep.  A record counts as
+        one dropped event, whatever it expands to (its layout is not looked up here)."""
         self.dropped += 1
 
 
 FIELDS = 5
 MAX_FLAT = MAX_EVENTS_PER_THREAD * FIELDS
+# The integer records' own bound: ~4 events' worth of values each, as a step record
+# (20 values, up to 5 events) holds.  Checked when a sink is handed out, so a thread may
+# overshoot it by what it records with one sink (one step).
 MAX_INTS = MAX_EVENTS_PER_THREAD * 4
 
 # A layout's expander turns one record's integers (its id left out) into the events it
@@ -136,6 +142,8 @@ class Tracer:
         with self._lock:
             for buf in self._buffers:
                 buf.flat.clear()
+                # Emptied in place, not replaced: a sink handed out before the reset is
+                # this array's bound extend, and must keep writing where snapshot reads.
                 del buf.ints[:]
                 buf.dropped = 0
 
@@ -156,7 +164,11 @@ class Tracer:
             for i in range(0, len(flat), FIELDS):
                 name, cat, start_ns, end_ns, args = flat[i : i + FIELDS]
                 events.append(self._event(pid, buf.tid, name, cat, start_ns, end_ns, args))
-            for name, cat, start_ns, end_ns, args in _expand(buf.ints[:]):
+            # The integer records come after the thread's other events (not interleaved by
+            # completion); readers order events by their timestamps.
+            expanded, unreadable = _expand(buf.ints[:])
+            dropped += unreadable
+            for name, cat, start_ns, end_ns, args in expanded:
                 events.append(self._event(pid, buf.tid, name, cat, start_ns, end_ns, args))
         return {
             "traceEvents": events,
@@ -209,14 +221,37 @@ def register_layout(width: int, expand: Expander) -> int:
         return len(_LAYOUTS) - 1
 
 
-def _expand(ints: Sequence[int]) -> Iterable[tuple[str, str, int, int, dict[str, Any] | None]]:
+def _expand(ints: Sequence[int]) -> tuple[list[tuple[str, str, int, int, dict[str, Any] | None]], int]:
+    """The events of a buffer's integer records, and how many records could not be read.
+
+    A writer that handed its sink a bad record (a value that is not an integer stops
+    ``array.extend`` part way; a record of the wrong width shifts every later one) leaves
+    the rest of the buffer unaligned.  The records before it are kept; the rest counts as
+    one dropped event (how many records it held cannot be known) and a warning names its
+    offset, so one bad record never makes the trace unreadable (``GET /debug/trace``, the
+    dump at exit)."""
+    events: list[tuple[str, str, int, int, dict[str, Any] | None]] = []
     i, n = 0, len(ints)
     while i < n:
-        width, expand = _LAYOUTS[ints[i]]
-        if i + 1 + width > n:  # only a writer's bug can cut a record; keep what is whole
-            return
-        yield from expand(ints[i + 1 : i + 1 + width])
+        layout_id = ints[i]
+        if not 0 <= layout_id < len(_LAYOUTS) or i + 1 + _LAYOUTS[layout_id][0] > n:
+            break
+        width, expand = _LAYOUTS[layout_id]
+        try:
+            got = list(expand(ints[i + 1 : i + 1 + width]))
+        except Exception:  # noqa: BLE001 - an expander's bug or a misaligned record: stop here
+            break
+        # Timestamps are clock readings, positive, and an interval ends after it starts:
+        # a record read out of alignment almost never passes this.
+        if not all(ev[2] > 0 and (ev[3] == -1 or ev[3] >= ev[2]) for ev in got):
+            break
+        events += got
         i += 1 + width
+    else:
+        return events, 0
+    log.warning("trace: %d integer values from offset %d could not be read as records (a bad record); "
+                "they are counted as dropped", n - i, i)
+    return events, 1
 
 
 def level_skips(level: str) -> frozenset[str]:

@@ -1,7 +1,7 @@
 """The engine step's own spans, recorded as one record of integers per step.
 
-A traced step records five spans: ``engine.step`` and, inside it, ``schedule``,
-``decode`` and/or ``prefill``, and ``sample``, each with the step's shape in its args
+A traced step records up to five spans: ``engine.step`` and, inside it, ``schedule``,
+``decode`` and/or ``prefill``, and ``sample`` (those that ran), each with the step's shape in its args
 (what the timeline's trends regress span durations on).  The step reads the clock at
 each phase boundary and, when it ends, hands its ``tracing.int_sink`` one tuple of
 integers; the events and their args dicts are built only when the trace is read.
@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra_agent import tracing
-from refstack.engine.scheduler import ScheduledChunk
+
+if TYPE_CHECKING:
+    from refstack.engine.scheduler import ScheduledChunk
 
 NO_SHAPE = (-1, 0, 0, 0)  # the step failed before its shape was taken
 EMPTY_SHAPE = (0, 0, 0, 0)

@@ -32,13 +32,16 @@ WIDTH = 18
 def sink() -> tuple[int, Callable[[tuple[int, ...]], None] | None]:
     """This step's category mask and the sink its layer records go to; (0, None) when no
     per-layer category is recorded now (tracing off, or the ``step`` level)."""
+    tracer = tracing.get_tracer()
+    if not tracer.enabled:
+        return 0, None
     mask = 0
     for cat, bit in MASK.items():
-        if tracing.records(cat):
+        if cat not in tracer.skip_cats:
             mask |= bit
     if not mask:
         return 0, None
-    return mask, tracing.int_sink(next(cat for cat, bit in MASK.items() if mask & bit))
+    return mask, tracer.int_sink(next(cat for cat, bit in MASK.items() if mask & bit))
 
 
 @functools.cache

@@ -167,11 +167,13 @@ class NativeDecoder:
         # The per-layer spans: a clock read at each boundary and one record per layer
         # (decode_trace), or nothing at all when no per-layer category is recorded.
         mask, record = decode_trace.sink()
+        traced = record is not None
+        layout = decode_trace.layout() if traced else -1
         clock = time.perf_counter_ns
         for layer in self.layers:
             self._check(lib.refstack_rms_norm(xp, None, B, D, layer.mixer_norm[0], layer.mixer_norm[1], None, p["h"], nt),
                         "rms_norm")
-            m0 = clock() if record else -1
+            m0 = clock() if traced else -1
             if layer.is_kda:
                 states = cache.states[layer.index]
                 if batch.fresh_decode_slots is not None:  # a one-token prompt starts from a zero state
@@ -197,19 +199,21 @@ class NativeDecoder:
                     p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], self.rope[0], self.rope[1], self.rope[2],
                     keys.data_ptr(), values.data_ptr(), *kv, slots.data_ptr(), positions.data_ptr(), cache.num_slots,
                     keys.shape[2], a[6], p["delta"], p["scratch"], nt), "attn_decode_block")
-            m1 = clock() if record else -1
+            m1 = clock() if traced else -1
             # x += delta; h = norm(x)
             self._check(lib.refstack_rms_norm(xp, p["delta"], B, D, layer.mlp_norm[0], layer.mlp_norm[1], None, p["h"], nt),
                         "rms_norm")
-            moe_times = self._moe(layer, B, p, xp, nt, record is not None)
+            cross, moe_times = self._moe(layer, B, p, xp, nt, traced)
             if record is not None:
-                record((decode_trace.layout(), mask, layer.index, layer.is_kda, B, *moe_times[:2], m0, m1, *moe_times[2:]))
+                record((layout, mask, layer.index, layer.is_kda, B, cross, not self.model.ep.release_gil, m0, m1,
+                        *moe_times))
         h = cpu_kernels.rms_norm(x, self.model.norm.weight, self.model.norm.eps)
         return self.model.lm_head(h)
 
-    def _moe(self, layer: _Layer, B: int, p: dict[str, int], xp: int, nt: int, timed: bool) -> tuple[int, ...]:
-        """The MoE block; when ``timed``, (bytes exchanged, GIL held, then the start and end
-        of moe.dispatch, ep.dispatch, moe.experts, moe.combine, ep.combine) for the
+    def _moe(self, layer: _Layer, B: int, p: dict[str, int], xp: int, nt: int,
+             timed: bool) -> tuple[int, tuple[int, ...]]:
+        """The MoE block: the bytes the exchange moved and, when ``timed``, the start and end
+        of moe.dispatch, ep.dispatch, moe.experts, moe.combine and ep.combine for the
         layer's record (decode_trace), else an empty tuple."""
         lib, D, E, k = self.lib, self.hidden, self.num_experts, self.top_k
         self._check(lib.refstack_gemm(p["h"], B, D, D, layer.router, E, p["router"], E, nt), "router gemm")
@@ -237,7 +241,7 @@ class NativeDecoder:
                     "ep_combine")
         ec1 = clock()
         c1 = clock()
-        return (cross, not ep.release_gil, d0, d1, ed0, ed1, x0, x1, c0, c1, ec0, ec1) if timed else ()
+        return cross, (d0, d1, ed0, ed1, x0, x1, c0, c1, ec0, ec1) if timed else ()
 
     @staticmethod
     def _check(rc: int, kernel: str) -> None:
