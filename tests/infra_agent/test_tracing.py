@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -118,12 +119,12 @@ def test_records_of_a_layout_expand_on_their_thread_when_read_and_a_full_buffer_
     monkeypatch.setattr(rec, "_TRACER", tracer)
     assert rec.int_sink("kda") is None  # the step level leaves "kda" out
     t0 = tracer.origin_perf_ns
-    rec.int_sink("hot")((layout, t0 + 1000, t0 + 3000, t0 + 6000, 7))
+    rec.int_sink("hot")(layout.pack(layout.id, t0 + 1000, t0 + 3000, t0 + 6000, 7))
 
     def other_thread() -> None:
         sink = rec.int_sink("hot")
         assert sink is not None
-        sink((layout, t0 + 10_000, t0 + 11_000, t0 + 12_000, 8))
+        sink(layout.pack(layout.id, t0 + 10_000, t0 + 11_000, t0 + 12_000, 8))
 
     worker = threading.Thread(target=other_thread, name="recorder-2")
     worker.start()
@@ -136,35 +137,44 @@ def test_records_of_a_layout_expand_on_their_thread_when_read_and_a_full_buffer_
 
     rec.reset()
     assert [e for e in rec.snapshot()["traceEvents"] if e["ph"] != "M"] == []
-    monkeypatch.setattr(rec, "MAX_INTS", 5)  # room for one record
-    rec.int_sink("hot")((layout, t0, t0, t0, 1))
-    rec.int_sink("hot")((layout, t0, t0, t0, 2))  # the buffer is full: counted, not kept
+    monkeypatch.setattr(rec, "MAX_INT_BYTES", 5 * 8)  # room for one record
+    rec.int_sink("hot")(layout.pack(layout.id, t0, t0, t0, 1))
+    rec.int_sink("hot")(layout.pack(layout.id, t0, t0, t0, 2))  # the buffer is full: counted, not kept
     trace = rec.snapshot()
     assert [e["args"]["n"] for e in trace["traceEvents"] if e["name"] == "a"] == [1]
     assert trace["otherData"]["dropped_events"] == 1
 
 
 def test_a_bad_integer_record_keeps_the_records_before_it_and_the_trace_readable(monkeypatch, caplog):
-    """A writer's bad record (a value that is not an integer, a wrong width, an unknown
-    layout) must not make the whole trace unreadable: what came before it is kept, the
-    rest counts as dropped, and a warning says where."""
+    """A record is packed whole or not at all; bytes a writer hands its sink that no
+    layout can read (an unknown id, another width, an expander that raises) keep what came
+    before them, count the rest as dropped, and a warning says where: the trace stays
+    readable."""
     import infra_agent.tracing.recorder as rec
 
     layout = rec.register_layout(2, lambda v: [("ok", "hot", v[0], v[1], None)])
+    broken = rec.register_layout(1, lambda v: [][v[0]])  # an expander with a bug
     tracer = Tracer(enabled=True)
     monkeypatch.setattr(rec, "_TRACER", tracer)
     t0 = tracer.origin_perf_ns
     sink = rec.int_sink("hot")
-    sink((layout, t0, t0 + 1000))
-    with pytest.raises(TypeError):
-        sink((layout, t0, None))  # array.extend stops part way: the buffer is now unaligned
-    sink((layout, t0 + 2000, t0 + 3000))
-    with caplog.at_level("WARNING", logger="infra_agent.tracing.recorder"):
-        trace = rec.snapshot()
-    assert [e["name"] for e in trace["traceEvents"] if e["ph"] == "X"] == ["ok"]
-    assert trace["otherData"]["dropped_events"] == 1
-    assert "could not be read as records" in caplog.text and "from offset 3" in caplog.text
+    sink(layout.pack(layout.id, t0, t0 + 1000))
+    with pytest.raises(struct.error):
+        sink(layout.pack(layout.id, t0, None))  # nothing of it is kept
+    with pytest.raises(struct.error):
+        sink(layout.pack(layout.id, t0))  # nor of a record one value short
+    sink(layout.pack(layout.id, t0 + 2000, t0 + 3000))
+    assert [e["ts"] for e in rec.snapshot()["traceEvents"] if e["ph"] == "X"] == [0.0, 2.0]
 
-    rec.reset()
-    sink((len(rec._LAYOUTS) + 5, 1, 2))  # no such layout
-    assert [e for e in rec.snapshot()["traceEvents"] if e["ph"] == "X"] == []
+    for bad in (struct.pack("=3q", len(rec._LAYOUTS) + 5, 1, 2),  # no such layout
+                broken.pack(broken.id, 0),  # its expander raises
+                layout.pack(layout.id, t0 + 5000, t0 + 4000)):  # ends before it starts: read out of step
+        rec.reset()
+        sink(layout.pack(layout.id, t0, t0 + 1000))
+        sink(bad)
+        sink(layout.pack(layout.id, t0 + 2000, t0 + 3000))
+        with caplog.at_level("WARNING", logger="infra_agent.tracing.recorder"):
+            trace = rec.snapshot()
+        assert [e["name"] for e in trace["traceEvents"] if e["ph"] == "X"] == ["ok"]
+        assert trace["otherData"]["dropped_events"] == 1
+        assert "could not be read as records" in caplog.text and "from offset 3" in caplog.text

@@ -19,6 +19,7 @@ This is the one module refstack imports from infra_agent.
 from __future__ import annotations
 
 from infra_agent.tracing.recorder import (
+    RecordLayout,
     Tracer,
     disable,
     dump,
@@ -35,6 +36,7 @@ from infra_agent.tracing.recorder import (
 )
 
 __all__ = [
+    "RecordLayout",
     "Tracer",
     "disable",
     "dump",

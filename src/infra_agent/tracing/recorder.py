@@ -14,13 +14,13 @@ import gc
 import json
 import logging
 import os
+import struct
 import threading
 import time
-from array import array
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from time import perf_counter_ns
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 ENV_VAR = "INFRA_AGENT_TRACE"
 LEVEL_ENV_VAR = "INFRA_AGENT_TRACE_LEVEL"
@@ -61,14 +61,14 @@ class _ThreadBuffer:
         # event keeps a concurrent snapshot whole (list.extend holds the GIL throughout).
         self.flat: list[Any] = []
         self.add = self.flat.extend  # bound once: one lookup less per span
-        # Records of a registered layout (register_layout): its id, then its integers.
-        # Machine integers, not objects: nothing for the allocator to keep or the
-        # collector to walk, 8 bytes a value (int_sink).
-        self.ints = array("q")
+        # Records of a registered layout (register_layout), packed: its id, then its
+        # integers, 8 bytes each.  Machine integers, not objects: nothing for the allocator
+        # to keep or the collector to walk (int_sink).
+        self.ints = bytearray()
         self.add_ints = self.ints.extend
         self.dropped = 0
 
-    def drop(self, record: tuple[int, ...]) -> None:
+    def drop(self, record: bytes) -> None:
         """A full buffer's int sink: counts the record it does not keep.  A record counts as
         one dropped event, whatever it expands to (its layout is not looked up here)."""
         self.dropped += 1
@@ -76,15 +76,25 @@ class _ThreadBuffer:
 
 FIELDS = 5
 MAX_FLAT = MAX_EVENTS_PER_THREAD * FIELDS
-# The integer records' own bound: ~4 events' worth of values each, as a step record
-# (20 values, up to 5 events) holds.  Checked when a sink is handed out, so a thread may
-# overshoot it by what it records with one sink (one step).
-MAX_INTS = MAX_EVENTS_PER_THREAD * 4
+# The integer records' own bound, in bytes: ~4 events' worth of values each, as a step
+# record (20 values, up to 5 events) holds.  Checked when a sink is handed out, so a
+# thread may overshoot it by what it records with one sink (one step).
+MAX_INT_BYTES = MAX_EVENTS_PER_THREAD * 4 * 8
 
 # A layout's expander turns one record's integers (its id left out) into the events it
 # stands for: (name, cat, start_ns, end_ns or -1, args or None) each.
 Expander = Callable[[Sequence[int]], Iterable[tuple[str, str, int, int, "dict[str, Any] | None"]]]
 _LAYOUTS: list[tuple[int, Expander]] = []  # index = layout id: (width, expander)
+
+
+class RecordLayout(NamedTuple):
+    """A registered record layout: ``sink(layout.pack(layout.id, v1, ..., v_width))``."""
+
+    id: int
+    width: int
+    # struct.Struct.pack for the id and ``width`` signed 64-bit integers (native order):
+    # a record is packed whole or not at all (a bad value raises before anything is kept).
+    pack: Callable[..., bytes]
 
 
 class Tracer:
@@ -128,7 +138,7 @@ class Tracer:
         else:
             buf.dropped += len(values) // FIELDS
 
-    def int_sink(self, cat: str) -> Callable[[tuple[int, ...]], None] | None:
+    def int_sink(self, cat: str) -> Callable[[bytes], None] | None:
         """Where this thread appends records of a registered layout (``int_sink`` below)."""
         if not self.enabled or cat in self.skip_cats:
             return None
@@ -136,7 +146,7 @@ class Tracer:
             buf = self._local.buf
         except AttributeError:
             buf = self._buffer()
-        return buf.add_ints if len(buf.ints) < MAX_INTS else buf.drop
+        return buf.add_ints if len(buf.ints) < MAX_INT_BYTES else buf.drop
 
     def reset(self) -> None:
         with self._lock:
@@ -166,7 +176,7 @@ class Tracer:
                 events.append(self._event(pid, buf.tid, name, cat, start_ns, end_ns, args))
             # The integer records come after the thread's other events (not interleaved by
             # completion); readers order events by their timestamps.
-            expanded, unreadable = _expand(buf.ints[:])
+            expanded, unreadable = _expand(memoryview(bytes(buf.ints)).cast("q"))
             dropped += unreadable
             for name, cat, start_ns, end_ns, args in expanded:
                 events.append(self._event(pid, buf.tid, name, cat, start_ns, end_ns, args))
@@ -210,23 +220,23 @@ class Tracer:
         return target
 
 
-def register_layout(width: int, expand: Expander) -> int:
-    """A record layout for ``int_sink``: its id, to put first in each record of ``width``
-    integers after it.  ``expand`` turns one record (without the id) into its events when
-    the trace is read.  Register once per layout (e.g. behind ``functools.cache``)."""
+def register_layout(width: int, expand: Expander) -> RecordLayout:
+    """A record layout for ``int_sink``: each record is the layout's id and ``width``
+    integers, packed with ``layout.pack``; ``expand`` turns one record's integers (without
+    the id) into its events when the trace is read.  Register once per layout (e.g. behind
+    ``functools.cache``)."""
     if width < 1:
         raise ValueError(f"a record layout needs at least one integer, got width {width}")
     with _TRACER_LOCK:
         _LAYOUTS.append((width, expand))
-        return len(_LAYOUTS) - 1
+        return RecordLayout(len(_LAYOUTS) - 1, width, struct.Struct(f"={width + 1}q").pack)
 
 
 def _expand(ints: Sequence[int]) -> tuple[list[tuple[str, str, int, int, dict[str, Any] | None]], int]:
     """The events of a buffer's integer records, and how many records could not be read.
 
-    A writer that handed its sink a bad record (a value that is not an integer stops
-    ``array.extend`` part way; a record of the wrong width shifts every later one) leaves
-    the rest of the buffer unaligned.  The records before it are kept; the rest counts as
+    A record packed by its layout is whole, but a sink handed other bytes (a record of
+    another width, an unknown layout id) leaves the rest of the buffer unaligned.  The records before it are kept; the rest counts as
     one dropped event (how many records it held cannot be known) and a warning names its
     offset, so one bad record never makes the trace unreadable (``GET /debug/trace``, the
     dump at exit)."""
@@ -386,14 +396,14 @@ def records(cat: str) -> bool:
     return tracer.enabled and cat not in tracer.skip_cats
 
 
-def int_sink(cat: str) -> Callable[[tuple[int, ...]], None] | None:
+def int_sink(cat: str) -> Callable[[bytes], None] | None:
     """Where this thread records spans of ``cat`` as integers, or None when ``cat`` is not
-    recorded now.  Call the sink with one record: a ``register_layout`` id, then that
-    layout's ``width`` values; the events are built from it only when the trace is read.
+    recorded now.  Call the sink with one packed record, ``layout.pack(layout.id, ...)``
+    (``register_layout``); the events are built from it only when the trace is read.
 
     The cheapest way to trace a hot loop whose spans have a fixed shape: ask once per
-    iteration (this replaces ``records``), and the record is then one tuple and one
-    ``array.extend``, a C call, with nothing kept but 8 bytes a value.  The engine's step
+    iteration (this replaces ``records``), and the record is then one ``struct`` pack and
+    one ``bytearray.extend``, with nothing kept but 8 bytes a value.  The engine's step
     kept its timestamps and args as objects through a call chain, and paid ~1% of a
     ~0.3 ms step on ``tiny`` for it (docs/performance.md, "Tracing overhead")."""
     return (_TRACER or get_tracer()).int_sink(cat)

@@ -261,8 +261,9 @@ class Engine:
                 self._slow_down(step_start, prev_start)
         finally:
             if record is not None:
-                record((step_trace.layout(), t_step, t_sched, d0, d1, p0, p1, s0, s1, clock(), fused, n_ready,
-                        *d_shape, *p_shape))
+                layout = step_trace.layout()
+                record(layout.pack(layout.id, t_step, t_sched, d0, d1, p0, p1, s0, s1, clock(), fused, n_ready,
+                                   *d_shape, *p_shape))
         return True
 
     def _on_admitted(self, req: Request) -> None:

@@ -3,8 +3,8 @@
 A traced step records up to five spans: ``engine.step`` and, inside it, ``schedule``,
 ``decode`` and/or ``prefill``, and ``sample`` (those that ran), each with the step's shape in its args
 (what the timeline's trends regress span durations on).  The step reads the clock at
-each phase boundary and, when it ends, hands its ``tracing.int_sink`` one tuple of
-integers; the events and their args dicts are built only when the trace is read.
+each phase boundary and, when it ends, hands its ``tracing.int_sink`` one packed
+record of integers; the events and their args dicts are built only when the trace is read.
 Objects per span (and before that, ``span`` context managers) cost the step-level
 trace ~1% of a ~0.3 ms step on ``tiny`` in allocation and retained memory alone
 (docs/performance.md, "Tracing overhead").
@@ -48,8 +48,8 @@ def shape(chunks: Sequence[ScheduledChunk]) -> tuple[int, int, int, int]:
 
 
 @functools.cache
-def layout() -> int:
-    """The step record's layout id (registered on the first traced step)."""
+def layout() -> tracing.RecordLayout:
+    """The step record's layout (registered on the first traced step)."""
     return tracing.register_layout(WIDTH, expand)
 
 

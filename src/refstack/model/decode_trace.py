@@ -5,9 +5,9 @@ its spans are the module path's: the mixer (``kda`` or ``attention``), then
 ``moe.dispatch`` with ``ep.dispatch`` inside it, ``moe.experts``, and ``moe.combine``
 with ``ep.combine`` inside it.  On ``tiny`` (a ~0.3 ms step, 4 layers) six ``span``
 objects per layer cost ~12% of the step at the ``layer`` level.  The step reads the
-clock at each boundary instead and hands ``tracing.int_sink`` one tuple per layer; the
-events and their args are built only when the trace is read (docs/performance.md,
-"Tracing overhead").
+clock at each boundary instead and hands ``tracing.int_sink`` one packed record per
+layer; the events and their args are built only when the trace is read
+(docs/performance.md, "Tracing overhead").
 
 A record, after the layout id: which categories were recorded (``MASK`` bits), the
 layer's index, whether it is a KDA layer, the batch, the bytes the expert-parallel
@@ -29,7 +29,7 @@ MASK = {"kda": 1, "attn": 2, "moe": 4, "ep": 8}
 WIDTH = 18
 
 
-def sink() -> tuple[int, Callable[[tuple[int, ...]], None] | None]:
+def sink() -> tuple[int, Callable[[bytes], None] | None]:
     """This step's category mask and the sink its layer records go to; (0, None) when no
     per-layer category is recorded now (tracing off, or the ``step`` level)."""
     tracer = tracing.get_tracer()
@@ -45,8 +45,8 @@ def sink() -> tuple[int, Callable[[tuple[int, ...]], None] | None]:
 
 
 @functools.cache
-def layout() -> int:
-    """The layer record's layout id (registered on the first traced step)."""
+def layout() -> tracing.RecordLayout:
+    """The layer record's layout (registered on the first traced step)."""
     return tracing.register_layout(WIDTH, expand)
 
 

@@ -168,7 +168,7 @@ class NativeDecoder:
         # (decode_trace), or nothing at all when no per-layer category is recorded.
         mask, record = decode_trace.sink()
         traced = record is not None
-        layout = decode_trace.layout() if traced else -1
+        layout = decode_trace.layout() if traced else None
         clock = time.perf_counter_ns
         for layer in self.layers:
             self._check(lib.refstack_rms_norm(xp, None, B, D, layer.mixer_norm[0], layer.mixer_norm[1], None, p["h"], nt),
@@ -204,9 +204,9 @@ class NativeDecoder:
             self._check(lib.refstack_rms_norm(xp, p["delta"], B, D, layer.mlp_norm[0], layer.mlp_norm[1], None, p["h"], nt),
                         "rms_norm")
             cross, moe_times = self._moe(layer, B, p, xp, nt, traced)
-            if record is not None:
-                record((layout, mask, layer.index, layer.is_kda, B, cross, not self.model.ep.release_gil, m0, m1,
-                        *moe_times))
+            if record is not None and layout is not None:
+                record(layout.pack(layout.id, mask, layer.index, layer.is_kda, B, cross, not self.model.ep.release_gil,
+                                   m0, m1, *moe_times))
         h = cpu_kernels.rms_norm(x, self.model.norm.weight, self.model.norm.eps)
         return self.model.lm_head(h)
 
