@@ -35,13 +35,21 @@ def sink() -> tuple[int, Callable[[bytes], None] | None]:
     tracer = tracing.get_tracer()
     if not tracer.enabled:
         return 0, None
-    mask = 0
-    for cat, bit in MASK.items():
-        if cat not in tracer.skip_cats:
-            mask |= bit
+    mask = _mask(tracer.skip_cats)
     if not mask:
         return 0, None
     return mask, tracer.int_sink(next(cat for cat, bit in MASK.items() if mask & bit))
+
+
+@functools.lru_cache(maxsize=8)
+def _mask(skip_cats: frozenset[str]) -> int:
+    """The MASK bits of the categories a level records (asked every traced step: cached
+    per level's skip set)."""
+    mask = 0
+    for cat, bit in MASK.items():
+        if cat not in skip_cats:
+            mask |= bit
+    return mask
 
 
 @functools.cache
