@@ -64,6 +64,10 @@ def test_interleaved_knobs_restart_fresh_servers_per_block(fake_workspace, tmp_p
     assert [r["restart"] for r in runs.a] == [r["restart"] for r in runs.b] == [0, 1, 1]
     assert seen == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
     assert len(list((tmp_path / "logs").glob("*.log"))) == 4  # one log per started server
+    # Every run must have succeeded for the judge to see both blocks; if one did not, say why.
+    failed = [(side, i, r.get("error")) for side, rs in (("a", runs.a), ("b", runs.b))
+              for i, r in enumerate(rs) if not r.get("ok", True)]
+    assert failed == []
     comp = runs.judge(["output_throughput"], process_noise=0.01)
     assert comp.metrics[0].ci is not None and comp.metrics[0].ci.restarts == 2
     with pytest.raises(ValueError, match="restarts"):
