@@ -12,15 +12,21 @@ import atexit
 import functools
 import gc
 import json
-import logging
 import os
-import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter_ns
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
+
+# Re-exported: the tracing API is reached through this module (and the package).
+from infra_agent.tracing.int_records import (  # noqa: F401
+    _LAYOUTS,
+    RecordLayout,
+    expand_records,
+    register_layout,
+)
 
 ENV_VAR = "INFRA_AGENT_TRACE"
 LEVEL_ENV_VAR = "INFRA_AGENT_TRACE_LEVEL"
@@ -39,7 +45,6 @@ LEVELS: dict[str, frozenset[str]] = {
 MAX_EVENTS_PER_THREAD = 2_000_000
 
 F = TypeVar("F", bound=Callable[..., Any])
-log = logging.getLogger(__name__)
 
 
 class _ThreadBuffer:
@@ -81,22 +86,6 @@ MAX_FLAT = MAX_EVENTS_PER_THREAD * FIELDS
 # thread may overshoot it by what it records with one sink (one step).
 MAX_INT_BYTES = MAX_EVENTS_PER_THREAD * 4 * 8
 
-# A layout's expander turns one record's integers (its id left out) into the events it
-# stands for: (name, cat, start_ns, end_ns or -1, args or None) each.
-Expander = Callable[[Sequence[int]], Iterable[tuple[str, str, int, int, "dict[str, Any] | None"]]]
-_LAYOUTS: list[tuple[int, Expander]] = []  # index = layout id: (width, expander)
-
-
-class RecordLayout(NamedTuple):
-    """A registered record layout: ``sink(layout.pack(layout.id, v1, ..., v_width))``."""
-
-    id: int
-    width: int
-    # struct.Struct.pack for the id and ``width`` signed 64-bit integers (native order):
-    # a record is packed whole or not at all (a bad value raises before anything is kept).
-    pack: Callable[..., bytes]
-
-
 class Tracer:
     """Collects spans from every thread of the process."""
 
@@ -124,19 +113,14 @@ class Tracer:
         return buf
 
     def record(self, name: str, cat: str, start_ns: int, dur_ns: int, args: dict[str, Any] | None) -> None:
-        self.store((name, cat, start_ns, start_ns + dur_ns if dur_ns >= 0 else -1, args))
-
-    def store(self, values: tuple[Any, ...] | list[Any]) -> None:
-        """Append events laid end to end (FIELDS values each) to this thread's buffer, or
-        count them as dropped once it is full."""
         try:
             buf = self._local.buf
         except AttributeError:
             buf = self._buffer()
         if len(buf.flat) < MAX_FLAT:
-            buf.add(values)
+            buf.add((name, cat, start_ns, start_ns + dur_ns if dur_ns >= 0 else -1, args))
         else:
-            buf.dropped += len(values) // FIELDS
+            buf.dropped += 1
 
     def int_sink(self, cat: str) -> Callable[[bytes], None] | None:
         """Where this thread appends records of a registered layout (``int_sink`` below)."""
@@ -176,7 +160,7 @@ class Tracer:
                 events.append(self._event(pid, buf.tid, name, cat, start_ns, end_ns, args))
             # The integer records come after the thread's other events (not interleaved by
             # completion); readers order events by their timestamps.
-            expanded, unreadable = _expand(memoryview(bytes(buf.ints)).cast("q"))
+            expanded, unreadable = expand_records(memoryview(bytes(buf.ints)).cast("q"))
             dropped += unreadable
             for name, cat, start_ns, end_ns, args in expanded:
                 events.append(self._event(pid, buf.tid, name, cat, start_ns, end_ns, args))
@@ -218,50 +202,6 @@ class Tracer:
             json.dump(self.snapshot(), fh)
         os.replace(tmp, target)  # a reader never sees a half-written trace
         return target
-
-
-def register_layout(width: int, expand: Expander) -> RecordLayout:
-    """A record layout for ``int_sink``: each record is the layout's id and ``width``
-    integers, packed with ``layout.pack``; ``expand`` turns one record's integers (without
-    the id) into its events when the trace is read.  Register once per layout (e.g. behind
-    ``functools.cache``)."""
-    if width < 1:
-        raise ValueError(f"a record layout needs at least one integer, got width {width}")
-    with _TRACER_LOCK:
-        _LAYOUTS.append((width, expand))
-        return RecordLayout(len(_LAYOUTS) - 1, width, struct.Struct(f"={width + 1}q").pack)
-
-
-def _expand(ints: Sequence[int]) -> tuple[list[tuple[str, str, int, int, dict[str, Any] | None]], int]:
-    """The events of a buffer's integer records, and how many records could not be read.
-
-    A record packed by its layout is whole, but a sink handed other bytes (a record of
-    another width, an unknown layout id) leaves the rest of the buffer unaligned.  The records before it are kept; the rest counts as
-    one dropped event (how many records it held cannot be known) and a warning names its
-    offset, so one bad record never makes the trace unreadable (``GET /debug/trace``, the
-    dump at exit)."""
-    events: list[tuple[str, str, int, int, dict[str, Any] | None]] = []
-    i, n = 0, len(ints)
-    while i < n:
-        layout_id = ints[i]
-        if not 0 <= layout_id < len(_LAYOUTS) or i + 1 + _LAYOUTS[layout_id][0] > n:
-            break
-        width, expand = _LAYOUTS[layout_id]
-        try:
-            got = list(expand(ints[i + 1 : i + 1 + width]))
-        except Exception:  # noqa: BLE001 - an expander's bug or a misaligned record: stop here
-            break
-        # Timestamps are clock readings, positive, and an interval ends after it starts:
-        # a record read out of alignment almost never passes this.
-        if not all(ev[2] > 0 and (ev[3] == -1 or ev[3] >= ev[2]) for ev in got):
-            break
-        events += got
-        i += 1 + width
-    else:
-        return events, 0
-    log.warning("trace: %d integer values from offset %d could not be read as records (a bad record); "
-                "they are counted as dropped", n - i, i)
-    return events, 1
 
 
 def level_skips(level: str) -> frozenset[str]:
@@ -347,7 +287,7 @@ class span:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         start = self._start
         if start:
-            # Tracer.store inlined: this runs ~30 times per engine step, and every call
+            # Tracer.record inlined: this runs ~30 times per engine step, and every call
             # and lookup saved here is throughput the trace does not take away (a plain
             # attribute read of the thread's buffer, its bound ``extend``, the duration
             # taken at snapshot time: ~0.1 µs of the ~0.5 µs a recorded span cost).
