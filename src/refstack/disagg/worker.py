@@ -312,8 +312,8 @@ def worker_main(role: str, config: EngineConfig, conn: Any, store_path: str) -> 
 
     signal.signal(signal.SIGTERM, on_term)
     _trace_env(role)
-    if config.trace:
-        tracing.enable()
+    if config.trace and not tracing.is_enabled():  # a tracer on through INFRA_AGENT_TRACE keeps its level
+        tracing.enable(level=config.trace_level)
     threading.current_thread().name = f"{role}-main"
     lock = threading.Lock()
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from infra_agent.tracing.recorder import LEVELS
+
 LM_HEAD_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "3xtf32", "bf16")
 CPU_KERNELS: tuple[str, ...] = ("auto", "native", "torch")
 # refstack.model.config.DTYPES plus "auto" (resolve_dtype); spelled out, not imported:
@@ -25,6 +27,9 @@ KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp32", "bf16", "fp8_e4m3", "int8")
 # Storage type of the KDA recurrent state (its own knob: the recurrence reads and
 # rewrites it every step, so its rounding compounds).
 KDA_STATE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+# infra_agent.tracing's levels: "layer" records every span; "step" only the engine's step,
+# its phases and what is not per layer (HTTP, KV transfer, GC), for <= 2% of a step.
+TRACE_LEVELS: tuple[str, ...] = tuple(LEVELS)
 # Arithmetic of the tensor-parallel shards' projection GEMMs (refstack.tp): the same modes
 # as the LM head (refstack.kernels.precision).
 TP_GEMM_PRECISIONS: tuple[str, ...] = LM_HEAD_PRECISIONS
@@ -84,6 +89,8 @@ class EngineConfig:
     step_slowdown: float = 0.0
     # Keep spans in memory for /debug/trace even without INFRA_AGENT_TRACE.
     trace: bool = False
+    # Which spans --trace records (TRACE_LEVELS).
+    trace_level: str = "layer"
     # The expert-parallel exchange (refstack.model.moe.EPSettings): its native section
     # releases the GIL (or holds it, as a library that spins with it held), and the
     # modelled link bandwidth its spin-wait stands for (0: no wait).
@@ -124,6 +131,7 @@ class EngineConfig:
         assert self.max_waiting >= 1, "max_waiting must be >= 1"
         assert self.num_slots >= 0 and self.max_seq_len >= 0
         assert self.lm_head_precision in LM_HEAD_PRECISIONS, self.lm_head_precision
+        assert self.trace_level in TRACE_LEVELS, self.trace_level
         assert self.step_delay_ms >= 0.0, "step_delay_ms must be >= 0"
         assert 0.0 <= self.step_slowdown <= 0.9, "step_slowdown must be in [0, 0.9]"
         assert self.torch_threads >= 0

@@ -205,24 +205,25 @@ class Engine:
         prev_start = None if was_idle else self._prev_step_start
         self._prev_step_start = step_start
         # The step's own spans (engine.step, schedule, decode/prefill, sample) are timed
-        # here, a clock read per phase boundary, and recorded when the step ends as one
-        # record of integers (step_trace): at ~0.3 ms a step, span objects and the
-        # objects they kept were most of what tracing cost (docs/performance.md,
-        # "Tracing overhead").  A step that raises still records the phases it finished
-        # (-1 marks one that did not) and its own extent.
+        # here, one clock read per phase boundary (each phase starts where the one before
+        # it ended), and recorded when the step ends as one record of integers
+        # (step_trace): at ~0.3 ms a step, span objects and the objects they kept were most
+        # of what tracing cost (docs/performance.md, "Tracing overhead").  A step that
+        # raises still records the phases it finished (-1 marks one that did not) and its
+        # own extent.
         record = tracing.int_sink("engine")
         traced = record is not None
         clock = time.perf_counter_ns
         t_step = clock() if traced else 0
-        t_sched = d0 = d1 = p0 = p1 = s0 = s1 = -1
+        t_sched = t_decode = t_prefill = t_sample = -1
         fused = n_ready = 0
         d_shape, p_shape = step_trace.NO_SHAPE, step_trace.EMPTY_SHAPE
         try:
+            # ``schedule`` is everything up to the first forward: the scheduler, admissions,
+            # the published counts and the batch's order (and, traced, its shape).
             out = self.scheduler.schedule()
             for req in out.admitted:
                 self._on_admitted(req)
-            if traced:
-                t_sched = clock()
             with self._lock:
                 self._num_waiting -= len(out.admitted)
             self._publish_counts()  # before any token of this step reaches a client
@@ -230,30 +231,27 @@ class Engine:
             # Ascending slots let the model slice its caches instead of gathering.
             decode = sorted(out.decode, key=lambda c: c.request.slot)
             if traced:  # the step's shape, for regressions of span durations on it
-                d_shape = step_trace.shape(decode)
+                d_shape = step_trace.decode_shape(decode)
                 if out.prefill:
                     p_shape = step_trace.shape(out.prefill)
+                t_sched = clock()
             if self.config.fuse_prefill_decode and decode and out.prefill:
                 # One pass over the weights for both; traced as a "prefill" step that also
                 # carries the decode batch.
                 fused = 1
-                p0 = clock() if traced else -1
                 ready += self._forward(decode + out.prefill)
-                p1 = clock() if traced else -1
+                t_prefill = clock() if traced else -1
             else:
                 if decode:
-                    d0 = clock() if traced else -1
                     ready += self._forward(decode)
-                    d1 = clock() if traced else -1
+                    t_decode = clock() if traced else -1
                 if out.prefill:
-                    p0 = clock() if traced else -1
                     ready += self._forward(out.prefill)
-                    p1 = clock() if traced else -1
+                    t_prefill = clock() if traced else -1
             if ready:
-                s0 = clock() if traced else -1
                 n_ready = len(ready)
                 self._sample(_rows_on_host(ready))
-                s1 = clock() if traced else -1
+                t_sample = clock() if traced else -1
             if self.config.step_delay_ms > 0:
                 with tracing.span("step_delay", cat="engine"):
                     time.sleep(self.config.step_delay_ms / 1000.0)
@@ -262,7 +260,7 @@ class Engine:
         finally:
             if record is not None:
                 layout = step_trace.layout()
-                record(layout.pack(layout.id, t_step, t_sched, d0, d1, p0, p1, s0, s1, clock(), fused, n_ready,
+                record(layout.pack(layout.id, t_step, t_sched, t_decode, t_prefill, t_sample, clock(), fused, n_ready,
                                    *d_shape, *p_shape))
         return True
 

@@ -9,9 +9,10 @@ Objects per span (and before that, ``span`` context managers) cost the step-leve
 trace ~1% of a ~0.3 ms step on ``tiny`` in allocation and retained memory alone
 (docs/performance.md, "Tracing overhead").
 
-A record, after the layout id: the step's start, the end of ``schedule``, ``decode``'s
-start and end, ``prefill``'s, ``sample``'s (-1 for a phase that did not run or did not
-finish: a failed step keeps what it finished), the step's end; whether decode and
+The phases follow each other with nothing between them, so one clock read ends a phase
+and starts the next: a record holds the step's start, then the end of ``schedule``,
+``decode``, ``prefill`` and ``sample`` (-1 for a phase that did not run or did not
+finish: a failed step keeps what it finished), then the step's end; whether decode and
 prefill ran fused; the rows sampled; then the decode chunks' shape and the prefill
 chunks' shape (``shape``; the decode shape's batch is -1 when the step failed before
 its shape was taken).
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 NO_SHAPE = (-1, 0, 0, 0)  # the step failed before its shape was taken
 EMPTY_SHAPE = (0, 0, 0, 0)
-WIDTH = 19
+WIDTH = 16
 
 
 def shape(chunks: Sequence[ScheduledChunk]) -> tuple[int, int, int, int]:
@@ -47,6 +48,18 @@ def shape(chunks: Sequence[ScheduledChunk]) -> tuple[int, int, int, int]:
     return (len(chunks), tokens, context, generated)
 
 
+def decode_shape(chunks: Sequence[ScheduledChunk]) -> tuple[int, int, int, int]:
+    """``shape`` of decode chunks, which feed one token each (``Request.next_chunk``
+    asserts it): one attribute read less per sequence, on the path every traced decode
+    step takes."""
+    context = generated = 0
+    for c in chunks:
+        context += c.start_pos
+        generated += len(c.request.output_ids)
+    n = len(chunks)
+    return (n, n, context + n, generated)
+
+
 @functools.cache
 def layout() -> tracing.RecordLayout:
     """The step record's layout (registered on the first traced step)."""
@@ -59,7 +72,7 @@ def _args(batch: int, tokens: int, context: int, generated: int) -> dict[str, in
 
 def expand(v: Sequence[int]) -> list[tuple[str, str, int, int, dict[str, Any] | None]]:
     """One step record's events, in the order the step finished them."""
-    (t_step, t_sched, d0, d1, p0, p1, s0, s1, t_end, fused, n_ready,
+    (t_step, t_sched, t_decode, t_prefill, t_sample, t_end, fused, n_ready,
      db, dt, dc, dg, pb, pt, pc, pg) = v
     decode = _args(db, dt, dc, dg)
     # The step's shape is its decode and prefill chunks' together.
@@ -67,14 +80,16 @@ def expand(v: Sequence[int]) -> list[tuple[str, str, int, int, dict[str, Any] | 
     events: list[tuple[str, str, int, int, dict[str, Any] | None]] = []
     if t_sched >= 0:
         events.append(("schedule", "engine", t_step, t_sched, None))
-    if d1 >= 0:
-        events.append(("decode", "engine", d0, d1, decode))
-    if p1 >= 0:
+    if t_decode >= 0:
+        events.append(("decode", "engine", t_sched, t_decode, decode))
+    forwarded = t_decode if t_decode >= 0 else t_sched  # where the next phase starts
+    if t_prefill >= 0:
         # A fused step is a "prefill" step that also carries the decode batch.
         args = {"chunks": pb, "decode_batch": db, "prefill_tokens": pt, **(step or {})} if fused \
             else {"chunks": pb, **_args(pb, pt, pc, pg)}
-        events.append(("prefill", "engine", p0, p1, args))
-    if s1 >= 0:
-        events.append(("sample", "engine", s0, s1, {"batch": n_ready}))
+        events.append(("prefill", "engine", forwarded, t_prefill, args))
+        forwarded = t_prefill
+    if t_sample >= 0:
+        events.append(("sample", "engine", forwarded, t_sample, {"batch": n_ready}))
     events.append(("engine.step", "engine", t_step, t_end, step))
     return events

@@ -1,4 +1,5 @@
-"""The native decode step's per-layer spans, recorded as one record of integers per layer.
+"""The native decode step's spans, recorded as one record of integers per layer and one
+per step.
 
 The native path (``refstack.model.native_decode``) runs a layer as a few C calls, and
 its spans are the module path's: the mixer (``kda`` or ``attention``), then
@@ -15,6 +16,12 @@ exchange moved, whether it held the GIL, then the start and end of: the mixer,
 ``moe.dispatch``, ``ep.dispatch``, ``moe.experts``, ``moe.combine``, ``ep.combine``.
 A layer whose kernel raised records nothing (the step fails; the layers before it
 keep theirs).
+
+The step's own record (``step_layout``) carries ``model.forward`` and ``lm_head``, which
+the module path opens as ``span`` objects: the mask, the batch, the LM head's precision
+(an index into ``LM_HEAD_PRECISIONS``), the step's start, the LM head's start and end
+(-1 when it did not run), the step's end.  It is recorded even when a kernel raised, as
+the module path's spans are.
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from infra_agent import tracing
+from refstack.model.config import LM_HEAD_PRECISIONS
 
-MASK = {"kda": 1, "attn": 2, "moe": 4, "ep": 8}
+MASK = {"kda": 1, "attn": 2, "moe": 4, "ep": 8, "model": 16, "lm_head": 32}
 WIDTH = 18
+STEP_WIDTH = 7
 
 
 def sink() -> tuple[int, Callable[[bytes], None] | None]:
@@ -56,6 +65,24 @@ def _mask(skip_cats: frozenset[str]) -> int:
 def layout() -> tracing.RecordLayout:
     """The layer record's layout (registered on the first traced step)."""
     return tracing.register_layout(WIDTH, expand)
+
+
+@functools.cache
+def step_layout() -> tracing.RecordLayout:
+    """The step record's layout: ``model.forward`` and ``lm_head`` around the layers."""
+    return tracing.register_layout(STEP_WIDTH, expand_step)
+
+
+def expand_step(v: Sequence[int]) -> list[tuple[str, str, int, int, dict[str, Any] | None]]:
+    """A native step's ``lm_head`` (when it ran) and ``model.forward``, with the module
+    path's args (a decode batch is one chunk per token)."""
+    mask, B, precision, t0, h0, h1, t1 = v
+    events: list[tuple[str, str, int, int, dict[str, Any] | None]] = []
+    if mask & MASK["lm_head"] and h1 >= 0:
+        events.append(("lm_head", "lm_head", h0, h1, {"tokens": B, "precision": LM_HEAD_PRECISIONS[precision]}))
+    if mask & MASK["model"]:
+        events.append(("model.forward", "model", t0, t1, {"num_chunks": B, "tokens": B}))
+    return events
 
 
 def expand(v: Sequence[int]) -> list[tuple[str, str, int, int, dict[str, Any] | None]]:

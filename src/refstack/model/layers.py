@@ -145,6 +145,10 @@ class LMHead(nn.Module):
 
     def forward(self, h: Tensor) -> Tensor:
         with tracing.span("lm_head", cat="lm_head", tokens=int(h.shape[0]), precision=self.precision):
-            if self.packed is not None and h.dim() == 2 and h.dtype == torch.float32 and not h.is_cuda:
-                return cpu_kernels.gemm(h, self.packed, self.weight_t.shape[1])
-            return precision_matmul(h, self.weight_t, precision=self.precision)
+            return self.logits(h)
+
+    def logits(self, h: Tensor) -> Tensor:
+        """``forward`` without its span (the native decode step records its own)."""
+        if self.packed is not None and h.dim() == 2 and h.dtype == torch.float32 and not h.is_cuda:
+            return cpu_kernels.gemm(h, self.packed, self.weight_t.shape[1])
+        return precision_matmul(h, self.weight_t, precision=self.precision)

@@ -173,10 +173,11 @@ class HybridModel(nn.Module):
     def _forward_chunks(self, chunks: Sequence[SeqChunk], cache: ModelCache,
                         every: Collection[int]) -> tuple[Tensor, dict[int, Tensor]]:
         batch = ForwardBatch.from_chunks(chunks, cache.num_slots, cache.max_seq_len, device=self.device)
+        if self.native_decoder is not None and self.native_decoder.takes(batch):
+            # Its model.forward and lm_head spans are in its own step record (decode_trace).
+            last = self.native_decoder.forward(batch, cache)
+            return last, {i: last[i : i + 1] for i in every}  # one token per chunk: its row is all of it
         with tracing.span("model.forward", cat="model", num_chunks=len(chunks), tokens=batch.num_tokens):
-            if self.native_decoder is not None and self.native_decoder.takes(batch):
-                last = self.native_decoder.forward(batch, cache)
-                return last, {i: last[i : i + 1] for i in every}  # one token per chunk: its row is all of it
             batch.rope = (self.rope_cos[batch.positions], self.rope_sin[batch.positions])
             x = self.embed(batch.token_ids)
             for layer in self.layers:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from refstack.model import decode_trace
 from refstack.model.attention import AttentionLayer
 from refstack.model.batch import ForwardBatch
 from refstack.model.cache import ModelCache
+from refstack.model.config import LM_HEAD_PRECISIONS
 from refstack.model.kda import KDALayer
 from refstack.model.moe import MoE
 
@@ -158,15 +160,33 @@ class NativeDecoder:
     def forward(self, batch: ForwardBatch, cache: ModelCache) -> Tensor:
         """Next-token logits [B, vocab] for a decode-only batch (distinct slots, any order)."""
         assert self.takes(batch)
+        # The spans: a clock read at each boundary, one record per layer and one for the
+        # step (decode_trace), or nothing at all when none of their categories is recorded.
+        mask, record = decode_trace.sink()
+        if record is None:
+            return self.model.lm_head.logits(self._layers(batch, cache, 0, None))
+        clock = time.perf_counter_ns
+        t0 = clock()
+        h0 = h1 = -1
+        try:
+            h = self._layers(batch, cache, mask, record)
+            h0 = clock()
+            logits = self.model.lm_head.logits(h)
+            h1 = clock()
+            return logits
+        finally:
+            layout = decode_trace.step_layout()
+            record(layout.pack(layout.id, mask, batch.num_tokens, LM_HEAD_PRECISIONS.index(self.model.lm_head.precision),
+                               t0, h0, h1, clock()))
+
+    def _layers(self, batch: ForwardBatch, cache: ModelCache, mask: int, record: Callable[[bytes], None] | None) -> Tensor:
+        """Every layer, then the final norm: the hidden states the LM head takes."""
         lib, B, D = self.lib, batch.num_tokens, self.hidden
         nt = torch.get_num_threads()
         p = self._buffers_for(B)
         slots, positions = batch.decode_slots.contiguous(), batch.decode_positions.contiguous()
         x = F.embedding(batch.token_ids, self.model.embed.weight)  # the residual stream, updated in place
         xp = x.data_ptr()
-        # The per-layer spans: a clock read at each boundary and one record per layer
-        # (decode_trace), or nothing at all when no per-layer category is recorded.
-        mask, record = decode_trace.sink()
         traced = record is not None
         layout = decode_trace.layout() if traced else None
         clock = time.perf_counter_ns
@@ -207,8 +227,7 @@ class NativeDecoder:
             if record is not None and layout is not None:
                 record(layout.pack(layout.id, mask, layer.index, layer.is_kda, B, cross, not self.model.ep.release_gil,
                                    m0, m1, *moe_times))
-        h = cpu_kernels.rms_norm(x, self.model.norm.weight, self.model.norm.eps)
-        return self.model.lm_head(h)
+        return cpu_kernels.rms_norm(x, self.model.norm.weight, self.model.norm.eps)
 
     def _moe(self, layer: _Layer, B: int, p: dict[str, int], xp: int, nt: int,
              timed: bool) -> tuple[int, tuple[int, ...]]:

@@ -67,7 +67,7 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
     ``disagg``: serve through a prefill and a decode worker process (``refstack.disagg``);
     they start here, and ``on_failure`` is called if one dies while serving."""
     if config.trace and not tracing.is_enabled():
-        tracing.enable()  # in memory only: /debug/trace serves it; INFRA_AGENT_TRACE adds the file
+        tracing.enable(level=config.trace_level)  # in memory only: /debug/trace serves it; INFRA_AGENT_TRACE adds the file
     model_name = f"refstack-{config.preset}"
     metrics = EngineMetrics(model_name)
     engine: Any

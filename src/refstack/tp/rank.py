@@ -100,8 +100,8 @@ def rank_main(rank: int, config: EngineConfig, init_method: str, device: str, co
     die_with_parent()  # the server's death (any cause) ends the ranks: no orphans
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; rank 0 stops us
     _trace_env(rank)
-    if config.trace:
-        tracing.enable()
+    if config.trace and not tracing.is_enabled():  # a tracer on through INFRA_AGENT_TRACE keeps its level
+        tracing.enable(level=config.trace_level)
     if threads_per_rank(config, device):
         torch.set_num_threads(threads_per_rank(config, device))
     threading.current_thread().name = f"tp-rank-{rank}"

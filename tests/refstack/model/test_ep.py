@@ -167,3 +167,12 @@ def test_native_decode_records_only_the_categories_the_tracer_keeps(monkeypatch:
         assert all(o["ts"] <= i["ts"] and i["ts"] + i["dur"] <= o["ts"] + o["dur"] for i, o in pairs)
     experts = [e for e in spans if e["name"] == "moe.experts"]
     assert [e["args"]["layer"] for e in experts] == list(range(layers))
+    # The step's own record: model.forward around every layer and the LM head, with the
+    # module path's args.
+    (forward,) = (e for e in spans if e["name"] == "model.forward")
+    (head,) = (e for e in spans if e["name"] == "lm_head")
+    assert forward["cat"] == "model" and forward["args"] == {"num_chunks": 2, "tokens": 2}
+    assert head["cat"] == "lm_head" and head["args"] == {"tokens": 2, "precision": model.config.lm_head_precision}
+    end = forward["ts"] + forward["dur"]
+    assert all(forward["ts"] <= e["ts"] and e["ts"] + e["dur"] <= end for e in spans if e is not forward)
+    assert max(e["ts"] + e["dur"] for e in spans if e["name"] == "moe.combine") <= head["ts"]

@@ -72,3 +72,18 @@ def test_trace_knob_keeps_spans_in_memory_and_reset_clears(refstack_server_facto
     check(httpx.get(server.url + "/debug/trace", params={"reset": "true"}).json())
     after = httpx.get(server.url + "/debug/trace").json()
     assert not [e for e in after["traceEvents"] if e.get("name") == "engine.step"]
+
+
+def test_trace_level_knob_keeps_the_step_spans_only(refstack_server_factory: Any) -> None:
+    """``--trace-level step``: the engine's step spans with their shapes and the HTTP
+    instants, no per-layer or model spans, and the level written in the trace."""
+    server = refstack_server_factory(["--trace", "true", "--trace-level", "step"])
+    drive(server.url)
+    trace = httpx.get(server.url + "/debug/trace").json()
+    threads = spans_by_thread(trace)
+    assert ENGINE_SPANS <= threads["engine-loop"], threads.get("engine-loop")
+    assert not MODEL_SPANS & threads["engine-loop"]
+    assert {"http.submit", "http.done"} <= threads["MainThread"]
+    assert trace["otherData"]["level"] == "step"
+    decode = [e for e in trace["traceEvents"] if e["name"] == "decode"]
+    assert decode and all(e["args"]["batch"] >= 1 and e["args"]["generated"] >= 1 for e in decode)
