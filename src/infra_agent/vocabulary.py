@@ -26,6 +26,9 @@ COMPONENTS: Final[dict[str, str]] = {
     "runtime": "threads, processes and the interpreter (torch threads, the GIL)",
     "kv_transfer": "moving KV pages and states between workers (disaggregated serving)",
     "comm": "collective communication between ranks (all-reduce, gather, dispatch/combine)",
+    # No finding sits here, so no finding points at a knob under it (tracing on, its
+    # level): such a knob changes what is seen, not how fast the stack runs.
+    "observability": "what the stack records about itself: tracing, its level, logs",
 }
 
 KNOWN_SUBCOMPONENTS: Final[tuple[str, ...]] = (

@@ -196,9 +196,9 @@ KNOBS: tuple[Knob, ...] = (
          "Arithmetic of the tensor-parallel projection GEMMs on every rank (KDA / attention input projections and "
          "the row-parallel o_proj): fp32, tf32, 3xtf32 or bf16 (refstack.kernels.precision).",
          choices=TP_GEMM_PRECISIONS),
-    Knob("trace", "bool", False, ("tracing",),
+    Knob("trace", "bool", False, ("observability.tracing",),
          "Record spans in memory for GET /debug/trace (INFRA_AGENT_TRACE=path also writes a file at exit)."),
-    Knob("trace_level", "choice", "layer", ("tracing",),
+    Knob("trace_level", "choice", "layer", ("observability.tracing",),
          "Which spans --trace records: layer (every span, per-layer ones included: the timeline's diagnostic "
          "level) or step (the engine step, its phases and their shapes, HTTP, KV transfer and GC spans; "
          "about 1.6% of a 0.3 ms step on tiny, docs/performance.md).  A tracer already on through "

@@ -68,11 +68,11 @@ def build_demo_workspace(workdir: Path) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = refstack_command()
     listing = read_knob_listing([*cmd, "knobs", "--json"])
-    # The preset is fixed (tiny: fast on a CPU); trace and log_level change
+    # The preset is fixed (tiny: fast on a CPU); trace, trace_level and log_level change
     # observability, not performance, so they are pinned too.  The calibration knobs
     # (step_delay_ms, step_slowdown) stay knobs: benchmarks of the judge use them.
-    knobs, flags = workspace_knobs(listing, fixed={"preset": "tiny", "trace": "false", "log_level": "warning",
-                                                   "step_delay_ms": STEP_DELAY_MS})
+    knobs, flags = workspace_knobs(listing, fixed={"preset": "tiny", "trace": "false", "trace_level": "layer",
+                                                   "log_level": "warning", "step_delay_ms": STEP_DELAY_MS})
     for name, value in DEMO_DEFAULTS.items():
         knobs[name]["default"] = value
     examples = find_examples_dir()

@@ -39,8 +39,8 @@ def test_the_step_times_its_own_phases_nested_in_order_and_a_failed_step_keeps_t
         inside = sorted((e for e in spans if e["name"] != "engine.step" and step["ts"] <= e["ts"]
                          and e["ts"] + e["dur"] <= step["ts"] + step["dur"]), key=lambda e: e["ts"])
         assert [e["name"] for e in inside][0] == "schedule" and [e["name"] for e in inside][-1] == "sample"
-        assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(inside, inside[1:]))  # phases do not overlap
-        # One clock read ends a phase and starts the next: they leave no gap.
+        # One clock read ends a phase and starts the next: they neither overlap nor leave
+        # a gap (up to the rounding of the µs floats of the trace).
         assert all(a["ts"] + a["dur"] == pytest.approx(b["ts"], abs=1e-3) for a, b in zip(inside, inside[1:]))
 
     rec.reset()

@@ -38,6 +38,16 @@ def test_knobs_json_lists_every_knob_with_its_domain() -> None:
     assert listed["max_request_bytes"]["default"] == 1 << 20 and listed["max_request_bytes"]["components"] == ["server"]
 
 
+def test_every_knob_names_components_of_the_shared_vocabulary() -> None:
+    """A workspace built from ``refstack knobs --json`` validates each knob's components
+    against infra_agent's vocabulary: a name outside it would fail that workspace."""
+    from infra_agent.vocabulary import check_component
+
+    bad = {(k.name, c): check_component(c) for k in KNOBS for c in k.components if check_component(c)}
+    assert not bad, bad
+    assert all(k.components for k in KNOBS)
+
+
 def test_serve_help_shows_every_knob() -> None:
     r = refstack("serve", "--help")
     assert r.returncode == 0
