@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "tracer_overhead.py"
-SETTINGS = ("off", "tracing", "tracing (step level)", "off (whole window)", "tracing (step level, whole window)", "pyspy",
+SETTINGS = ("off", "tracing (layer level)", "tracing (step level)", "off (whole window)", "tracing (step level, whole window)", "pyspy",
             "off (profiler worker)", "torch_profiler")
 
 
@@ -32,8 +32,8 @@ def test_quick_json_run_reports_every_setting_with_ratio_interval_and_verdict() 
     assert meta["quick"] is True and meta["repeats"] == 10 and meta["calls_per_window"] >= 1
     assert meta["goal_max_overhead"] == 0.02 and meta["command"].startswith("python bench/tracer_overhead.py")
     assert set(doc["settings"]) == set(SETTINGS)
-    assert doc["goal"] == {"setting": "tracing", "max_overhead": 0.02,
-                           "outcome": doc["settings"]["tracing"]["verdict"],
+    assert doc["goal"] == {"setting": "tracing (layer level)", "max_overhead": 0.02,
+                           "outcome": doc["settings"]["tracing (layer level)"]["verdict"],
                            "step_level_outcome": doc["settings"]["tracing (step level)"]["verdict"]}
 
     assert set(meta["gc_objects"]) == {"main", "profiler"}
@@ -42,10 +42,10 @@ def test_quick_json_run_reports_every_setting_with_ratio_interval_and_verdict() 
         assert off["available"] and len(off["tokens_per_s"]) == 10 and "ratio" not in off
         assert off["ci"][0] <= off["median"] <= off["ci"][1]
     calls = meta["calls_per_window"]
-    for name in ("tracing", "tracing (step level)", "tracing (step level, whole window)", "torch_profiler"):
+    for name in ("tracing (layer level)", "tracing (step level)", "tracing (step level, whole window)", "torch_profiler"):
         row = doc["settings"][name]
         # One ratio per cycle; our paired rows keep their per-call ratios beside them.
-        paired = name in ("tracing", "tracing (step level)")
+        paired = name in ("tracing (layer level)", "tracing (step level)")
         assert row["available"] and len(row["tokens_per_s"]) == len(row["ratios"]) == 10
         assert len(row.get("call_ratios", [])) == (10 * calls if paired else 0)
         assert row["ratio_ci"][0] <= row["ratio"] <= row["ratio_ci"][1]
@@ -55,7 +55,7 @@ def test_quick_json_run_reports_every_setting_with_ratio_interval_and_verdict() 
         assert f"bootstrap CI of the median ratio over 10 {unit}" in row["interval"]
         if name in meta["events_per_generate"]:
             assert meta["events_per_generate"][name] > 0  # the setting recorded the engine's work: a real cost
-    assert {"tracing", "tracing (step level)", "torch_profiler"} <= set(meta["events_per_generate"])
+    assert {"tracing (layer level)", "tracing (step level)", "torch_profiler"} <= set(meta["events_per_generate"])
 
     spy = doc["settings"]["pyspy"]
     if spy["available"]:
@@ -70,7 +70,7 @@ def test_without_py_spy_the_run_says_why_and_still_reports_the_rest() -> None:
     doc, _ = _run(3, env={**os.environ, "PATH": ""})
     assert doc["settings"]["pyspy"] == {"available": False,
                                         "reason": "unavailable: py-spy is not on PATH (pip install py-spy, in the test extras)"}
-    tracing = doc["settings"]["tracing"]
+    tracing = doc["settings"]["tracing (layer level)"]
     assert len(tracing["ratios"]) == 3 and len(tracing["call_ratios"]) == 3 * doc["meta"]["calls_per_window"]
     assert "t-interval of the geometric-mean ratio over 3 cycles, each the median of its paired calls" in tracing["interval"]
     assert tracing["ratio_ci"][0] <= tracing["ratio"] <= tracing["ratio_ci"][1]
