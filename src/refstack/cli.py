@@ -58,6 +58,7 @@ def _serve(**raw: Any) -> None:
     # Imported here: torch and the model are heavy, and `refstack knobs` needs neither.
     import uvicorn
 
+    from infra_agent import tracing
     from refstack.engine.device import PlacementError, resolve_placement
     from refstack.model.kv_dtypes import describe
     from refstack.server import create_app
@@ -66,6 +67,10 @@ def _serve(**raw: Any) -> None:
     try:  # before anything is built: a combination that cannot run is one line, not a traceback
         placement = resolve_placement(engine_config(values), disagg=values["disagg"])
     except PlacementError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:  # INFRA_AGENT_TRACE_LEVEL is read when the tracer is first asked for: ask now
+        tracing.get_tracer()
+    except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     from refstack.tp.checks import tp_problem
 

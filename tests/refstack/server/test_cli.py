@@ -105,3 +105,16 @@ def test_native_kernels_without_a_compiler(tmp_path, refstack_server_factory) ->
     # dtype=auto: without the native kernels, bf16 GEMMs would be torch's slower reference path.
     engine = httpx.get(server.url + "/debug/engine", timeout=10).json()
     assert (engine["dtype"], engine["native_kernels"], engine["config"]["dtype"]) == ("float32", False, "auto")
+
+
+def test_a_bad_trace_level_in_the_environment_is_one_line_before_startup() -> None:
+    """INFRA_AGENT_TRACE_LEVEL is read when the tracer is first asked for; serve asks
+    before it builds anything, so a misspelt level is a one-line error, not a traceback
+    from inside the app."""
+    r = subprocess.run([sys.executable, "-m", "refstack.cli", "serve", "--trace", "true", "--port", "0"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "INFRA_AGENT_TRACE_LEVEL": "stpe"},
+                       check=False)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("refstack: error: trace level 'stpe'"), r.stderr
+    assert "INFRA_AGENT_TRACE_LEVEL" in lines[0] and "'step'" in lines[0]
