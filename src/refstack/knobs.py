@@ -201,7 +201,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("trace_level", "choice", "layer", ("observability.tracing",),
          "Which spans --trace records: layer (every span, per-layer ones included: the timeline's diagnostic "
          "level) or step (the engine step, its phases and their shapes, HTTP, KV transfer and GC spans; "
-         "about 1.6% of a 0.3 ms step on tiny, docs/performance.md).  A tracer already on through "
+         "1.5-1.6% of a 0.3 ms step on tiny, docs/performance.md).  A tracer already on through "
          "INFRA_AGENT_TRACE keeps INFRA_AGENT_TRACE_LEVEL.", choices=TRACE_LEVELS),
     Knob("log_level", "choice", "warning", ("server",), "uvicorn log level.", choices=LOG_LEVELS),
     Knob("max_request_bytes", "int", 1 << 20, ("server",),
