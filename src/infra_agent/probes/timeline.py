@@ -78,9 +78,10 @@ class TimelineConfig(ProbeConfig):
     scenarios: list[str] | None = Field(None, description="workspace scenarios; the first one is traced (default: the first declared)")
     scenario: Scenario | None = Field(None, description="an inline scenario, run as 'inline'")
     knobs: dict[str, Any] = Field(default_factory=dict, description="knob overrides on top of the context's knobs")
-    trace_knobs: dict[str, Any] = Field(default_factory=lambda: {"trace": True},
+    trace_knobs: dict[str, Any] = Field(default_factory=lambda: {"trace": True, "trace_level": "layer"},
                                         description="knobs that turn tracing on when this probe launches the target "
-                                                    "(only those the workspace declares are applied)")
+                                                    "(only those the workspace declares are applied); trace_level "
+                                                    "layer: the per-layer spans its EP and GIL findings need")
     trace_path: str = Field("/debug/trace", description="GET path of the server's Chrome trace")
     reset: bool = Field(True, description="clear the server's span buffer (?reset=true) before the window")
     sample: bool = Field(True, description="sample GIL holders with py-spy dump during the window")

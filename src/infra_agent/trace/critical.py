@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra_agent.trace.model import Span, Timeline
+from infra_agent.trace.model import NS_SLACK_US, Span, Timeline
 
 RID_KEYS = ("rid", "request_id")
 
@@ -73,7 +73,7 @@ def _top_level(spans: list[Span]) -> list[Span]:
     for ss in by_thread.values():
         end = float("-inf")
         for s in sorted(ss, key=lambda s: (s.start_us, -s.end_us)):
-            if s.start_us >= end:
+            if s.start_us >= end - NS_SLACK_US:  # back to back counts as after (NS_SLACK_US)
                 out.append(s)
             end = max(end, s.end_us)
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from infra_agent.trace.model import Span, Timeline
+from infra_agent.trace.model import NS_SLACK_US, Span, Timeline
 
 
 def self_times(spans: list[Span]) -> list[tuple[Span, float]]:
@@ -26,7 +26,8 @@ def self_times(spans: list[Span]) -> list[tuple[Span, float]]:
         ss.sort(key=lambda s: (s.start_us, -s.end_us))
         stack: list[list] = []  # [span, child µs]
         for s in ss:
-            while stack and stack[-1][0].end_us <= s.start_us:
+            # Back to back is not nesting (NS_SLACK_US).
+            while stack and stack[-1][0].end_us <= s.start_us + NS_SLACK_US:
                 top, child = stack.pop()
                 out.append((top, max(0.0, top.dur_us - child)))
             if stack:

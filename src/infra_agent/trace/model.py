@@ -17,6 +17,10 @@ from typing import Any
 SOURCE_SPANS = "spans"
 SOURCE_PYSPY = "py-spy"
 SOURCE_KINETO = "kineto"
+# Slack when asking whether one span ends before the next starts: a span that ends where
+# the next begins (the engine's contiguous step phases) may end a float step after it
+# once written and read as µs.  One nanosecond: below any clock here, above that rounding.
+NS_SLACK_US = 1e-3
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ This is the one module refstack imports from infra_agent.
 from __future__ import annotations
 
 from infra_agent.tracing.recorder import (
+    LEVELS,
     RecordLayout,
     Tracer,
     disable,
@@ -36,6 +37,7 @@ from infra_agent.tracing.recorder import (
 )
 
 __all__ = [
+    "LEVELS",
     "RecordLayout",
     "Tracer",
     "disable",

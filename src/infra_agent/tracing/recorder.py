@@ -82,7 +82,7 @@ class _ThreadBuffer:
 FIELDS = 5
 MAX_FLAT = MAX_EVENTS_PER_THREAD * FIELDS
 # The integer records' own bound, in bytes: ~4 events' worth of values each, as a step
-# record (20 values, up to 5 events) holds.  Checked when a sink is handed out, so a
+# record (17 values, up to 5 events) holds.  Checked when a sink is handed out, so a
 # thread may overshoot it by what it records with one sink (one step).
 MAX_INT_BYTES = MAX_EVENTS_PER_THREAD * 4 * 8
 
@@ -189,7 +189,9 @@ class Tracer:
             ev["s"] = "t"
         else:
             ev["ph"] = "X"
-            ev["dur"] = (end_ns - start_ns) / 1000.0
+            # The end's own µs value less the start's, so that a span ending where the next
+            # starts reads ts + dur == the next ts (the engine's contiguous phases).
+            ev["dur"] = (end_ns - self.origin_perf_ns) / 1000.0 - ev["ts"]
         if args:
             ev["args"] = args
         return ev

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from infra_agent.tracing.recorder import LEVELS
+from infra_agent.tracing import LEVELS
 
 LM_HEAD_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "3xtf32", "bf16")
 CPU_KERNELS: tuple[str, ...] = ("auto", "native", "torch")

@@ -34,13 +34,14 @@ from infra_agent import tracing
 from refstack.model.config import LM_HEAD_PRECISIONS
 
 MASK = {"kda": 1, "attn": 2, "moe": 4, "ep": 8, "model": 16, "lm_head": 32}
+LAYER_BITS = MASK["kda"] | MASK["attn"] | MASK["moe"] | MASK["ep"]  # what a layer record can hold
 WIDTH = 18
 STEP_WIDTH = 7
 
 
 def sink() -> tuple[int, Callable[[bytes], None] | None]:
-    """This step's category mask and the sink its layer records go to; (0, None) when no
-    per-layer category is recorded now (tracing off, or the ``step`` level)."""
+    """This step's category mask and the sink its records go to; (0, None) when none of
+    ``MASK``'s categories is recorded now (tracing off, or the ``step`` level)."""
     tracer = tracing.get_tracer()
     if not tracer.enabled:
         return 0, None

@@ -169,15 +169,18 @@ class NativeDecoder:
         t0 = clock()
         h0 = h1 = -1
         try:
-            h = self._layers(batch, cache, mask, record)
+            h = self._layers(batch, cache, mask, record if mask & decode_trace.LAYER_BITS else None)
             h0 = clock()
             logits = self.model.lm_head.logits(h)
             h1 = clock()
             return logits
         finally:
+            end = clock()
+            if h0 >= 0 > h1:  # the LM head raised: its span ends with the step, as the module path's would
+                h1 = end
             layout = decode_trace.step_layout()
             record(layout.pack(layout.id, mask, batch.num_tokens, LM_HEAD_PRECISIONS.index(self.model.lm_head.precision),
-                               t0, h0, h1, clock()))
+                               t0, h0, h1, end))
 
     def _layers(self, batch: ForwardBatch, cache: ModelCache, mask: int, record: Callable[[bytes], None] | None) -> Tensor:
         """Every layer, then the final norm: the hidden states the LM head takes."""

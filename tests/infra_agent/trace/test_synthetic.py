@@ -152,3 +152,40 @@ def test_merged_output_has_gil_track(tmp_path: Path) -> None:
     # the merged file loads back on the same clock
     back = load_timeline([write(tmp_path / "m.json", doc)])
     assert sorted(s.start_us for s in back.spans if s.name == "ep.dispatch") == [1000.0]
+
+
+def test_back_to_back_engine_phases_are_siblings_after_the_us_round_trip(tmp_path: Path) -> None:
+    """The engine's step phases end exactly where the next begins (one clock read per
+    boundary).  Written as µs floats and read back, a phase must still end before the next
+    starts: self times give each phase its own duration and ``engine.step`` only the gap
+    after the last phase, and every step is a top-level span of the critical path."""
+    import random
+
+    from infra_agent.tracing.recorder import Tracer
+    from refstack.engine import step_trace
+
+    tracer = Tracer(enabled=True, level="step")
+    layout = step_trace.layout()
+    sink = tracer.int_sink("engine")
+    assert sink is not None
+    rng = random.Random(7)
+    t = tracer.origin_perf_ns + 123_456_789
+    for _ in range(300):  # ns boundaries at random: ~1 in 8 rounds up in µs without the fix
+        t_step = t
+        t_sched = t_step + rng.randrange(1_000, 50_000)
+        t_decode = t_sched + rng.randrange(100_000, 400_000)
+        t_sample = t_decode + rng.randrange(1_000, 50_000)
+        t_end = t_sample + 5_000
+        sink(layout.pack(layout.id, t_step, t_sched, t_decode, -1, t_sample, t_end, 0, 8,
+                         8, 8, 400, 200, *step_trace.EMPTY_SHAPE))
+        t = t_end + rng.randrange(1_000, 9_000)
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps(tracer.snapshot()))
+    spans = load_timeline([path]).spans
+    own = {}
+    for s, us in self_times(spans):
+        own.setdefault(s.name, []).append((us, s.end_us - s.start_us))
+    assert len(own["engine.step"]) == 300
+    assert all(us == pytest.approx(5.0, abs=1e-2) for us, _ in own["engine.step"])  # the 5 µs after sample
+    for name in ("schedule", "decode", "sample"):
+        assert all(us == pytest.approx(dur, abs=1e-2) for us, dur in own[name]), name

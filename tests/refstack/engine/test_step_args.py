@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 import infra_agent.tracing.recorder as rec
@@ -41,7 +43,7 @@ def test_the_step_times_its_own_phases_nested_in_order_and_a_failed_step_keeps_t
         assert [e["name"] for e in inside][0] == "schedule" and [e["name"] for e in inside][-1] == "sample"
         # One clock read ends a phase and starts the next: they neither overlap nor leave
         # a gap (up to the rounding of the µs floats of the trace).
-        assert all(a["ts"] + a["dur"] == pytest.approx(b["ts"], abs=1e-3) for a, b in zip(inside, inside[1:]))
+        assert all(a["ts"] + a["dur"] == pytest.approx(b["ts"], abs=1e-3) for a, b in itertools.pairwise(inside))
 
     rec.reset()
 
@@ -86,3 +88,25 @@ def test_a_mixed_step_records_each_forward_with_its_own_shape(monkeypatch: pytes
         assert by_name["decode"] == {"batch": 1, "tokens": 1, "context": 6, "generated": 1}
         assert by_name["prefill"] == {"chunks": 1, "batch": 1, "tokens": 4, "context": 4, "generated": 0}
     assert by_name["sample"] == {"batch": 2} and by_name["engine.step"] == both
+
+
+@pytest.mark.parametrize(("bounds", "fused", "want"), [
+    # (t_step, t_sched, t_decode, t_prefill, t_sample, t_end): each phase starts where the one before ended.
+    ((0, 10, 20, -1, 25, 30), 0, [("schedule", 0, 10), ("decode", 10, 20), ("sample", 20, 25), ("engine.step", 0, 30)]),
+    ((0, 10, 20, 28, 35, 40), 0, [("schedule", 0, 10), ("decode", 10, 20), ("prefill", 20, 28), ("sample", 28, 35),
+                                  ("engine.step", 0, 40)]),
+    ((0, 10, -1, 20, 25, 30), 1, [("schedule", 0, 10), ("prefill", 10, 20), ("sample", 20, 25), ("engine.step", 0, 30)]),
+    ((0, 10, -1, 20, -1, 21), 0, [("schedule", 0, 10), ("prefill", 10, 20), ("engine.step", 0, 21)]),  # nothing ready
+    ((0, 10, -1, -1, -1, 15), 0, [("schedule", 0, 10), ("engine.step", 0, 15)]),  # the forward raised
+    ((0, 10, 20, -1, -1, 22), 0, [("schedule", 0, 10), ("decode", 10, 20), ("engine.step", 0, 22)]),  # the next phase raised
+    ((0, -1, -1, -1, -1, 5), 0, [("engine.step", 0, 5)]),  # the scheduler raised
+])
+def test_a_step_record_expands_to_phases_that_start_where_the_last_ended(
+        bounds: tuple[int, ...], fused: int, want: list[tuple[str, int, int]]) -> None:
+    from refstack.engine import step_trace
+
+    shapes = (step_trace.NO_SHAPE if bounds[1] < 0 else (2, 2, 40, 6)) + ((1, 8, 8, 0) if bounds[3] >= 0 else step_trace.EMPTY_SHAPE)
+    events = step_trace.expand((*bounds, fused, 2, *shapes))
+    assert [(name, start, end) for name, _, start, end, _ in events] == want
+    step_args = events[-1][4]
+    assert step_args is None if bounds[1] < 0 else step_args["batch"] == 2 + (1 if bounds[3] >= 0 else 0)

@@ -176,3 +176,25 @@ def test_native_decode_records_only_the_categories_the_tracer_keeps(monkeypatch:
     end = forward["ts"] + forward["dur"]
     assert all(forward["ts"] <= e["ts"] and e["ts"] + e["dur"] <= end for e in spans if e is not forward)
     assert max(e["ts"] + e["dur"] for e in spans if e["name"] == "moe.combine") <= head["ts"]
+
+
+@NATIVE
+def test_native_decode_keeps_its_step_spans_when_the_lm_head_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing LM head still leaves ``model.forward`` and ``lm_head`` in the trace (the
+    module path's span objects would record them on the way out), each ending with the step."""
+    model = HybridModel(HybridConfig.preset("tiny"))
+    model.use_native_kernels(True)
+    cache = model.new_cache(num_slots=2)
+    model.forward_chunks([SeqChunk(0, [1, 2, 3], 0), SeqChunk(1, [4, 5], 0)], cache)
+    monkeypatch.setattr(rec, "_TRACER", Tracer(enabled=True))
+
+    def broken(h: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("lm head failed")
+
+    monkeypatch.setattr(model.lm_head, "logits", broken)
+    with pytest.raises(RuntimeError, match="lm head failed"):
+        model.forward_chunks([SeqChunk(0, [9], 3), SeqChunk(1, [8], 2)], cache)
+    spans = {e["name"]: e for e in rec.snapshot()["traceEvents"] if e["ph"] == "X"}
+    forward, head = spans["model.forward"], spans["lm_head"]
+    assert head["ts"] + head["dur"] == pytest.approx(forward["ts"] + forward["dur"], abs=1e-3)
+    assert sum(1 for name in spans if name in ("kda", "attention")) >= 1
