@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from infra_agent.tracing import int_records
 from infra_agent.tracing.recorder import Tracer, span
 
 
@@ -166,7 +167,7 @@ def test_a_bad_integer_record_keeps_the_records_before_it_and_the_trace_readable
     sink(layout.pack(layout.id, t0 + 2000, t0 + 3000))
     assert [e["ts"] for e in rec.snapshot()["traceEvents"] if e["ph"] == "X"] == [0.0, 2.0]
 
-    for bad in (struct.pack("=3q", len(rec._LAYOUTS) + 5, 1, 2),  # no such layout
+    for bad in (struct.pack("=3q", len(int_records._LAYOUTS) + 5, 1, 2),  # no such layout
                 broken.pack(broken.id, 0),  # its expander raises
                 layout.pack(layout.id, t0 + 5000, t0 + 4000)):  # ends before it starts: read out of step
         rec.reset()

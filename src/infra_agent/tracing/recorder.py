@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 
 # Re-exported: the tracing API is reached through this module (and the package).
 from infra_agent.tracing.int_records import (  # noqa: F401
-    _LAYOUTS,
     RecordLayout,
     expand_records,
     register_layout,

@@ -63,6 +63,7 @@ from refstack.disagg.proc import die_with_parent, set_process_name
 from refstack.engine import EngineConfig
 from refstack.engine.request import Request, RequestOutput, RequestState
 from refstack.engine.sampling import SamplingParams
+from refstack.engine.tracing_start import start_tracing
 from refstack.server.logprobs import LogprobEngine, LogprobParams
 
 log = logging.getLogger(__name__)
@@ -293,14 +294,6 @@ class DecodeEngine(_WorkerEngine):
 
 
 # ---- the process ---------------------------------------------------------------------------
-def _trace_env(role: str) -> None:
-    """A worker writes its own trace file (``PATH`` -> ``PATH-stem.ROLE.json``), never the front end's."""
-    path = os.environ.pop("INFRA_AGENT_TRACE", None)
-    if path:
-        root, ext = os.path.splitext(path)
-        os.environ["INFRA_AGENT_TRACE"] = f"{root}.{role}{ext or '.json'}"
-
-
 def worker_main(role: str, config: EngineConfig, conn: Any, store_path: str) -> None:
     """A worker process's target: build the engine, serve the front end's messages."""
     die_with_parent()
@@ -311,9 +304,7 @@ def worker_main(role: str, config: EngineConfig, conn: Any, store_path: str) -> 
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    _trace_env(role)
-    if config.trace and not tracing.is_enabled():  # a tracer on through INFRA_AGENT_TRACE keeps its level
-        tracing.enable(level=config.trace_level)
+    start_tracing(config, child=role)
     threading.current_thread().name = f"{role}-main"
     lock = threading.Lock()
 

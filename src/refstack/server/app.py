@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from infra_agent import tracing
 from refstack.engine import EngineConfig
 from refstack.engine.heap import freeze_heap, frozen_by_refstack
+from refstack.engine.tracing_start import start_tracing
 from refstack.knobs import knob
 from refstack.server.errors import APIError, api_error_handler
 from refstack.server.limits import BodySizeLimit
@@ -66,8 +67,7 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
 
     ``disagg``: serve through a prefill and a decode worker process (``refstack.disagg``);
     they start here, and ``on_failure`` is called if one dies while serving."""
-    if config.trace and not tracing.is_enabled():
-        tracing.enable(level=config.trace_level)  # in memory only: /debug/trace serves it; INFRA_AGENT_TRACE adds the file
+    start_tracing(config)  # in memory: /debug/trace serves it; INFRA_AGENT_TRACE adds the file
     model_name = f"refstack-{config.preset}"
     metrics = EngineMetrics(model_name)
     engine: Any

@@ -22,6 +22,7 @@ from torch import Tensor
 from infra_agent import tracing
 from refstack.disagg.proc import die_with_parent
 from refstack.engine.config import EngineConfig, resolve_dtype
+from refstack.engine.tracing_start import start_tracing
 from refstack.model.batch import SeqChunk
 from refstack.model.cache import ModelCache
 from refstack.model.config import HybridConfig
@@ -71,14 +72,6 @@ class RankShard:
             return self.model.forward_chunks(chunks, cache), {}
 
 
-def _trace_env(rank: int) -> None:
-    """A rank writes its own trace file (``PATH`` -> ``PATH-stem.rankN.json``), never rank 0's."""
-    path = os.environ.pop("INFRA_AGENT_TRACE", None)
-    if path:
-        root, ext = os.path.splitext(path)
-        os.environ["INFRA_AGENT_TRACE"] = f"{root}.rank{rank}{ext or '.json'}"
-
-
 def _serve_traces(conn: Any, rank: int, lock: threading.Lock) -> None:
     """Answer rank 0's trace requests on the pipe (a thread: the main one sits in collectives)."""
     while True:
@@ -99,9 +92,7 @@ def rank_main(rank: int, config: EngineConfig, init_method: str, device: str, co
     """A rank process's target: build the shard, join the group, mirror rank 0's steps."""
     die_with_parent()  # the server's death (any cause) ends the ranks: no orphans
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; rank 0 stops us
-    _trace_env(rank)
-    if config.trace and not tracing.is_enabled():  # a tracer on through INFRA_AGENT_TRACE keeps its level
-        tracing.enable(level=config.trace_level)
+    start_tracing(config, child=f"rank{rank}")
     if threads_per_rank(config, device):
         torch.set_num_threads(threads_per_rank(config, device))
     threading.current_thread().name = f"tp-rank-{rank}"
