@@ -342,6 +342,7 @@ int refstack_attn_decode_block_kv(const float *h, int64_t B, int64_t Dm, const v
                                   int64_t rope_len, void *keys, void *values, int kv_type, const float *k_scale,
                                   const float *v_scale, const int64_t *slots, const int64_t *pos, int64_t n_slots,
                                   int64_t max_len, float scale, float *out, float *scratch, int nthreads) {
+    MARK_SPAN();
     if (B <= 0 || Dm <= 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv || hd <= 0 || hd % 2 || nthreads < 1) return 1;
     for (int64_t b = 0; b < B; b++)
         if (pos[b] < 0 || pos[b] >= max_len || pos[b] >= rope_len || slots[b] < 0 || slots[b] >= n_slots) return 2;

@@ -161,6 +161,7 @@ int refstack_gemm_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const 
  * silu(gate) * up are rounded to bf16 before their GEMMs; h is fp32 scratch [rows, I]. */
 int refstack_moe_experts_bf16(const float *x, const int64_t *offsets, int64_t E, int64_t D, int64_t I,
                               const uint16_t *gate_up, const uint16_t *down, float *h, float *y, int nthreads) {
+    MARK_SPAN();
     if (E <= 0 || E > 4096 || D <= 0 || I <= 0 || I % HALF != 0 || nthreads < 1) return 1;
     int64_t task_start[E + 1], task_start2[E + 1];
     const int64_t nb1 = I / HALF, nb2 = (D + NB - 1) / NB, D2 = (D + 1) / 2, I2 = I / 2;

@@ -152,6 +152,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "refstack_int8_mm": [ptr, i64, i64, ptr, i64, ptr, cint],
         "refstack_int8_quantize": [ptr, i64, i64, ptr, ptr, ptr],
         "refstack_moe_experts_w8a8": [ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, cint],
+        "refstack_mark_log_set": [ptr],  # span marks (refstack.model.decode_trace)
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)

@@ -410,6 +410,7 @@ int refstack_int8_quantize(const float *x, int64_t M, int64_t K, const float *in
  * before the down projection. */
 int refstack_moe_experts_w8a8(const float *x, const int64_t *offsets, int64_t E, int64_t D, int64_t I,
                               const void *gate_up, const void *down, float *h, float *y, int nthreads) {
+    MARK_SPAN();
     if (E <= 0 || E > 4096 || D <= 0 || I <= 0 || I % HALF != 0 || nthreads < 1) return 1;
     const pack_header *h1 = (const pack_header *)gate_up, *h2 = (const pack_header *)down;
     if (!header_ok(h1, D, 2 * I) || !header_ok(h2, I, D)) return 1;

@@ -21,6 +21,14 @@
 
 #include "cpu_common.h"
 
+__thread int64_t *refstack_mark_log = NULL;
+
+/* This thread's span-mark log (cpu_common.h), or NULL to stop marking. */
+int refstack_mark_log_set(int64_t *log) {
+    refstack_mark_log = log;
+    return 0;
+}
+
 /* log(1 + y) for y in [0, 1], vectorisable: log(z) = 2 atanh(s) with s = y / (2 + y)
  * in [0, 1/3], summed to s^13 (the next term is below 1e-8 of the result). */
 static inline float log1p_unit(float y) {
@@ -99,6 +107,7 @@ int refstack_gemm(const float *x, int64_t M, int64_t K, int64_t ldx, const float
  * h is caller scratch [rows, I].  Idle experts cost nothing. */
 int refstack_moe_experts(const float *x, const int64_t *offsets, int64_t E, int64_t D, int64_t I,
                          const float *gate_up, const float *down, float *h, float *y, int nthreads) {
+    MARK_SPAN();
     if (E <= 0 || E > 4096 || D <= 0 || I <= 0 || I % HALF != 0 || nthreads < 1) return 1;
     int64_t task_start[E + 1], task_start2[E + 1];
     const int64_t nb1 = I / HALF, nb2 = (D + NB - 1) / NB;
@@ -485,6 +494,7 @@ int64_t refstack_ep_wait(int64_t bytes, double ns_per_byte) {
 int refstack_ep_dispatch(const float *x, int64_t T, int64_t D, const int64_t *topk_ids, const float *topk_w, int64_t k,
                          int64_t E, int64_t *counts, float *rows, int64_t *copy_slot, int64_t *token_ids,
                          float *weights, int64_t *offsets, int nthreads, int64_t cross_bytes, double ns_per_byte) {
+    MARK_SPAN();
     const int rc = refstack_moe_dispatch(x, T, D, topk_ids, topk_w, k, E, counts, rows, copy_slot, token_ids, weights,
                                          offsets, nthreads);
     if (rc) return rc;
@@ -496,6 +506,7 @@ int refstack_ep_dispatch(const float *x, int64_t T, int64_t D, const int64_t *to
  * refstack_moe_combine. */
 int refstack_ep_combine(const float *out, int64_t n_out, const int64_t *copy_slot, const float *w, int64_t T, int64_t k,
                         int64_t D, float *y, int accumulate, int nthreads, int64_t cross_bytes, double ns_per_byte) {
+    MARK_SPAN();
     refstack_ep_wait(cross_bytes, ns_per_byte);
     return refstack_moe_combine(out, n_out, copy_slot, w, T, k, D, y, accumulate, nthreads);
 }
@@ -537,6 +548,7 @@ int refstack_kda_decode_block(const float *h, int64_t B, int64_t D, const void *
                               float *S, int64_t H, int64_t K, int64_t V, float scale, const float *o_norm_w, float o_eps,
                               const void *o_proj, int bf16, const int64_t *slots, float *out, float *scratch,
                               int nthreads) {
+    MARK_SPAN();
     const int64_t n_up = H * K + H * V, rank2 = n_in - (2 * H * K + H * V + H);
     if (B <= 0 || D <= 0 || rank2 <= 0 || nthreads < 1) return 1;
     float *proj = scratch, *up = proj + B * n_in, *q = up + B * n_up, *k = q + B * H * K, *g = k + B * H * K;

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +36,7 @@ from refstack.model.attention import AttentionLayer
 from refstack.model.batch import ForwardBatch
 from refstack.model.cache import ModelCache
 from refstack.model.config import LM_HEAD_PRECISIONS
+from refstack.model.decode_trace import H0_AT, H1_AT, T0_AT, T1_AT
 from refstack.model.kda import KDALayer
 from refstack.model.moe import MoE
 
@@ -56,10 +56,6 @@ class _Layer:
     down: int
     experts_bf16: bool
     experts_w8a8: bool = False  # tagged W8A8 packs (refstack.model.quant)
-
-
-def _untimed() -> int:
-    return -1
 
 
 class NativeDecoder:
@@ -82,6 +78,10 @@ class NativeDecoder:
         self._scratch_floats = max(self._mixer_scratch(layer) for layer in self.layers)
         self._moes = [m for m in model.modules() if isinstance(m, MoE)]
         self._local = threading.local()
+        self.kinds = tuple(layer.is_kda for layer in self.layers)  # the step record's layer kinds
+        # The kernels' marks share the trace's clock on Linux; elsewhere the step records
+        # model.forward and lm_head only (decode_trace).
+        self._marks_on_trace_clock = decode_trace.marks_in_sync_with_perf_counter()
 
     # ------------------------------------------------------------------ set-up
     def _ptr(self, t: Tensor | None, dtype: torch.dtype | None = None) -> int:
@@ -160,29 +160,29 @@ class NativeDecoder:
     def forward(self, batch: ForwardBatch, cache: ModelCache) -> Tensor:
         """Next-token logits [B, vocab] for a decode-only batch (distinct slots, any order)."""
         assert self.takes(batch)
-        # The spans: a clock read at each boundary, one record per layer and one for the
-        # step (decode_trace), or nothing at all when none of their categories is recorded.
-        mask, record = decode_trace.sink()
-        if record is None:
-            return self.model.lm_head.logits(self._layers(batch, cache, 0, None))
-        clock = time.perf_counter_ns
-        t0 = clock()
-        h0 = h1 = -1
+        # The spans: the kernels mark each layer's, four clock reads here mark the step's,
+        # and one record of integers holds them all (decode_trace); nothing at all when
+        # none of their categories is recorded.
+        rec = decode_trace.begin(self.lib, self.kinds, batch.num_tokens,
+                                 LM_HEAD_PRECISIONS.index(self.model.lm_head.precision), not self.model.ep.release_gil,
+                                 log=self._marks_on_trace_clock)
+        if rec is None:
+            return self.model.lm_head.logits(self._layers(batch, cache, None))
+        v, clock = rec.values, time.perf_counter_ns
+        v[T0_AT] = clock()
         try:
-            h = self._layers(batch, cache, mask, record if mask & decode_trace.LAYER_BITS else None)
-            h0 = clock()
+            h = self._layers(batch, cache, rec)
+            v[H0_AT] = clock()
             logits = self.model.lm_head.logits(h)
-            h1 = clock()
+            v[H1_AT] = clock()
             return logits
         finally:
-            end = clock()
-            if h0 >= 0 > h1:  # the LM head raised: its span ends with the step, as the module path's would
-                h1 = end
-            layout = decode_trace.step_layout()
-            record(layout.pack(layout.id, mask, batch.num_tokens, LM_HEAD_PRECISIONS.index(self.model.lm_head.precision),
-                               t0, h0, h1, end))
+            end = v[T1_AT] = clock()
+            if v[H0_AT] >= 0 > v[H1_AT]:
+                v[H1_AT] = end  # the LM head raised: its span ends with the step, as the module path's would
+            rec.sink(v)
 
-    def _layers(self, batch: ForwardBatch, cache: ModelCache, mask: int, record: Callable[[bytes], None] | None) -> Tensor:
+    def _layers(self, batch: ForwardBatch, cache: ModelCache, rec: decode_trace.StepRecord | None) -> Tensor:
         """Every layer, then the final norm: the hidden states the LM head takes."""
         lib, B, D = self.lib, batch.num_tokens, self.hidden
         nt = torch.get_num_threads()
@@ -190,53 +190,60 @@ class NativeDecoder:
         slots, positions = batch.decode_slots.contiguous(), batch.decode_positions.contiguous()
         x = F.embedding(batch.token_ids, self.model.embed.weight)  # the residual stream, updated in place
         xp = x.data_ptr()
-        traced = record is not None
-        layout = decode_trace.layout() if traced else None
-        clock = time.perf_counter_ns
-        for layer in self.layers:
-            self._check(lib.refstack_rms_norm(xp, None, B, D, layer.mixer_norm[0], layer.mixer_norm[1], None, p["h"], nt),
-                        "rms_norm")
-            m0 = clock() if traced else -1
-            if layer.is_kda:
-                states = cache.states[layer.index]
-                if batch.fresh_decode_slots is not None:  # a one-token prompt starts from a zero state
-                    states.index_fill_(0, batch.fresh_decode_slots, 0.0)
-                # A bf16 state (kda_state_dtype): the kernel updates fp32 copies of the
-                # batch's rows, rounded back into the cache after the step.
-                work, rows = (states, slots) if states.dtype == torch.float32 else \
-                    (states.index_select(0, slots).float(), torch.arange(B))
-                a = layer.mixer_args
-                self._check(lib.refstack_kda_decode_block(
-                    p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], a[6], work.data_ptr(), a[7], a[8], a[9], a[10],
-                    a[11], a[12], a[13], a[14], rows.data_ptr(), p["delta"], p["scratch"], nt), "kda_decode_block")
-                if work is not states:
-                    states.index_copy_(0, slots, work.to(states.dtype))
-            else:
-                keys, values = cache.keys[layer.index], cache.values[layer.index]
-                # The cache's storage type (fp32, bf16, fp8 e4m3, int8) and scales: the
-                # kernel encodes the new rows and widens stored ones as it reads.
-                kv = cpu_kernels.kv_cache_args("native decode", keys, values, cache.k_scales.get(layer.index),
-                                               cache.v_scales.get(layer.index))
-                a = layer.mixer_args
-                self._check(lib.refstack_attn_decode_block_kv(
-                    p["h"], B, D, a[0], a[1], a[2], a[3], a[4], a[5], self.rope[0], self.rope[1], self.rope[2],
-                    keys.data_ptr(), values.data_ptr(), *kv, slots.data_ptr(), positions.data_ptr(), cache.num_slots,
-                    keys.shape[2], a[6], p["delta"], p["scratch"], nt), "attn_decode_block")
-            m1 = clock() if traced else -1
-            # x += delta; h = norm(x)
-            self._check(lib.refstack_rms_norm(xp, p["delta"], B, D, layer.mlp_norm[0], layer.mlp_norm[1], None, p["h"], nt),
-                        "rms_norm")
-            cross, moe_times = self._moe(layer, B, p, xp, nt, traced)
-            if record is not None and layout is not None:
-                record(layout.pack(layout.id, mask, layer.index, layer.is_kda, B, cross, not self.model.ep.release_gil,
-                                   m0, m1, *moe_times))
+        layer = self.layers[0]
+        try:
+            for layer in self.layers:
+                self._check(lib.refstack_rms_norm(xp, None, B, D, layer.mixer_norm[0], layer.mixer_norm[1], None, p["h"],
+                                                  nt), "rms_norm")
+                if layer.is_kda:
+                    self._kda(layer, batch, cache, slots, p, nt)
+                else:
+                    self._attention(layer, batch, cache, slots, positions, p, nt)
+                # x += delta; h = norm(x)
+                self._check(lib.refstack_rms_norm(xp, p["delta"], B, D, layer.mlp_norm[0], layer.mlp_norm[1], None,
+                                                  p["h"], nt), "rms_norm")
+                cross = self._moe(layer, B, p, xp, nt)
+                if cross and rec is not None:
+                    rec.set_cross(layer.index, cross)
+        except BaseException:
+            if rec is not None:
+                rec.drop_layers_from(layer.index)
+            raise
         return cpu_kernels.rms_norm(x, self.model.norm.weight, self.model.norm.eps)
 
-    def _moe(self, layer: _Layer, B: int, p: dict[str, int], xp: int, nt: int,
-             timed: bool) -> tuple[int, tuple[int, ...]]:
-        """The MoE block: the bytes the exchange moved and, when ``timed``, the start and end
-        of moe.dispatch, ep.dispatch, moe.experts, moe.combine and ep.combine for the
-        layer's record (decode_trace), else an empty tuple."""
+    def _kda(self, layer: _Layer, batch: ForwardBatch, cache: ModelCache, slots: Tensor, p: dict[str, int],
+             nt: int) -> None:
+        B = batch.num_tokens
+        states = cache.states[layer.index]
+        if batch.fresh_decode_slots is not None:  # a one-token prompt starts from a zero state
+            states.index_fill_(0, batch.fresh_decode_slots, 0.0)
+        # A bf16 state (kda_state_dtype): the kernel updates fp32 copies of the
+        # batch's rows, rounded back into the cache after the step.
+        work, rows = (states, slots) if states.dtype == torch.float32 else \
+            (states.index_select(0, slots).float(), torch.arange(B))
+        a = layer.mixer_args
+        self._check(self.lib.refstack_kda_decode_block(
+            p["h"], B, self.hidden, a[0], a[1], a[2], a[3], a[4], a[5], a[6], work.data_ptr(), a[7], a[8], a[9], a[10],
+            a[11], a[12], a[13], a[14], rows.data_ptr(), p["delta"], p["scratch"], nt), "kda_decode_block")
+        if work is not states:
+            states.index_copy_(0, slots, work.to(states.dtype))
+
+    def _attention(self, layer: _Layer, batch: ForwardBatch, cache: ModelCache, slots: Tensor, positions: Tensor,
+                   p: dict[str, int], nt: int) -> None:
+        keys, values = cache.keys[layer.index], cache.values[layer.index]
+        # The cache's storage type (fp32, bf16, fp8 e4m3, int8) and scales: the
+        # kernel encodes the new rows and widens stored ones as it reads.
+        kv = cpu_kernels.kv_cache_args("native decode", keys, values, cache.k_scales.get(layer.index),
+                                       cache.v_scales.get(layer.index))
+        a = layer.mixer_args
+        self._check(self.lib.refstack_attn_decode_block_kv(
+            p["h"], batch.num_tokens, self.hidden, a[0], a[1], a[2], a[3], a[4], a[5], self.rope[0], self.rope[1],
+            self.rope[2], keys.data_ptr(), values.data_ptr(), *kv, slots.data_ptr(), positions.data_ptr(),
+            cache.num_slots, keys.shape[2], a[6], p["delta"], p["scratch"], nt), "attn_decode_block")
+
+    def _moe(self, layer: _Layer, B: int, p: dict[str, int], xp: int, nt: int) -> int:
+        """The MoE block, its residual add included; the bytes the exchange moved.  Its
+        spans come from the kernels' marks (decode_trace)."""
         lib, D, E, k = self.lib, self.hidden, self.num_experts, self.top_k
         self._check(lib.refstack_gemm(p["h"], B, D, D, layer.router, E, p["router"], E, nt), "router gemm")
         self._check(lib.refstack_moe_route(p["router"], B, E, k, p["ids"], p["w"]), "moe_route")
@@ -244,26 +251,17 @@ class NativeDecoder:
         ns = ep.ns_per_byte
         ep_lib = lib if ep.release_gil else self.lib_holding_gil
         cross = lib.refstack_ep_cross_bytes(p["ids"], B, k, E, self.ep_ranks, D) if ns > 0 and self.ep_ranks > 1 else 0
-        clock = time.perf_counter_ns if timed else _untimed
-        d0 = clock()  # moe.dispatch, with ep.dispatch (the exchange itself) inside it
-        ed0 = clock()
         self._check(ep_lib.refstack_ep_dispatch(p["h"], B, D, p["ids"], p["w"], k, E, p["counts"], p["rows"],
                                                 p["slot"], p["token"], p["weights"], p["offsets"], nt, cross, ns),
                     "ep_dispatch")
-        ed1 = clock()
-        d1 = x0 = clock()
         experts = lib.refstack_moe_experts_w8a8 if layer.experts_w8a8 else \
             lib.refstack_moe_experts_bf16 if layer.experts_bf16 else lib.refstack_moe_experts
         self._check(experts(p["rows"], p["offsets"], E, D, self.expert_hidden, layer.gate_up, layer.down,
                             p["hidden"], p["expert_out"], nt), "moe_experts")
-        x1 = c0 = clock()
-        ec0 = clock()
         # x += sum_j w_j * expert_out[slot_j]: the block's residual add rides along.
         self._check(ep_lib.refstack_ep_combine(p["expert_out"], B * k, p["slot"], p["w"], B, k, D, xp, 1, nt, cross, ns),
                     "ep_combine")
-        ec1 = clock()
-        c1 = clock()
-        return cross, (d0, d1, ed0, ed1, x0, x1, c0, c1, ec0, ec1) if timed else ()
+        return cross
 
     @staticmethod
     def _check(rc: int, kernel: str) -> None:

@@ -198,3 +198,73 @@ def test_native_decode_keeps_its_step_spans_when_the_lm_head_raises(monkeypatch:
     forward, head = spans["model.forward"], spans["lm_head"]
     assert head["ts"] + head["dur"] == pytest.approx(forward["ts"] + forward["dur"], abs=1e-3)
     assert sum(1 for name in spans if name in ("kda", "attention")) >= 1
+
+
+class _FailingLib:
+    """The native library, but ``fail`` returns an error on its ``on``-th call (1-based)."""
+
+    def __init__(self, lib: object, fail: str, on: int) -> None:
+        self._lib, self._fail, self._on, self.calls = lib, fail, on, 0
+
+    def __getattr__(self, name: str) -> object:
+        fn = getattr(self._lib, name)
+        if name != self._fail:
+            return fn
+
+        def call(*args: object) -> int:
+            self.calls += 1
+            return 1 if self.calls == self._on else fn(*args)
+
+        return call
+
+
+@NATIVE
+def test_native_decode_keeps_only_the_layers_before_a_failing_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels mark a failing call too (the span closes on every return); the step's
+    record keeps the layers before the one that failed and none after it."""
+    model = HybridModel(HybridConfig.preset("tiny"))
+    model.use_native_kernels(True)
+    cache = model.new_cache(num_slots=2)
+    model.forward_chunks([SeqChunk(0, [1, 2, 3], 0), SeqChunk(1, [4, 5], 0)], cache)
+    decoder = model.native_decoder
+    assert decoder is not None
+    layer = decoder.layers[1]
+    experts = "refstack_moe_experts_w8a8" if layer.experts_w8a8 else \
+        "refstack_moe_experts_bf16" if layer.experts_bf16 else "refstack_moe_experts"
+    monkeypatch.setattr(decoder, "lib", _FailingLib(decoder.lib, experts, on=2))
+    monkeypatch.setattr(rec, "_TRACER", Tracer(enabled=True))
+    with pytest.raises(RuntimeError, match="moe_experts returned 1"):
+        model.forward_chunks([SeqChunk(0, [9], 3), SeqChunk(1, [8], 2)], cache)
+    spans = [e for e in rec.snapshot()["traceEvents"] if e["ph"] == "X"]
+    per_layer = [e for e in spans if e["cat"] in ("kda", "attn", "moe", "ep")]
+    # Layer 0 whole (its six spans); layer 1's experts failed: nothing of it or after it.
+    assert [e["name"] for e in per_layer] == ["kda" if decoder.kinds[0] else "attention", "ep.dispatch", "moe.dispatch",
+                                              "moe.experts", "ep.combine", "moe.combine"]
+    assert {e["name"] for e in spans} >= {"model.forward"}
+
+
+@NATIVE
+def test_an_untraced_native_step_stops_the_kernels_marking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels write marks into a traced step's record; once a step runs untraced they
+    stop, so tracing off costs the kernels nothing and leaves the record alone."""
+    from refstack.model import decode_trace
+
+    model = HybridModel(HybridConfig.preset("tiny"))
+    model.use_native_kernels(True)
+    cache = model.new_cache(num_slots=2)
+    model.forward_chunks([SeqChunk(0, [1, 2, 3], 0), SeqChunk(1, [4, 5], 0)], cache)
+    tracer = Tracer(enabled=True)
+    monkeypatch.setattr(rec, "_TRACER", tracer)
+    model.forward_chunks([SeqChunk(0, [9], 3), SeqChunk(1, [8], 2)], cache)
+    decoder = model.native_decoder
+    assert decoder is not None
+    record = decode_trace._local.records[decoder.kinds]
+    layers = model.config.num_layers
+    assert record.values[record.log_at] == decode_trace.MARKS_PER_LAYER * layers
+    record.values[record.log_at] = 0
+    tracer.enabled = False
+    model.forward_chunks([SeqChunk(0, [7], 4), SeqChunk(1, [6], 3)], cache)
+    assert record.values[record.log_at] == 0
+    tracer.enabled = True
+    model.forward_chunks([SeqChunk(0, [5], 5), SeqChunk(1, [4], 4)], cache)
+    assert record.values[record.log_at] == decode_trace.MARKS_PER_LAYER * layers
