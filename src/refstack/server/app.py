@@ -8,7 +8,6 @@ are in ``config``.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,7 +16,6 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from infra_agent import tracing
 from refstack.engine import EngineConfig
 from refstack.engine.heap import freeze_heap, frozen_by_refstack
 from refstack.engine.tracing_start import start_tracing
@@ -27,6 +25,7 @@ from refstack.server.limits import BodySizeLimit
 from refstack.server.logprobs import LogprobEngine
 from refstack.server.metrics import EngineMetrics
 from refstack.server.openai_routes import register_openai_routes
+from refstack.server.trace_routes import register_trace_routes
 from refstack.tp.checks import check_tp, uses_tp
 
 DEFAULT_MAX_REQUEST_BYTES: int = knob("max_request_bytes").default
@@ -120,29 +119,7 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/debug/trace")
-    async def debug_trace(reset: bool = False) -> JSONResponse:
-        """The Chrome trace so far; ``?reset=true`` clears it.  409 while tracing is off."""
-        if not tracing.is_enabled():
-            # 409: the endpoint exists, but the server's state (tracing off) keeps it from answering.
-            raise APIError(409, "tracing is off, so there is no trace to serve: start the server with "
-                           "--trace true (or INFRA_AGENT_TRACE=path, which also writes the trace at exit)",
-                           code="tracing_disabled")
-        snap = tracing.snapshot()
-        if reset:
-            tracing.reset()
-        # The workers' (--disagg) or the other ranks' (--tp) spans too, shifted onto this
-        # process's span clock (all are perf_counter).
-        source = engine if disagg else tp_model
-        if source is not None:
-            origin = tracing.get_tracer().origin_perf_ns
-            for worker_snap, worker_origin in await asyncio.to_thread(source.worker_traces, reset):
-                shift_us = (worker_origin - origin) / 1000.0
-                for ev in worker_snap["traceEvents"]:
-                    if "ts" in ev:
-                        ev["ts"] += shift_us
-                    snap["traceEvents"].append(ev)
-        return JSONResponse(snap)
+    register_trace_routes(app, config, engine if disagg else tp_model)
 
     @app.get("/debug/engine")
     async def debug_engine() -> JSONResponse:

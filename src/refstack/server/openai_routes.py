@@ -27,8 +27,19 @@ from refstack.engine import Engine, QueueFullError, RequestOutput, SamplingParam
 from refstack.engine.consumers import RequestStream
 from refstack.model.tokenizer import UnencodableTextError
 from refstack.server.errors import APIError, bad_request, model_not_found
-from refstack.server.logprobs import ChatLogprobs, CompletionLogprobs, Entry, LogprobCursor, LogprobParams
-from refstack.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body, sampling_params
+from refstack.server.logprobs import (
+    ChatLogprobs,
+    CompletionLogprobs,
+    Entry,
+    LogprobCursor,
+    LogprobParams,
+)
+from refstack.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_body,
+    sampling_params,
+)
 
 # How often a request with nothing to send checks whether its client is still there.
 DISCONNECT_POLL_S = 0.25

@@ -71,6 +71,9 @@ def test_disagg_gives_the_tokens_of_one_engine(baseline: list[Any], refstack_mod
         assert expected in spans, expected
     pids = {e["pid"] for e in trace}
     assert len(pids) == 3  # the front end and both workers
+    # The workers' tracers start with them: no switching at run time, said as such.
+    refused = httpx.post(server.url + "/debug/trace/stop", timeout=10)
+    assert refused.status_code == 409 and "--disagg" in refused.json()["error"]["message"]
     metrics = httpx.get(server.url + "/metrics", timeout=10).text
     assert "refstack:request_success_total" in metrics
 

@@ -87,3 +87,28 @@ def test_trace_level_knob_keeps_the_step_spans_only(refstack_server_factory: Any
     assert trace["otherData"]["level"] == "step"
     decode = [e for e in trace["traceEvents"] if e["name"] == "decode"]
     assert decode and all(e["args"]["batch"] >= 1 and e["args"]["generated"] >= 1 for e in decode)
+
+
+def test_tracing_starts_and_stops_at_run_time(refstack_server_factory: Any) -> None:
+    """``POST /debug/trace/start|stop`` on a server started without tracing: nothing to
+    serve before, the level asked for while on, nothing recorded once stopped, and the
+    stopped trace still served; a bad level is refused and leaves tracing off."""
+    server = refstack_server_factory()
+    assert httpx.get(server.url + "/debug/trace").status_code == 409
+    bad = httpx.post(server.url + "/debug/trace/start", params={"level": "kernel"})
+    assert bad.status_code == 400 and "level='kernel'" in bad.json()["error"]["message"]
+    assert httpx.get(server.url + "/debug/trace").status_code == 409  # still off
+    started = httpx.post(server.url + "/debug/trace/start", params={"level": "step"})
+    assert started.status_code == 200 and started.json() == {"tracing": True, "level": "step"}
+    drive(server.url)
+    assert httpx.post(server.url + "/debug/trace/stop").json()["tracing"] is False
+    traced = httpx.get(server.url + "/debug/trace").json()
+    threads = spans_by_thread(traced)
+    assert ENGINE_SPANS <= threads["engine-loop"] and not MODEL_SPANS & threads["engine-loop"]
+    steps = sum(e["name"] == "engine.step" for e in traced["traceEvents"])
+    drive(server.url)  # stopped: these steps leave nothing
+    assert sum(e["name"] == "engine.step" for e in httpx.get(server.url + "/debug/trace").json()["traceEvents"]) == steps
+    # On again at the server's own level (layer, the knob's default), the old trace cleared.
+    assert httpx.post(server.url + "/debug/trace/start", params={"reset": "true"}).json()["level"] == "layer"
+    drive(server.url)
+    check(httpx.get(server.url + "/debug/trace").json())
