@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "tracer_overhead.py"
-SETTINGS = ("off", "tracing (layer level)", "tracing (step level)", "off (whole window)", "tracing (step level, whole window)", "pyspy",
+SETTINGS = ("off", "tracing (layer level)", "tracing (step level)", "off (E2E)", "tracing (layer level, E2E)",
+            "tracing (step level, E2E)", "off (whole window)", "tracing (step level, whole window)", "pyspy",
             "off (profiler worker)", "torch_profiler")
+E2E_ROWS = ("tracing (layer level, E2E)", "tracing (step level, E2E)")
 
 
 def _run(repeats: int, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
@@ -32,20 +34,24 @@ def test_quick_json_run_reports_every_setting_with_ratio_interval_and_verdict() 
     assert meta["quick"] is True and meta["repeats"] == 10 and meta["calls_per_window"] >= 1
     assert meta["goal_max_overhead"] == 0.02 and meta["command"].startswith("python bench/tracer_overhead.py")
     assert set(doc["settings"]) == set(SETTINGS)
-    assert doc["goal"] == {"setting": "tracing (layer level)", "max_overhead": 0.02,
-                           "outcome": doc["settings"]["tracing (layer level)"]["verdict"],
-                           "step_level_outcome": doc["settings"]["tracing (step level)"]["verdict"]}
+    assert doc["goal"] == {"setting": "tracing (layer level, E2E)", "max_overhead": 0.02,
+                           "outcome": doc["settings"]["tracing (layer level, E2E)"]["verdict"],
+                           "step_level_outcome": doc["settings"]["tracing (step level, E2E)"]["verdict"],
+                           "engine_level_outcome": doc["settings"]["tracing (layer level)"]["verdict"],
+                           "engine_step_level_outcome": doc["settings"]["tracing (step level)"]["verdict"]}
 
     assert set(meta["gc_objects"]) == {"main", "profiler"}
-    for name in ("off", "off (whole window)", "off (profiler worker)"):  # each baseline
+    for name in ("off", "off (E2E)", "off (whole window)", "off (profiler worker)"):  # each baseline
         off = doc["settings"][name]
         assert off["available"] and len(off["tokens_per_s"]) == 10 and "ratio" not in off
         assert off["ci"][0] <= off["median"] <= off["ci"][1]
-    calls = meta["calls_per_window"]
-    for name in ("tracing (layer level)", "tracing (step level)", "tracing (step level, whole window)", "torch_profiler"):
+    assert meta["e2e_calls_per_window"] >= 1
+    for name in ("tracing (layer level)", "tracing (step level)", *E2E_ROWS, "tracing (step level, whole window)",
+                 "torch_profiler"):
         row = doc["settings"][name]
         # One ratio per cycle; our paired rows keep their per-call ratios beside them.
-        paired = name in ("tracing (layer level)", "tracing (step level)")
+        paired = name in ("tracing (layer level)", "tracing (step level)", *E2E_ROWS)
+        calls = meta["e2e_calls_per_window"] if name in E2E_ROWS else meta["calls_per_window"]
         assert row["available"] and len(row["tokens_per_s"]) == len(row["ratios"]) == 10
         assert len(row.get("call_ratios", [])) == (10 * calls if paired else 0)
         assert row["ratio_ci"][0] <= row["ratio"] <= row["ratio_ci"][1]
