@@ -255,7 +255,7 @@ def measure(args: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
         workers["main"] = Worker(args, "main", 0, log)
         workers["profiler"] = Worker(args, "profiler", workers["main"].hello["calls"], log)
         e2e = E2EWindow(args.preset, args.batch, args.prompt_len, args.gen_len, args.torch_threads).start()
-        e2e_calls = e2e.calibrate(args.window_s)
+        e2e_calls = e2e.calibrate(args.e2e_window_s)
         pid = workers["main"].hello["pid"]
         reason = "skipped (--no-pyspy)" if args.no_pyspy else pyspy_unavailable(pid)
         windows = [w for w in WINDOWS if w != "pyspy" or reason is None]
@@ -392,6 +392,8 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--window-s", type=float, default=None, help="target window length, tracing off (default 1, quick 0.25)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved cycles (default 40, quick 6)")
+    ap.add_argument("--e2e-window-s", type=float, default=None,
+                    help="E2E window length per setting, tracing off (default 2: HTTP adds scatter; quick: --window-s)")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch intra-op threads (0: torch's default); see the module docstring for why 1")
     ap.add_argument("--no-pyspy", action="store_true", help="leave the py-spy setting out")
@@ -403,6 +405,7 @@ def main() -> None:
     args = ap.parse_args()
     args.window_s = args.window_s if args.window_s is not None else (0.25 if args.quick else 1.0)
     args.repeats = args.repeats if args.repeats is not None else (6 if args.quick else 40)
+    args.e2e_window_s = args.e2e_window_s if args.e2e_window_s is not None else (args.window_s if args.quick else 2.0)
     if args.worker:
         worker(args)
         return
@@ -415,7 +418,7 @@ def main() -> None:
     doc = {"meta": {"preset": args.preset, "batch": args.batch, "prompt_len": args.prompt_len, "gen_len": args.gen_len,
                     "repeats": args.repeats, "window_s": args.window_s, "calls_per_window": hello["calls"],
                     "tokens_per_window": hello["calls"] * args.batch * args.gen_len, "dtype": hello["dtype"],
-                    "e2e_calls_per_window": m["e2e_calls"],
+                    "e2e_calls_per_window": m["e2e_calls"], "e2e_window_s": args.e2e_window_s,
                     "native_kernels": hello["native_kernels"], "torch_threads": hello["torch_threads"],
                     "pyspy_interval_s": m["pyspy_interval_s"], "goal_max_overhead": GOAL, "quick": args.quick,
                     "events_per_generate": {k: v for w in m["workers"].values() for k, v in w["events_per_generate"].items()},
