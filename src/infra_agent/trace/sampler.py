@@ -21,6 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PTRACE_HINT = "py-spy could not attach (ptrace refused?): run as root or grant CAP_SYS_PTRACE"
+# PySpyDumpSampler: consecutive failed dumps that end sampling, before any dump succeeded
+# (refused, or no such process) and after one did (the target most likely exited).
+GIVE_UP_BEFORE_FIRST_SAMPLE = 5
+GIVE_UP_AFTER_SAMPLES = 50
+MAX_KEPT_ERRORS = 20  # the first failures' messages; ``failures`` counts them all
 
 
 @dataclass
@@ -114,6 +119,7 @@ class PySpyDumpSampler:
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
         self.samples = 0
+        self.failures = 0  # failed dumps, all of them (``errors`` keeps the first messages)
 
     def start(self) -> PySpyDumpSampler:
         exe = shutil.which(self.executable)
@@ -132,11 +138,18 @@ class PySpyDumpSampler:
                     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
                     t1 = time.time_ns()
                     if proc.returncode != 0:
-                        # a dump of a running process fails now and then (--nonblocking reads
-                        # memory that is changing); several in a row mean refused or gone
-                        self.errors.append(_first_line(proc.stderr) or f"py-spy dump exited with {proc.returncode}")
+                        # A dump of a running process fails now and then: --nonblocking reads
+                        # memory that is changing ("Failed to get stack traces"), and a target
+                        # busy in one native section can fail several dumps in a row.  Before
+                        # any dump succeeded, a few in a row mean refused or gone; once one
+                        # did, attaching works, so keep sampling (backing off a little) and
+                        # give up only on a long run, a target that has most likely exited.
                         failed += 1
-                        if failed >= 5 or self._stop.is_set():
+                        self.failures += 1
+                        if len(self.errors) < MAX_KEPT_ERRORS:
+                            self.errors.append(_first_line(proc.stderr) or f"py-spy dump exited with {proc.returncode}")
+                        limit = GIVE_UP_BEFORE_FIRST_SAMPLE if self.samples == 0 else GIVE_UP_AFTER_SAMPLES
+                        if failed >= limit or self._stop.wait(min(0.02 * failed, 0.5)):
                             return
                         continue
                     failed = 0

@@ -161,3 +161,32 @@ def test_pyspy_refused_degrades_to_spans_only(tmp_path: Path) -> None:
     assert refused.path is None and "Permission denied" in (refused.warning or "")
     missing = PySpyRecorder(os.getpid(), tmp_path / "x.json", executable="no-such-py-spy").start().stop()
     assert missing.path is None and "not found" in (missing.warning or "")
+
+
+def test_dump_sampler_keeps_sampling_through_a_run_of_failed_dumps(tmp_path: Path) -> None:
+    """A dump of a running process fails now and then ("Failed to get stack traces"),
+    sometimes several in a row; once one dump succeeded the sampler keeps going, where a
+    target that never answers is given up on after a few."""
+    from infra_agent.trace.sampler import GIVE_UP_BEFORE_FIRST_SAMPLE, PySpyDumpSampler
+
+    counter = tmp_path / "calls"
+    fake = tmp_path / "py-spy"
+    # Call 1 succeeds, calls 2..(GIVE_UP_BEFORE_FIRST_SAMPLE + 3) fail, the rest succeed.
+    fake.write_text(f"""#!/bin/sh
+n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}
+if [ $n -gt 1 ] && [ $n -le {GIVE_UP_BEFORE_FIRST_SAMPLE + 3} ]; then
+  echo 'Error: Failed to get stack traces' >&2; exit 1
+fi
+echo '[{{"thread_id": 1, "os_thread_id": 1, "thread_name": "MainThread", "owns_gil": true, "active": true, "frames": []}}]'
+""")
+    fake.chmod(0o755)
+    sampler = PySpyDumpSampler(os.getpid(), tmp_path / "d.jsonl", executable=str(fake)).start()
+    deadline = time.monotonic() + 60
+    while sampler.samples < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    res = sampler.stop()
+    assert sampler.samples >= 3, sampler.errors  # sampled again after the run of failures
+    assert sampler.failures == GIVE_UP_BEFORE_FIRST_SAMPLE + 2
+    assert res.path is not None and res.warning is None
+    assert sampler.errors[0] == "Error: Failed to get stack traces"
+    assert len((tmp_path / "d.jsonl").read_text().splitlines()) == sampler.samples
