@@ -17,10 +17,10 @@ SETTINGS = ("off", "tracing (layer level)", "tracing (step level)", "off (E2E)",
 E2E_ROWS = ("tracing (layer level, E2E)", "tracing (step level, E2E)")
 
 
-def _run(repeats: int, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
+def _run(repeats: int, env: dict[str, str] | None = None, *extra: str) -> tuple[dict[str, Any], str]:
     # The smallest workload and tiny windows keep a run to seconds; the structure is the same.
     cmd = [sys.executable, str(BENCH), "--quick", "--json", "--batch", "1", "--prompt-len", "4", "--gen-len", "4",
-           "--repeats", str(repeats), "--window-s", "0.02"]
+           "--repeats", str(repeats), "--window-s", "0.02", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout), proc.stderr  # --json without a path: the document alone on stdout
@@ -72,10 +72,13 @@ def test_quick_json_run_reports_every_setting_with_ratio_interval_and_verdict() 
 
 def test_without_py_spy_the_run_says_why_and_still_reports_the_rest() -> None:
     # An empty PATH hides py-spy (the interpreter is called by its absolute path); 3 cycles
-    # take the judge's small-sample t-interval.
-    doc, _ = _run(3, env={**os.environ, "PATH": ""})
+    # take the judge's small-sample t-interval.  --no-e2e: no server (the first test has one).
+    doc, _ = _run(3, {**os.environ, "PATH": ""}, "--no-e2e")
     assert doc["settings"]["pyspy"] == {"available": False,
                                         "reason": "unavailable: py-spy is not on PATH (pip install py-spy, in the test extras)"}
+    for name in ("off (E2E)", *E2E_ROWS):
+        assert doc["settings"][name] == {"available": False, "reason": "unavailable: skipped (--no-e2e)"}
+    assert doc["goal"]["setting"] == "tracing (layer level)"  # the engine's row stands in
     tracing = doc["settings"]["tracing (layer level)"]
     assert len(tracing["ratios"]) == 3 and len(tracing["call_ratios"]) == 3 * doc["meta"]["calls_per_window"]
     assert "t-interval of the geometric-mean ratio over 3 cycles, each the median of its paired calls" in tracing["interval"]
