@@ -3,8 +3,8 @@ with tracing off, infra_agent.tracing on, torch.profiler on and py-spy sampling,
 interleaved in one run (issue #14).
 
     python bench/tracer_overhead.py [--preset tiny] [--batch 8] [--prompt-len 32] [--gen-len 64]
-                                    [--window-s 1.0] [--repeats 40] [--torch-threads 1] [--no-pyspy]
-                                    [--quick] [--json [PATH]]
+                                    [--window-s 1.0] [--e2e-window-s 2.0] [--repeats 40] [--torch-threads 1]
+                                    [--no-pyspy] [--no-e2e] [--quick] [--json [PATH]]
 
 Goal: our tracing costs <= 2% of throughput; torch.profiler's and py-spy's costs are
 reported beside it.  Two measures of "our tracing", both reported, with a verdict each:
