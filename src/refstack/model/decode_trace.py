@@ -48,7 +48,6 @@ from infra_agent import tracing
 from refstack.model.config import LM_HEAD_PRECISIONS
 
 MASK = {"kda": 1, "attn": 2, "moe": 4, "ep": 8, "model": 16, "lm_head": 32}
-LAYER_BITS = MASK["kda"] | MASK["attn"] | MASK["moe"] | MASK["ep"]  # what the marks can hold
 MARKS_PER_LAYER = 8  # mixer, ep_dispatch, experts, ep_combine: entry and exit each
 HEADER = 8  # mask, batch, precision, held, t0, h0, h1, t1
 # The record's header fields, as indices into the array (after the layout id at 0).
@@ -58,15 +57,17 @@ Event = tuple[str, str, int, int, "dict[str, Any] | None"]
 
 
 def begin(lib: Any, kinds: tuple[bool, ...], batch: int, precision: int, held: bool,
-          log: bool = True) -> StepRecord | None:
+          log: bool = True) -> tuple[StepRecord, Callable[[Any], None]] | None:
     """This thread's record for a native step of a model of ``kinds``, its header filled
     in and its mark log emptied and pointed to by the kernels (``log`` false: no marks,
-    so it holds no layer); None, with the kernels' marking stopped, when none of
-    ``MASK``'s categories is recorded now (tracing off, or the ``step`` level).  One call
-    a step: at ~0.3 ms a step every call and lookup here shows."""
+    so it holds no layer), and the sink to hand it to when the step ends; None, with the
+    kernels' marking stopped, when none of ``MASK``'s categories is recorded now (tracing
+    off, or the ``step`` level).  One call a step: at ~0.3 ms a step every call and
+    lookup here shows."""
     tracer = tracing.get_tracer()
     mask, first = _mask(tracer.skip_cats) if tracer.enabled else (0, "")
-    if not mask:
+    sink = tracer.int_sink(first) if mask else None
+    if sink is None:
         stop_marks(lib)
         return None
     records: dict[tuple[bool, ...], StepRecord] | None = getattr(_local, "records", None)
@@ -81,14 +82,13 @@ def begin(lib: Any, kinds: tuple[bool, ...], batch: int, precision: int, held: b
     elif _local.logging is not rec:
         lib.refstack_mark_log_set(rec.log_address)
         _local.logging = rec
-    rec.sink = tracer.int_sink(first) or _unset  # not None: ``first`` is recorded
     v = rec.values
-    v[1], v[2], v[3], v[4], v[6], v[7] = mask, batch, precision, held, -1, -1  # MASK_AT ... HELD_AT, H0_AT, H1_AT
+    v[MASK_AT], v[BATCH_AT], v[PRECISION_AT], v[HELD_AT], v[H0_AT], v[H1_AT] = mask, batch, precision, held, -1, -1
     v[rec.log_at] = 0
     if rec.crossed:  # the last step's exchange bytes (an EP setting may have changed since)
         v[rec.cross_at : rec.log_at] = array.array("q", bytes(8 * len(kinds)))
         rec.crossed = False
-    return rec
+    return rec, sink
 
 
 @functools.lru_cache(maxsize=8)
@@ -109,10 +109,6 @@ def marks_in_sync_with_perf_counter() -> bool:
     return time.get_clock_info("perf_counter").implementation == "clock_gettime(CLOCK_MONOTONIC)"
 
 
-def _unset(record: Any) -> None:
-    raise RuntimeError("decode_trace: a step record was recorded before begin() handed it a sink")
-
-
 class StepRecord:
     """One thread's record of native decode steps for a model of ``kinds`` (per layer:
     whether it is KDA), reused step after step: its tail is the kernels' mark log."""
@@ -127,7 +123,6 @@ class StepRecord:
         self.values[1 + HEADER : self.cross_at] = array.array("q", map(int, kinds))
         self.values[self.log_at + 1] = MARKS_PER_LAYER * n
         self.log_address = self.values.buffer_info()[0] + 8 * self.log_at
-        self.sink: Callable[[Any], None] = _unset  # this step's sink (begin sets it)
         self.crossed = False  # whether an exchange's bytes were written since begin
 
     def set_cross(self, layer: int, nbytes: int) -> None:

@@ -163,11 +163,12 @@ class NativeDecoder:
         # The spans: the kernels mark each layer's, four clock reads here mark the step's,
         # and one record of integers holds them all (decode_trace); nothing at all when
         # none of their categories is recorded.
-        rec = decode_trace.begin(self.lib, self.kinds, batch.num_tokens,
-                                 LM_HEAD_PRECISIONS.index(self.model.lm_head.precision), not self.model.ep.release_gil,
-                                 log=self._marks_on_trace_clock)
-        if rec is None:
+        traced = decode_trace.begin(self.lib, self.kinds, batch.num_tokens,
+                                    LM_HEAD_PRECISIONS.index(self.model.lm_head.precision),
+                                    not self.model.ep.release_gil, log=self._marks_on_trace_clock)
+        if traced is None:
             return self.model.lm_head.logits(self._layers(batch, cache, None))
+        rec, sink = traced
         v, clock = rec.values, time.perf_counter_ns
         v[T0_AT] = clock()
         try:
@@ -180,7 +181,7 @@ class NativeDecoder:
             end = v[T1_AT] = clock()
             if v[H0_AT] >= 0 > v[H1_AT]:
                 v[H1_AT] = end  # the LM head raised: its span ends with the step, as the module path's would
-            rec.sink(v)
+            sink(v)
 
     def _layers(self, batch: ForwardBatch, cache: ModelCache, rec: decode_trace.StepRecord | None) -> Tensor:
         """Every layer, then the final norm: the hidden states the LM head takes."""
