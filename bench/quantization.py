@@ -63,7 +63,7 @@ from refstack.engine import Engine, EngineConfig, SamplingParams
 from refstack.engine.config import resolve_dtype
 from refstack.kernels import cpu_kernels
 from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk
-from refstack.model.quant import quantize_model
+from refstack.model.quant import fused_gpu_kernel, quantize_model
 
 GOAL_W8A8_SPEEDUP = 1.3  # at batch 32, vs bf16
 GOAL_W8A8_TOP1 = 0.98
@@ -324,7 +324,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"gen_len={args.gen_len} repeats={args.repeats} torch_threads={torch.get_num_threads()} "
           f"cpu={platform.processor() or platform.machine()}")
     if args.device == "cuda":
-        print(f"# device: {torch.cuda.get_device_name()}, torch {torch.__version__}; W8A8 on torch._int_mm")
+        fused = fused_gpu_kernel() is not None
+        print(f"# device: {torch.cuda.get_device_name()}, torch {torch.__version__}; W8A8 on "
+              + ("refstack.kernels.w8a8_triton (quantise, int8 GEMM and dequantise in one launch)" if fused
+                 else "torch._int_mm (Triton is not installed)"))
     else:
         print(f"# native kernels: {cpu_kernels.unavailable_reason() or 'built'}; int8 tiles on "
               f"{'AVX512-VNNI vpdpbusd' if cpu_kernels.int8_dot_native() else 'the portable path'}; "

@@ -198,11 +198,11 @@ KNOBS: tuple[Knob, ...] = (
          choices=TP_GEMM_PRECISIONS),
     Knob("trace", "bool", False, ("observability.tracing",),
          "Record spans in memory for GET /debug/trace (INFRA_AGENT_TRACE=path also writes a file at exit)."),
-    Knob("trace_level", "choice", "layer", ("observability.tracing",),
-         "Which spans --trace records: layer (every span, per-layer ones included: the timeline's diagnostic "
-         "level) or step (the engine step, its phases and their shapes, HTTP, KV transfer and GC spans; "
-         "1.5-1.6% of a 0.3 ms step on tiny, docs/performance.md).  A tracer already on through "
-         "INFRA_AGENT_TRACE keeps INFRA_AGENT_TRACE_LEVEL.", choices=TRACE_LEVELS),
+    Knob("trace_level", "choice", "step", ("observability.tracing",),
+         "Which spans --trace records: step (the default: the engine step, its phases and their shapes, HTTP, "
+         "KV transfer and GC spans; cheap enough to leave on, docs/performance.md) or layer (also the per-layer "
+         "KDA, attention, MoE and expert-parallel spans: the timeline probe's diagnostic level, which its EP and "
+         "GIL findings need).  A tracer already on through INFRA_AGENT_TRACE keeps INFRA_AGENT_TRACE_LEVEL.", choices=TRACE_LEVELS),
     Knob("log_level", "choice", "warning", ("server",), "uvicorn log level.", choices=LOG_LEVELS),
     Knob("max_request_bytes", "int", 1 << 20, ("server",),
          "Largest request body in bytes; a bigger one gets HTTP 413 before it is read (a declared "

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from refstack.engine.config import EngineConfig
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "tracer_overhead.py"
 SETTINGS = ("off", "tracing (layer level)", "tracing (step level)", "off (E2E)", "tracing (layer level, E2E)",
             "tracing (step level, E2E)", "off (whole window)", "tracing (step level, whole window)", "pyspy",
@@ -34,11 +36,13 @@ def test_quick_json_run_reports_every_setting_with_ratio_interval_and_verdict() 
     assert meta["quick"] is True and meta["repeats"] == 10 and meta["calls_per_window"] >= 1
     assert meta["goal_max_overhead"] == 0.02 and meta["command"].startswith("python bench/tracer_overhead.py")
     assert set(doc["settings"]) == set(SETTINGS)
-    assert doc["goal"] == {"setting": "tracing (layer level, E2E)", "max_overhead": 0.02,
-                           "outcome": doc["settings"]["tracing (layer level, E2E)"]["verdict"],
-                           "step_level_outcome": doc["settings"]["tracing (step level, E2E)"]["verdict"],
-                           "engine_level_outcome": doc["settings"]["tracing (layer level)"]["verdict"],
-                           "engine_step_level_outcome": doc["settings"]["tracing (step level)"]["verdict"]}
+    # The goal's row is the level `refstack serve --trace true` records, end to end.
+    assert EngineConfig().trace_level == "step"
+    assert doc["goal"] == {"setting": "tracing (step level, E2E)", "level": "step", "max_overhead": 0.02,
+                           "outcome": doc["settings"]["tracing (step level, E2E)"]["verdict"],
+                           "layer_level_outcome": doc["settings"]["tracing (layer level, E2E)"]["verdict"],
+                           "engine_outcome": doc["settings"]["tracing (step level)"]["verdict"],
+                           "engine_layer_level_outcome": doc["settings"]["tracing (layer level)"]["verdict"]}
 
     assert set(meta["gc_objects"]) == {"main", "profiler"}
     for name in ("off", "off (E2E)", "off (whole window)", "off (profiler worker)"):  # each baseline
@@ -78,7 +82,7 @@ def test_without_py_spy_the_run_says_why_and_still_reports_the_rest() -> None:
                                         "reason": "unavailable: py-spy is not on PATH (pip install py-spy, in the test extras)"}
     for name in ("off (E2E)", *E2E_ROWS):
         assert doc["settings"][name] == {"available": False, "reason": "unavailable: skipped (--no-e2e)"}
-    assert doc["goal"]["setting"] == "tracing (layer level)"  # the engine's row stands in
+    assert doc["goal"]["setting"] == "tracing (step level)"  # the engine's row stands in
     tracing = doc["settings"]["tracing (layer level)"]
     assert len(tracing["ratios"]) == 3 and len(tracing["call_ratios"]) == 3 * doc["meta"]["calls_per_window"]
     assert "t-interval of the geometric-mean ratio over 3 cycles, each the median of its paired calls" in tracing["interval"]

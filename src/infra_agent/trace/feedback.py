@@ -77,6 +77,7 @@ def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
                            + (f"Try knob {knob}." if knob else f"Release it there (Py_BEGIN_ALLOW_THREADS / a knob "
                               f"that releases it) so {w.thread} can run during {span or top.function}.")),
         ))
+    out.extend(_absent_expected(report))
     for e in report.expected:
         if e.a_us > 0 and e.b_us > 0 and e.share_of_a < EXPECT_SHARE_MIN:
             a_on = f" (thread {', '.join(e.a_threads)})" if e.a_threads else ""
@@ -192,3 +193,29 @@ def timeline_feedback(report: TimelineReport, probe: str = "timeline", knob_hint
         info["position_latency"] = {k: v for k, v in position.to_dict().items() if k != "per_position_ms"}
     return Feedback(probe=probe, tier=Tier.trace, scope=["runtime", "engine", "thread", "span"],
                     measurements=measurements(report), findings=findings(report, knob_hints, position), meta=info)
+
+
+def _absent_expected(report: TimelineReport) -> list[Finding]:
+    """An expected overlap with a side that has no spans at all cannot be measured: say which
+    side, and when a trace was recorded at a level that leaves per-layer spans out, that the
+    level is why and which setting records them."""
+    out: list[Finding] = []
+    levels = sorted({str(src["level"]) for src in report.sources if src.get("level") and src["level"] != "layer"})
+    for e in report.expected:
+        absent = [g for g, us in ((e.a, e.a_us), (e.b, e.b_us)) if us <= 0]
+        if not absent:
+            continue
+        msg = f"expected overlap {e.a}:{e.b} cannot be measured: no {' and no '.join(absent)} spans in the trace"
+        question = f"Does the traced window run {' or '.join(absent)}, and is it instrumented with spans?"
+        knob = None
+        if levels:
+            msg += (f" (recorded at trace level {', '.join(levels)}, which leaves out the per-layer spans: "
+                    f"kda, attn, moe, ep, model, lm_head)")
+            question = ("Record the window at trace level layer (refstack: --trace-level layer / knob trace_level; "
+                        "elsewhere INFRA_AGENT_TRACE_LEVEL=layer), then look again.")
+            knob = "trace_level"
+        out.append(Finding(kind=FindingKind.OVERLAP_UNMEASURABLE, severity="warning", message=msg,
+                           location=Location(span=absent[0], knob=knob, component="observability.tracing"),
+                           evidence={"a": e.a, "b": e.b, "a_us": e.a_us, "b_us": e.b_us, "levels": levels},
+                           next_question=question))
+    return out

@@ -236,8 +236,13 @@ def load_timeline(
                 if s.tid == tid:
                     idents[ident] = s.thread
                     break
-        timeline.sources.append({"path": str(path), "format": fmt, "clock": clock.describe(),
-                                 "spans": len(timeline.spans) - n_before})
+        source_info = {"path": str(path), "format": fmt, "clock": clock.describe(), "spans": len(timeline.spans) - n_before}
+        other = doc.get("otherData") if isinstance(doc, dict) else None
+        if fmt == "ours" and isinstance(other, dict) and isinstance(other.get("level"), str):
+            # What the recorder left out by design ("step": no per-layer spans), so an
+            # absent span group can be told from one that never ran.
+            source_info["level"] = other["level"]
+        timeline.sources.append(source_info)
     for path in pyspy_paths:
         if _is_dump_file(path):
             tid_names = {s.tid: s.thread for s in timeline.spans if s.source == SOURCE_SPANS}

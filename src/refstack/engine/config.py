@@ -89,8 +89,10 @@ class EngineConfig:
     step_slowdown: float = 0.0
     # Keep spans in memory for /debug/trace even without INFRA_AGENT_TRACE.
     trace: bool = False
-    # Which spans --trace records (TRACE_LEVELS).
-    trace_level: str = "layer"
+    # Which spans --trace records (TRACE_LEVELS).  "step" by default: the level cheap enough
+    # to leave on while serving; the per-layer spans ("layer") are the timeline probe's
+    # diagnostic level, asked for by name, as vLLM's detailed traces are opt-in.
+    trace_level: str = "step"
     # The expert-parallel exchange (refstack.model.moe.EPSettings): its native section
     # releases the GIL (or holds it, as a library that spins with it held), and the
     # modelled link bandwidth its spin-wait stands for (0: no wait).

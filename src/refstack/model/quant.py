@@ -31,8 +31,11 @@ error passes every later router and the KDA recurrence; they run as ``HeldLinear
 their bf16 experts), unsmoothed.
 
 Kernels: on the native CPU kernels ``cpu_int8.c`` (VNNI ``vpdpbusd`` with a portable path
-that gives the same integers), otherwise ``torch._int_mm`` (CPU or CUDA).  Both quantise the
-activations the same way, bit for bit (``quantize_rows`` here mirrors the C code).
+that gives the same integers); on CUDA with Triton installed ``refstack.kernels.w8a8_triton``
+(quantise, int8 product and dequantise in one launch per GEMM, and one launch for all of a
+padded MoE buffer's experts); otherwise ``torch._int_mm`` (CPU, or CUDA without Triton).  All
+quantise the activations the same way, bit for bit (``quantize_rows`` here mirrors the C
+code and the Triton kernel mirrors it).
 """
 
 from __future__ import annotations
@@ -128,6 +131,22 @@ def int_mm_unavailable_reason(device: str = "cpu") -> str | None:
     return None
 
 
+@functools.cache
+def fused_gpu_kernel() -> Any:
+    """``refstack.kernels.w8a8_triton`` (one Triton launch per W8A8 GEMM on CUDA), or None
+    where Triton is not installed: CUDA then takes the unfused ``torch._int_mm`` path."""
+    try:
+        from refstack.kernels import w8a8_triton
+    except ImportError:
+        log.info("W8A8 on CUDA: triton is not installed; using torch._int_mm and separate quantise/dequantise kernels")
+        return None
+    return w8a8_triton
+
+
+def _fused(x: Tensor) -> Any:
+    return fused_gpu_kernel() if x.is_cuda else None
+
+
 def _dequant(acc: Tensor, sx: Tensor, sw: Tensor) -> Tensor:
     """int32 sums -> fp32, times the row scale and the column scale (as the C epilogue)."""
     return acc.float() * (sx[:, None] * sw[None, :])
@@ -170,6 +189,9 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features)
+        fused = _fused(x2)
+        if fused is not None:  # one launch on CUDA, the same bits (w8a8_triton)
+            return fused.w8a8_matmul(x2, self.qweight_t, self.scale, self.inv_s).view(*x.shape[:-1], self.out_features)
         codes, sx = quantize_rows(x2, self.inv_s)
         acc = int_mm(codes, self._mm_weight())[:, : self.out_features]
         y = _dequant(acc, sx, self.scale)
@@ -214,6 +236,9 @@ class QuantizedExperts(nn.Module):
 
     def expert(self, e: int, rows: Tensor) -> Tensor:
         """Expert e over rows [n, D]: down(silu(gate) * up), each GEMM W8A8."""
+        fused = _fused(rows)
+        if fused is not None:  # on CUDA: one launch per GEMM (w8a8_triton)
+            return self._fused_pair(fused, rows, slice(e, e + 1))
         b_gu, b_dn = self._operands()
         codes, sx = quantize_rows(rows)
         gu = _dequant(int_mm(codes, b_gu[e])[:, : 2 * self.inner], sx, self.s_gate_up[e])
@@ -233,7 +258,21 @@ class QuantizedExperts(nn.Module):
 
     def padded(self, buf: Tensor, first: int) -> Tensor:
         """A padded buffer [E_r, capacity, D] (empty rows are zeros and give zeros)."""
+        fused = _fused(buf)
+        if fused is not None:  # on CUDA: one launch per GEMM for all the experts
+            return self._fused_pair(fused, buf, slice(first, first + buf.shape[0]))
         return torch.stack([self.expert(first + e, buf[e]) for e in range(buf.shape[0])])
+
+    def _fused_pair(self, fused: Any, rows: Tensor, experts: slice) -> Tensor:
+        """gate|up, silu(gate) * up and down through ``w8a8_triton`` for ``experts``: rows
+        [E, n, D] (or [n, D] for one expert), the unfused path's arithmetic."""
+        one = rows.dim() == 2
+        x = rows.unsqueeze(0) if one else rows
+        gu = fused.w8a8_matmul(x, self.q_gate_up[experts].transpose(1, 2), self.s_gate_up[experts])
+        gate, up = gu.chunk(2, dim=-1)
+        y = fused.w8a8_matmul(F.silu(gate).mul_(up), self.q_down[experts].transpose(1, 2), self.s_down[experts],
+                              self.inv_s_down[experts])
+        return y[0] if one else y
 
 
 def _mm_layout(q: Tensor) -> Tensor:

@@ -76,6 +76,13 @@ def test_refstack_trace(refstack_server_factory, tmp_path: Path) -> None:  # typ
     assert "engine.step" in report.paths[0].shares()
     fb = timeline_feedback(report)
     assert FindingKind.OVERLAP_UNMEASURABLE in {f.kind for f in fb.findings}
+    # --trace true alone records the step level: asked for the EP section's overlap, the
+    # feedback says the level left those spans out and which knob records them.
+    assert tl.sources[0]["level"] == "step" and not names & {"ep.dispatch", "kda", "model.forward"}
+    asked = timeline_feedback(analyze(tl, expect_overlap=[("engine.step", "ep.dispatch|ep.combine")])).findings
+    absent = [f for f in asked if f.location is not None and f.location.knob == "trace_level"]
+    assert len(absent) == 1 and absent[0].kind == FindingKind.OVERLAP_UNMEASURABLE, [f.message for f in asked]
+    assert "no ep.dispatch|ep.combine spans" in absent[0].message and "trace level step" in absent[0].message
 
 
 def _pyspy_works() -> bool:

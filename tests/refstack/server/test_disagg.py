@@ -49,7 +49,8 @@ def baseline(refstack_module_server_factory: Any) -> list[Any]:
 def test_disagg_gives_the_tokens_of_one_engine(baseline: list[Any], refstack_module_server_factory: Any,
                                                kv_transfer: str) -> None:
     server = refstack_module_server_factory([*FLAGS, "--disagg", "true", "--kv-transfer", kv_transfer,
-                                             "--kv-page-tokens", "8", "--trace", "true"])
+                                             "--kv-page-tokens", "8", "--trace", "true",
+                                             "--trace-level", "layer"])
     assert _answers(server.url) == baseline
     info = httpx.get(server.url + "/debug/engine", timeout=10).json()
     assert info["disagg"]["kv_transfer"] == (kv_transfer == "true")

@@ -66,18 +66,21 @@ def test_trace_via_endpoint_and_file_at_exit(refstack_server_factory: Any, tmp_p
         sum(e["name"] == "engine.step" for e in live["traceEvents"])
 
 
-def test_trace_knob_keeps_spans_in_memory_and_reset_clears(refstack_server_factory: Any) -> None:
-    server = refstack_server_factory(["--trace", "true"])
+def test_trace_knob_at_layer_level_keeps_every_span_in_memory_and_reset_clears(refstack_server_factory: Any) -> None:
+    server = refstack_server_factory(["--trace", "true", "--trace-level", "layer"])
     drive(server.url)
-    check(httpx.get(server.url + "/debug/trace", params={"reset": "true"}).json())
+    trace = httpx.get(server.url + "/debug/trace", params={"reset": "true"}).json()
+    check(trace)
+    assert trace["otherData"]["level"] == "layer"
     after = httpx.get(server.url + "/debug/trace").json()
     assert not [e for e in after["traceEvents"] if e.get("name") == "engine.step"]
 
 
-def test_trace_level_knob_keeps_the_step_spans_only(refstack_server_factory: Any) -> None:
-    """``--trace-level step``: the engine's step spans with their shapes and the HTTP
-    instants, no per-layer or model spans, and the level written in the trace."""
-    server = refstack_server_factory(["--trace", "true", "--trace-level", "step"])
+def test_trace_knob_keeps_the_step_spans_only_by_default(refstack_server_factory: Any) -> None:
+    """``--trace true`` alone records at the ``step`` level (the one cheap enough to
+    leave on): the engine's step spans with their shapes and the HTTP instants, no
+    per-layer or model spans, and the level written in the trace."""
+    server = refstack_server_factory(["--trace", "true"])
     drive(server.url)
     trace = httpx.get(server.url + "/debug/trace").json()
     threads = spans_by_thread(trace)
@@ -98,7 +101,7 @@ def test_tracing_starts_and_stops_at_run_time(refstack_server_factory: Any) -> N
     bad = httpx.post(server.url + "/debug/trace/start", params={"level": "kernel"})
     assert bad.status_code == 400 and "level='kernel'" in bad.json()["error"]["message"]
     assert httpx.get(server.url + "/debug/trace").status_code == 409  # still off
-    started = httpx.post(server.url + "/debug/trace/start", params={"level": "step"})
+    started = httpx.post(server.url + "/debug/trace/start")  # the server's own level: step, the knob's default
     assert started.status_code == 200 and started.json() == {"tracing": True, "level": "step"}
     drive(server.url)
     assert httpx.post(server.url + "/debug/trace/stop").json()["tracing"] is False
@@ -108,7 +111,7 @@ def test_tracing_starts_and_stops_at_run_time(refstack_server_factory: Any) -> N
     steps = sum(e["name"] == "engine.step" for e in traced["traceEvents"])
     drive(server.url)  # stopped: these steps leave nothing
     assert sum(e["name"] == "engine.step" for e in httpx.get(server.url + "/debug/trace").json()["traceEvents"]) == steps
-    # On again at the server's own level (layer, the knob's default), the old trace cleared.
-    assert httpx.post(server.url + "/debug/trace/start", params={"reset": "true"}).json()["level"] == "layer"
+    # On again at the level asked for (layer: every span), the old trace cleared.
+    assert httpx.post(server.url + "/debug/trace/start", params={"reset": "true", "level": "layer"}).json()["level"] == "layer"
     drive(server.url)
     check(httpx.get(server.url + "/debug/trace").json())

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_trace_shows_each_ranks_communication_against_its_compute(refstack_server_factory: Any,
                                                                        agreement: ModuleType) -> None:
-    server = refstack_server_factory([*agreement.FLAGS, "--tp", "2", "--trace", "true"])
+    server = refstack_server_factory([*agreement.FLAGS, "--tp", "2", "--trace", "true", "--trace-level", "layer"])
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "hello there", "max_tokens": 4}, timeout=60)
     assert r.status_code == 200
     events = httpx.get(server.url + "/debug/trace", timeout=30).json()["traceEvents"]
