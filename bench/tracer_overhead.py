@@ -13,10 +13,11 @@ diagnostic level with the per-layer spans); the goal's row is the default level'
 measures of each, both reported, with a verdict each:
 
 - E2E (the goal's measure): a client's tokens/s through one ``refstack serve``, tracing
-  switched on and off over HTTP between calls (``tracer_overhead_e2e``, its docstring).
+  switched on and off over HTTP between calls; torch.profiler E2E on a second server,
+  started on its engine thread by ``POST /start_profile`` (``tracer_overhead_e2e``, its
+  docstring).
 - Engine: ``Engine.generate`` in a worker process, the strictest denominator (it leaves
-  out everything a request costs besides the engine step), and the only place
-  torch.profiler can be compared (it records the thread that starts it).
+  out everything a request costs besides the engine step), torch.profiler included.
 
 Why the shape of the engine-level run:
 
@@ -95,7 +96,9 @@ SERIES = {"off": ("paired", "off", None), "tracing (layer level)": ("paired", "t
           "tracing (step level, whole window)": ("main", "tracing_step", "off (whole window)"),
           "pyspy": ("main", "off", "off (whole window)"),
           "off (profiler worker)": ("profiler", "off", None),
-          "torch_profiler": ("profiler", "torch_profiler", "off (profiler worker)")}
+          "torch_profiler": ("profiler", "torch_profiler", "off (profiler worker)"),
+          "off (E2E, profiler server)": ("e2e_profiler", "off", None),
+          "torch_profiler (E2E)": ("e2e_profiler", "torch_profiler", "off (E2E, profiler server)")}
 # Windows whose settings take turns call by call: the engine's (one worker) and the
 # server's (tracer_overhead_e2e: one server, tracing switched over HTTP).
 PAIRED_WINDOWS = ("paired", "e2e")
@@ -255,6 +258,7 @@ def measure(args: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
     workers: dict[str, Worker] = {}
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SERIES}
     e2e: E2EWindow | None = None
+    e2e_prof: E2EWindow | None = None  # a second server for torch.profiler (tracer_overhead_e2e)
     try:
         # One after the other: the second takes the first's window, so both windows do the same work.
         workers["main"] = Worker(args, "main", 0, log)
@@ -263,9 +267,13 @@ def measure(args: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
         if not args.no_e2e:
             e2e = E2EWindow(args.preset, args.batch, args.prompt_len, args.gen_len, args.torch_threads).start()
             e2e_calls = e2e.calibrate(args.e2e_window_s)
+            e2e_prof = E2EWindow(args.preset, args.batch, args.prompt_len, args.gen_len, args.torch_threads).start()
+            e2e_prof.calibrate(args.e2e_window_s)  # its warm-up; the windows take the first server's length
+            e2e_prof.warm_profiler()
         pid = workers["main"].hello["pid"]
         reason = "skipped (--no-pyspy)" if args.no_pyspy else pyspy_unavailable(pid)
-        windows = [w for w in WINDOWS if (w != "pyspy" or reason is None) and (w != "e2e" or e2e is not None)]
+        windows = [w for w in WINDOWS if (w != "pyspy" or reason is None) and (w != "e2e" or e2e is not None)
+                   and (w not in SERIES or SERIES[w][0] != "e2e_profiler" or e2e_prof is not None)]
         tokens_per_call = args.batch * args.gen_len
         with tempfile.TemporaryDirectory(prefix="tracer-overhead-") as tmp:
             for r in range(args.repeats):
@@ -287,7 +295,8 @@ def measure(args: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
                         role, setting, _ = SERIES[w]
                         sampler = PySpyDumpSampler(pid, Path(tmp) / f"gil-{r}.jsonl", interval_s).start() \
                             if w == "pyspy" else None
-                        res = workers[role].run(setting)
+                        res = e2e_prof.whole(e2e_calls, setting) if role == "e2e_profiler" and e2e_prof is not None \
+                            else workers[role].run(setting)
                         if sampler is not None:
                             spy = sampler.stop()
                             res["samples"], res["sample_hz"] = sampler.samples, sampler.samples / res["wall_s"]
@@ -301,11 +310,12 @@ def measure(args: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
     finally:
         for w in workers.values():
             w.close()
-        if e2e is not None:
-            e2e.close()
+        for server in (e2e, e2e_prof):
+            if server is not None:
+                server.close()
     unavailable = {"pyspy": reason} if reason is not None else {}
     if e2e is None:
-        unavailable.update({s: "skipped (--no-e2e)" for s in E2E})
+        unavailable.update({s: "skipped (--no-e2e)" for s, (where, _, _) in SERIES.items() if where.startswith("e2e")})
     for s in unavailable:
         runs.pop(s)
     return {"workers": {k: w.hello for k, w in workers.items()}, "runs": runs, "unavailable": unavailable,

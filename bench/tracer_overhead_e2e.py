@@ -6,9 +6,12 @@ The engine-level window (the worker in tracer_overhead.py) times ``Engine.genera
 one process: the strictest denominator, since it leaves out everything a request costs
 besides the step.  This one is what the issue's "E2E throughput" names: requests over
 HTTP to a server, as a user runs it with ``--trace true``, the tokens the client got
-over the client's wall time.  One server takes every setting, call by call in rotated
-order (as the paired engine window does), because two server processes differ by more
-than the 2% asked about (bench/ab_power.py).
+over the client's wall time.  One server takes every tracing setting, call by call in
+rotated order (as the paired engine window does), because two server processes differ by
+more than the 2% asked about (bench/ab_power.py).  torch.profiler runs on a second server
+(``POST /start_profile`` / ``/stop_profile``, on the engine's thread) in whole windows
+against that server's own tracing-off windows (``whole``), as the engine window's
+profiler worker does: its first use grows the heap for good.
 
 A call is ``batch`` concurrent non-streaming completions of ``prompt_len`` token ids
 and ``gen_len`` tokens each (``ignore_eos``, greedy): the engine window's batch.  Not
@@ -97,6 +100,37 @@ class E2EWindow:
                 await self._call()
             per_call = statistics.median([await self._call() for _ in range(3)])
             return max(1, round(window_s / per_call))
+        return self.loop.run_until_complete(go())
+
+    def warm_profiler(self) -> None:
+        """One profiled call, its trace dropped: torch.profiler's first-use costs (its
+        initialisation, the objects it leaves in the heap for good) out of the windows."""
+        async def go() -> None:
+            assert self.client is not None
+            (await self.client.post("/start_profile")).raise_for_status()
+            await self._call()
+            (await self.client.post("/stop_profile", params={"export": "false"})).raise_for_status()
+        self.loop.run_until_complete(go())
+
+    def whole(self, calls: int, setting: str) -> dict[str, Any]:
+        """A whole window of ``calls`` calls, tracing off, and for ``torch_profiler`` the
+        server's torch.profiler on for all of them (``POST /start_profile`` before,
+        ``/stop_profile`` after: its time is ``post_s``), as a profiler is used: one window
+        profiled, then stopped.  Not paired call by call as tracing is, because starting
+        and stopping Kineto around each call would measure its start-up, not its cost."""
+        async def go() -> dict[str, Any]:
+            assert self.client is not None
+            await self._switch("off")
+            if setting == "torch_profiler":
+                (await self.client.post("/start_profile")).raise_for_status()
+            wall = 0.0
+            for _ in range(calls):
+                wall += await self._call()
+            t0 = time.perf_counter()
+            if setting == "torch_profiler":
+                (await self.client.post("/stop_profile", params={"export": "false"})).raise_for_status()
+            return {"setting": setting, "wall_s": wall, "post_s": time.perf_counter() - t0,
+                    "tokens_per_s": calls * self.batch * self.gen_len / wall}
         return self.loop.run_until_complete(go())
 
     def run(self, calls: int, settings: list[str]) -> dict[str, Any]:

@@ -15,8 +15,9 @@ from refstack.engine.config import EngineConfig
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "tracer_overhead.py"
 SETTINGS = ("off", "tracing (layer level)", "tracing (step level)", "off (E2E)", "tracing (layer level, E2E)",
             "tracing (step level, E2E)", "off (whole window)", "tracing (step level, whole window)", "pyspy",
-            "off (profiler worker)", "torch_profiler")
-E2E_ROWS = ("tracing (layer level, E2E)", "tracing (step level, E2E)")
+            "off (profiler worker)", "torch_profiler", "off (E2E, profiler server)", "torch_profiler (E2E)")
+E2E_PAIRED = ("tracing (layer level, E2E)", "tracing (step level, E2E)")
+E2E_ROWS = (*E2E_PAIRED, "off (E2E, profiler server)", "torch_profiler (E2E)")
 
 
 def _run(repeats: int, env: dict[str, str] | None = None, *extra: str) -> tuple[dict[str, Any], str]:
@@ -45,17 +46,18 @@ def test_quick_json_run_reports_every_setting_with_ratio_interval_and_verdict() 
                            "engine_layer_level_outcome": doc["settings"]["tracing (layer level)"]["verdict"]}
 
     assert set(meta["gc_objects"]) == {"main", "profiler"}
-    for name in ("off", "off (E2E)", "off (whole window)", "off (profiler worker)"):  # each baseline
+    for name in ("off", "off (E2E)", "off (whole window)", "off (profiler worker)",
+                 "off (E2E, profiler server)"):  # each baseline
         off = doc["settings"][name]
         assert off["available"] and len(off["tokens_per_s"]) == 10 and "ratio" not in off
         assert off["ci"][0] <= off["median"] <= off["ci"][1]
     assert meta["e2e_calls_per_window"] >= 1
-    for name in ("tracing (layer level)", "tracing (step level)", *E2E_ROWS, "tracing (step level, whole window)",
-                 "torch_profiler"):
+    for name in ("tracing (layer level)", "tracing (step level)", *E2E_PAIRED, "tracing (step level, whole window)",
+                 "torch_profiler", "torch_profiler (E2E)"):
         row = doc["settings"][name]
         # One ratio per cycle; our paired rows keep their per-call ratios beside them.
-        paired = name in ("tracing (layer level)", "tracing (step level)", *E2E_ROWS)
-        calls = meta["e2e_calls_per_window"] if name in E2E_ROWS else meta["calls_per_window"]
+        paired = name in ("tracing (layer level)", "tracing (step level)", *E2E_PAIRED)
+        calls = meta["e2e_calls_per_window"] if name in E2E_PAIRED else meta["calls_per_window"]
         assert row["available"] and len(row["tokens_per_s"]) == len(row["ratios"]) == 10
         assert len(row.get("call_ratios", [])) == (10 * calls if paired else 0)
         assert row["ratio_ci"][0] <= row["ratio"] <= row["ratio_ci"][1]

@@ -9,12 +9,13 @@ asyncio consumer; ``generate()`` is the synchronous form for tests and benchmark
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -25,7 +26,13 @@ from refstack.engine.config import EngineConfig, resolve_dtype
 from refstack.engine.consumers import RequestStream, run_to_completion
 from refstack.engine.device import resolve_placement, select_kernels
 from refstack.engine.heap import freeze_heap
-from refstack.engine.request import Request, RequestOutput, RequestState, RequestStats, Sink
+from refstack.engine.request import (
+    Request,
+    RequestOutput,
+    RequestState,
+    RequestStats,
+    Sink,
+)
 from refstack.engine.sampling import SamplingParams, make_generator, sample_tokens
 from refstack.engine.scheduler import ScheduledChunk, Scheduler
 from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk
@@ -125,6 +132,7 @@ class Engine:
         self._prev_step_start: float | None = None  # for the step_slowdown calibration knob
         self._inbox: list[Request] = []
         self._aborts: list[str] = []
+        self._calls: list[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = []  # call_on_loop
         self._num_waiting = 0  # inbox + scheduler queue, kept under the lock for max_waiting
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -160,6 +168,18 @@ class Engine:
             self._aborts.append(request_id)
             self._wake.notify()
 
+    def call_on_loop(self, fn: Callable[[], Any], timeout: float = 60.0) -> Any:
+        """Run ``fn`` on the loop thread between two steps and return its result (its
+        exception is raised here).  For what must run on the thread that runs the model:
+        torch.profiler records the thread that starts it.  Inline when the loop is not running."""
+        if not self.is_running:
+            return fn()
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._wake:
+            self._calls.append((fn, fut))
+            self._wake.notify()
+        return fut.result(timeout)
+
     # ---- lifecycle --------------------------------------------------------------
     @property
     def is_running(self) -> bool:
@@ -182,10 +202,18 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while not (self._stop or self._inbox or self._aborts or self.scheduler.has_work()):
+                while not (self._stop or self._inbox or self._aborts or self._calls or self.scheduler.has_work()):
                     self._wake.wait()
+                calls, self._calls = self._calls, []
                 if self._stop:
+                    for _, fut in calls:
+                        fut.set_exception(RuntimeError("the engine stopped before the call ran"))
                     return
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn())
+                except Exception as exc:  # noqa: BLE001 - handed to the caller, whose call it was
+                    fut.set_exception(exc)
             try:
                 self.step()
             except Exception:  # a model bug must not hang every client: fail them all, keep serving

@@ -25,6 +25,7 @@ from refstack.server.limits import BodySizeLimit
 from refstack.server.logprobs import LogprobEngine
 from refstack.server.metrics import EngineMetrics
 from refstack.server.openai_routes import register_openai_routes
+from refstack.server.profile_routes import register_profile_routes
 from refstack.server.trace_routes import register_trace_routes
 from refstack.tp.checks import check_tp, uses_tp
 
@@ -120,6 +121,7 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     register_trace_routes(app, config, engine if disagg else tp_model)
+    register_profile_routes(app, engine, in_process=not disagg and tp_model is None)
 
     @app.get("/debug/engine")
     async def debug_engine() -> JSONResponse:

@@ -261,3 +261,17 @@ def test_gc_freeze_moves_the_built_engine_out_of_the_collectors_reach(model: Hyb
         assert frozen > 1000
     finally:
         gc.unfreeze()
+
+
+def test_call_on_loop_runs_on_the_engine_thread_and_hands_back_errors(model: HybridModel) -> None:
+    engine = make_engine(model)
+    assert engine.call_on_loop(lambda: threading.current_thread().name) == threading.current_thread().name  # inline
+    engine.start()
+    try:
+        assert engine.call_on_loop(lambda: threading.current_thread().name) == "engine-loop"
+        with pytest.raises(ZeroDivisionError):
+            engine.call_on_loop(lambda: 1 // 0)
+        # The loop goes on serving after a failed call.
+        assert engine.generate([ids(PROMPTS[1])], GREEDY)[0].token_ids
+    finally:
+        engine.stop()

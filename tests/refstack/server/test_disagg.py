@@ -54,6 +54,9 @@ def test_disagg_gives_the_tokens_of_one_engine(baseline: list[Any], refstack_mod
     assert _answers(server.url) == baseline
     info = httpx.get(server.url + "/debug/engine", timeout=10).json()
     assert info["disagg"]["kv_transfer"] == (kv_transfer == "true")
+    # torch.profiler runs on the thread that runs the model: in another process here.
+    refused = httpx.post(server.url + "/start_profile", timeout=10)
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "profiling_unsupported"
     # Concurrent requests: several handoffs in flight at once, all complete.
     with httpx.Client(timeout=120) as client:
         import concurrent.futures as cf
