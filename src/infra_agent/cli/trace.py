@@ -53,6 +53,14 @@ def _render_report(report: TimelineReport, fb: Any, con: Any) -> None:
     for th in report.threads:
         t.add_row(th.thread, _ms(th.busy_us), _ms(th.idle_us), _ms(th.waiting_us), _pct(th.busy_share), str(th.spans))
     con.print(t)
+    if report.streams:
+        t = Table(title="GPU streams (Kineto device events)", title_justify="left")
+        for col in ("stream", "events", "busy ms", "of", "busy", "median us"):
+            t.add_column(col, justify="left" if col in ("stream", "of") else "right")
+        for r in report.streams:
+            t.add_row(r.stream, str(r.kernels), _ms(r.busy_us), f"{r.reference} ({_ms(r.reference_us)} ms)",
+                      _pct(r.busy_share), f"{r.median_kernel_us:.1f}")
+        con.print(t)
     m = report.overlap
     if m.note:
         con.print(f"[bold]overlap[/]: {m.note}")

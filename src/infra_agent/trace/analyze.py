@@ -76,6 +76,7 @@ class TimelineReport:
     step_shares: Any = None  # trends.StepShares
     samples: int = 0
     gc: GCPauses | None = None  # the cyclic collector's pauses, when the trace has gc spans
+    streams: list[Any] = field(default_factory=list)  # gpu.StreamReport, from a Kineto trace's device events
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -91,6 +92,7 @@ class TimelineReport:
             "trends": [t.to_dict() for t in self.trends],
             "step_shares": self.step_shares.to_dict() if self.step_shares is not None else None,
             "gc": self.gc.to_dict() if self.gc is not None else None,
+            "streams": [r.to_dict() for r in self.streams],
         }
 
 
@@ -157,8 +159,10 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
             context_args: tuple[str, ...] | None = None, gap_min_us: float = 1000.0) -> TimelineReport:
     """Every interval analysis of ``timeline`` (see the module docstring)."""
     from infra_agent.trace import trends as trends_mod
+    from infra_agent.trace.gpu import stream_reports
 
     spans = timeline.span_sources()
+    gpu = timeline.gpu_spans()  # GPU streams: beside our threads in the matrix, the table, expected overlaps
     window = timeline.window()
     waits, waiting_by_thread = waiting_analysis(timeline, by=by)
     segments = holder_timeline(timeline.samples, timeline.sampled_window) if timeline.sampled_window else []
@@ -178,10 +182,10 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
     for a, b in expect_overlap or []:
         a_set, b_set = set(a.split("|")), set(b.split("|"))
         key = "name" if any(s.name in a_set | b_set for s in spans) else "cat"
-        a_us, b_us, both, _ = overlap_between(spans, a_set, b_set, by=key)
+        a_us, b_us, both, _ = overlap_between(spans + gpu, a_set, b_set, by=key)
 
         def pick(names: set[str], key: str = key) -> list[Span]:
-            return [s for s in spans if (s.name if key == "name" else (s.cat or s.name)) in names]
+            return [s for s in spans + gpu if (s.name if key == "name" else (s.cat or s.name)) in names]
 
         b_spans = pick(b_set)
         holders, _ = holder_shares(timeline, [(s.start_us, s.end_us) for s in b_spans])
@@ -189,7 +193,7 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
                                         sorted({s.thread for s in b_spans}), [h.to_dict() for h in holders[:3]]))
     thread_gaps: dict[str, list[Interval]] = {}
     by_thread: dict[str, list[Interval]] = defaultdict(list)
-    for s in spans:
+    for s in spans + gpu:
         by_thread[s.thread].append((s.start_us, s.end_us))
     for thread, ivs in by_thread.items():
         found_gaps = gaps(merge(ivs), window, gap_min_us)
@@ -197,13 +201,14 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
             thread_gaps[thread] = sorted(found_gaps, key=lambda g: g[0] - g[1])[:5]
     return TimelineReport(
         window=window, sources=timeline.sources, warnings=list(timeline.warnings),
-        threads=thread_times(spans, window, waiting_by_thread),
+        threads=thread_times(spans + gpu, window, waiting_by_thread),
         # Collector pauses stop every thread rather than run beside them: not a group of work
         # for the overlap matrix (they have their own report, ``gc``).
-        overlap=overlap_matrix([s for s in spans if s.cat != GC_SPAN], by=by),
+        overlap=overlap_matrix([s for s in spans if s.cat != GC_SPAN] + gpu, by=by),
         waits=waits, holder_spans=holder_spans, expected=expected,
         gaps=thread_gaps, paths=critical_paths(timeline),
         trends=trends_mod.span_trends(spans, context_args=context_args),
         step_shares=trends_mod.step_shares(spans, step_span=step_span, model_spans=model_spans),
         samples=len(timeline.samples), gc=gc_pauses(spans, window),
+        streams=stream_reports(gpu, spans, window, step_span=step_span),
     )

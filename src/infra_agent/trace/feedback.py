@@ -105,8 +105,10 @@ def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
         out.append(Finding(kind=FindingKind.SAMPLER_UNAVAILABLE, severity="warning",
                            message=next(w for w in report.warnings if "py-spy" in w),
                            next_question="Run with ptrace allowed (root or CAP_SYS_PTRACE) to attribute waits to GIL holders."))
-    if report.threads:
-        busiest = report.threads[0]
+    streams = {r.stream for r in report.streams}
+    host_threads = [t for t in report.threads if t.thread.strip() not in streams]
+    if host_threads:
+        busiest = host_threads[0]
         if busiest.window_us > 0 and busiest.idle_us / busiest.window_us >= IDLE_SHARE_MIN:
             gap = (report.gaps.get(busiest.thread) or [(0.0, 0.0)])[0]
             out.append(Finding(
@@ -114,6 +116,7 @@ def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
                 f"{_pct(busiest.idle_us / busiest.window_us)} of the window; longest gap {(gap[1] - gap[0]) / 1e3:.1f} ms",
                 location=Location(thread=busiest.thread), evidence=busiest.to_dict(),
                 next_question="Is the load too light to keep it busy, or does it wait on input (queue, HTTP, transfer)?"))
+    out.extend(_launch_bound(report))
     flat = [t.name for t in report.trends if t.flat and t.name in ("model.forward", "decode")]
     for t in report.trends:
         if not t.rising:
@@ -170,6 +173,8 @@ def measurements(report: TimelineReport) -> list[Measurement]:
            for t in report.threads[:8]]
     out += [Measurement.from_samples("gil_wait_share", "ratio", [w.waiting_share], better="lower", thread=w.thread,
                                      interval=w.group) for w in report.waits[:8]]
+    out += [Measurement.from_samples("gpu_busy_share", "ratio", [r.busy_share], better="higher", thread=r.stream,
+                                     interval=r.reference) for r in report.streams]
     out += [Measurement.from_samples("overlap_share", "ratio", [e.share_of_a], better="higher", interval=f"{e.a}|{e.b}")
             for e in report.expected]
     if report.gc is not None:
@@ -218,4 +223,23 @@ def _absent_expected(report: TimelineReport) -> list[Finding]:
                            location=Location(span=absent[0], knob=knob, component="observability.tracing"),
                            evidence={"a": e.a, "b": e.b, "a_us": e.a_us, "b_us": e.b_us, "levels": levels},
                            next_question=question))
+    return out
+
+
+def _launch_bound(report: TimelineReport) -> list[Finding]:
+    """A GPU stream idle for most of the engine's steps: the GPU waited on the host."""
+    from infra_agent.trace.gpu import LAUNCH_BOUND_BUSY_MAX
+
+    out: list[Finding] = []
+    for r in report.streams:
+        if r.reference != "engine.step" or r.busy_share >= LAUNCH_BOUND_BUSY_MAX:
+            continue
+        out.append(Finding(
+            kind=FindingKind.LAUNCH_BOUND, severity="warning",
+            message=(f"GPU {r.stream} was busy {_pct(r.busy_share)} of the engine's steps ({r.kernels} device events, "
+                     f"median {r.median_kernel_us:.1f} us each): the steps are launch-bound, the GPU waits on the host "
+                     f"between kernels"),
+            location=Location(thread=r.stream, span="engine.step", component="engine.loop"), evidence=r.to_dict(),
+            next_question="Can the step launch fewer kernels: capture it in a CUDA graph, or fuse its small kernels "
+                          "(norms, quantisation, elementwise) into the GEMMs beside them?"))
     return out

@@ -20,6 +20,7 @@ Formats (detected from the content, not the file name):
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import zlib
@@ -44,6 +45,11 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         raw = p.read_bytes()
     except OSError as exc:
         raise TraceLoadError(f"{p}: cannot read trace: {exc.strerror or exc}") from None
+    if raw[:2] == b"\x1f\x8b":  # gzip (torch.profiler's trace handler writes .json.gz with use_gzip)
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceLoadError(f"{p}: not a complete gzip stream ({exc}): truncated?") from None
     if not raw.strip():
         raise TraceLoadError(f"{p}: empty file, expected Chrome trace JSON")
     try:

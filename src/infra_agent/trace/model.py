@@ -122,3 +122,11 @@ class Timeline:
     def span_sources(self) -> list[Span]:
         """Spans from our tracer only (Kineto ops are kept apart from thread analysis)."""
         return [s for s in self.spans if s.source == SOURCE_SPANS]
+
+    def gpu_spans(self) -> list[Span]:
+        """A Kineto trace's device activity (kernels, copies, sets on ``stream N`` tracks):
+        the GPU side of the timeline, which the overlap matrix and the thread table take
+        beside our spans (its host ``cpu_op`` events stay out: our spans say what they do)."""
+        from infra_agent.trace.gpu import GPU_CATS
+
+        return [s for s in self.spans if s.source == SOURCE_KINETO and s.cat in GPU_CATS]
