@@ -71,11 +71,11 @@ def test_hung_probe_is_killed_and_the_loop_goes_on(tmp_path: Path) -> None:
         "  - name: batch\n    change: {knob: [max_running], set: 8}\n"
         "    hypothesis: {statement: 'a larger batch raises throughput', metric: output_throughput, direction: higher}\n")
     run = start_run(ws, RunOptions(proposer="rules", playbook=str(playbook), budget_runs=2, confirm=False,
-                                   check_timeout_s=8), progress=False)
+                                   check_timeout_s=4), progress=False)
     with Ledger.for_workspace(ws) as ledger:
         exps = [e for e in ledger.experiments(run.id) if e.role == "experiment"]
     hung, nxt = exps
-    assert hung.status == "timeout" and "timed out after 8 s" in (hung.error or "")
+    assert hung.status == "timeout" and "timed out after 4 s" in (hung.error or "")
     assert hung.cost.wall_s < 60
     assert nxt.status == "done" and nxt.change.knobs == {"max_running": 8}
     assert marked_pids(run.id + "/") == []
