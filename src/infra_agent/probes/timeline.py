@@ -55,6 +55,7 @@ from infra_agent.feedback import (
     Measurement,
     Tier,
 )
+from infra_agent.probes import timeline_profile
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
 from infra_agent.probes.target_processes import pick_process
 from infra_agent.probes.timeline_locate import knobs_for, locate, span_categories
@@ -85,6 +86,9 @@ class TimelineConfig(ProbeConfig):
     trace_path: str = Field("/debug/trace", description="GET path of the server's Chrome trace")
     reset: bool = Field(True, description="clear the server's span buffer (?reset=true) before the window")
     sample: bool = Field(True, description="sample GIL holders with py-spy dump during the window")
+    profile: bool = Field(False, description="also run the target's torch.profiler over the traced window (POST "
+                                             "/start_profile, /stop_profile: refstack, vLLM, SGLang); its Kineto trace "
+                                             "joins the timeline, with a GPU's streams and the launch_bound finding")
     sample_process: str = Field(
         "auto", min_length=1,
         description="auto: the busiest of the server and its child processes over the first lead_s; server: the "
@@ -201,10 +205,24 @@ class TimelineProbe(Probe):
         runs: list[dict[str, Any]] = []
         sampler_res = None
         picked: dict[str, Any] = {}
+        kineto, profile_notes = None, []
+        profiling = cfg.profile
+        if profiling:
+            note = timeline_profile.start(target.url, ctx.workdir)
+            profiling = note is None
+            profile_notes += [note] if note else []
         try:
             for i in range(cfg.repeats):
                 if i == 0:
-                    result, sampler_res, picked = self._sampled_window(cfg, ctx, target, name, sc, values)
+                    try:
+                        result, sampler_res, picked = self._sampled_window(cfg, ctx, target, name, sc, values)
+                    finally:  # the profile covers the traced window only, and never outlives it
+                        if profiling:
+                            kineto, note = timeline_profile.stop(target.url)
+                            profile_notes += [note] if note else []
+                            if kineto is not None:
+                                fb.artifacts.append(Artifact(kind="trace", path=str(kineto),
+                                                             description="torch.profiler (Kineto) trace of the window"))
                 else:
                     result = self._window(cfg, ctx, target, name, sc, values, f"{i}")
                 runs.append(result)
@@ -230,7 +248,7 @@ class TimelineProbe(Probe):
         spans_path = ctx.workdir / f"spans-{name}.json"
         spans_path.write_text(json.dumps(doc))
         fb.artifacts.append(Artifact(kind="trace", path=str(spans_path), description="server spans of the window"))
-        self._analyse(cfg, ctx, fb, name, spans_path, sampler_res, picked, runs[0], arm)
+        self._analyse(cfg, ctx, fb, name, spans_path, sampler_res, picked, runs[0], arm, kineto, profile_notes)
 
     def _sampled_window(self, cfg: TimelineConfig, ctx: ProbeContext, target: Any, name: str, sc: Scenario,
                         values: dict[str, Any]) -> tuple[dict[str, Any], Any, dict[str, Any]]:
@@ -271,21 +289,30 @@ class TimelineProbe(Probe):
     # ------------------------------------------------------------------ analysis
 
     def _analyse(self, cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: str, spans_path: Path,
-                 sampler_res: Any, picked: dict[str, Any], result: dict[str, Any], arm: str | None) -> None:
+                 sampler_res: Any, picked: dict[str, Any], result: dict[str, Any], arm: str | None,
+                 kineto: Path | None = None, profile_notes: list[str] | None = None) -> None:
         from infra_agent.trace.analyze import analyze
         from infra_agent.trace.feedback import timeline_feedback
         from infra_agent.trace.load import TraceLoadError, load_timeline
         from infra_agent.trace.merge import write_merged
 
         pyspy = sampler_res.path if sampler_res is not None else None
+        notes = list(profile_notes or [])
         try:
-            tl = load_timeline([spans_path], pyspy=pyspy)
+            try:
+                tl = load_timeline([spans_path], pyspy=pyspy, kineto=[kineto] if kineto is not None else [])
+            except TraceLoadError as exc:
+                if kineto is None or str(kineto) not in str(exc):
+                    raise
+                notes.append(f"torch.profiler trace left out: {exc}")  # it costs the Kineto part only
+                tl = load_timeline([spans_path], pyspy=pyspy)
         except TraceLoadError as exc:
             fb.findings.append(Finding(kind=FindingKind.OVERLAP_UNMEASURABLE, severity="warning",
                                        message=f"the span trace could not be read: {exc}"))
             return
         if sampler_res is not None and sampler_res.warning:
             tl.warnings.append(sampler_res.warning)
+        tl.warnings.extend(notes)
         if pyspy is not None:
             fb.artifacts.append(Artifact(kind="trace", path=str(pyspy), description="py-spy dump samples (JSON lines)"))
         expect = []

@@ -158,3 +158,21 @@ def test_spans_only_when_py_spy_is_refused_on_a_plain_traced_refstack(tmp_path: 
 
 # The kv-transfer example on a real disaggregated refstack (case study B, held and released):
 # tests/infra_agent/probes/test_case_b.py.
+
+
+@pytest.mark.slow
+def test_profile_adds_the_targets_kineto_trace_to_the_timeline(tmp_path: Path) -> None:
+    """``profile: true``: the target's torch.profiler runs over the traced window (refstack's
+    /start_profile, /stop_profile), and its Kineto trace joins the span trace on one clock."""
+    root = tmp_path / "plain"
+    root.mkdir()
+    (root / "infra-agent.yaml").write_text(PLAIN_YAML)
+    ws = load_workspace(root)
+    fb = TimelineProbe().execute({"lead_s": 0, "sample": False, "profile": True},
+                                 ProbeContext(workdir=tmp_path / "out", workspace=ws, progress=False))
+    assert fb.ok, fb.error
+    kineto = [a for a in fb.artifacts if "Kineto" in a.description]
+    assert len(kineto) == 1 and Path(kineto[0].path).parent == tmp_path / "out" and Path(kineto[0].path).is_file()
+    sources = fb.meta["timeline"]["report"]["sources"]
+    assert [s["format"] for s in sources] == ["ours", "kineto"] and sources[1]["spans"] > 0
+    assert not [w for w in fb.meta["timeline"]["report"]["warnings"] if "profiler" in w]
