@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.error
-import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -465,14 +463,7 @@ def _per_window_extra(fb: Feedback, name: str, runs: list[dict[str, Any]]) -> No
 
 
 def _get_json(url: str, timeout_s: float = 60.0) -> tuple[Any, str | None]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return json.loads(resp.read()), None
-    except urllib.error.HTTPError as exc:
-        body = exc.read()[:300].decode("utf-8", "replace")
-        return None, f"HTTP {exc.code}: {body}"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
+    return timeline_profile.request_json(url, timeout_s=timeout_s)
 
 
 def _small_report(report: Any) -> dict[str, Any]:

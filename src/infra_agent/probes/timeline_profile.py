@@ -18,11 +18,16 @@ from pathlib import Path
 from typing import Any
 
 
-def _post(url: str, params: dict[str, str], timeout_s: float) -> tuple[Any, str | None]:
+def request_json(url: str, method: str = "GET", params: dict[str, str] | None = None,
+                 timeout_s: float = 60.0) -> tuple[Any, str | None]:
+    """The JSON answer of ``url``, or None and why not (one line).  A POST's empty body is
+    ``{}`` (vLLM answers its profiler endpoints with none); a GET's is an error."""
     full = url + ("?" + urllib.parse.urlencode(params) if params else "")
+    data = b"" if method == "POST" else None
     try:
-        with urllib.request.urlopen(urllib.request.Request(full, data=b"", method="POST"), timeout=timeout_s) as resp:
-            return json.loads(resp.read() or b"{}"), None
+        with urllib.request.urlopen(urllib.request.Request(full, data=data, method=method), timeout=timeout_s) as resp:
+            body = resp.read()
+            return json.loads((body or b"{}") if method == "POST" else body), None
     except urllib.error.HTTPError as exc:
         return None, f"HTTP {exc.code}: {exc.read()[:300].decode('utf-8', 'replace')}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -31,13 +36,13 @@ def _post(url: str, params: dict[str, str], timeout_s: float) -> tuple[Any, str 
 
 def start(base_url: str, output_dir: Path, timeout_s: float = 120.0) -> str | None:
     """Start the target's profiler, writing into ``output_dir``; None, or why it did not start."""
-    _, err = _post(base_url.rstrip("/") + "/start_profile", {"output_dir": str(output_dir)}, timeout_s)
+    _, err = request_json(base_url.rstrip("/") + "/start_profile", "POST", {"output_dir": str(output_dir)}, timeout_s)
     return None if err is None else f"torch.profiler not started on the target (POST /start_profile: {err})"
 
 
 def stop(base_url: str, timeout_s: float = 300.0) -> tuple[Path | None, str | None]:
     """Stop it: the Kineto trace's path, or None and why there is none."""
-    doc, err = _post(base_url.rstrip("/") + "/stop_profile", {}, timeout_s)
+    doc, err = request_json(base_url.rstrip("/") + "/stop_profile", "POST", timeout_s=timeout_s)
     if err is not None:
         return None, f"torch.profiler trace not written (POST /stop_profile: {err})"
     trace = doc.get("trace") if isinstance(doc, dict) else None

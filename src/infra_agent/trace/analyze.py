@@ -163,6 +163,7 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
 
     spans = timeline.span_sources()
     gpu = timeline.gpu_spans()  # GPU streams: beside our threads in the matrix, the table, expected overlaps
+    timed = spans + gpu
     window = timeline.window()
     waits, waiting_by_thread = waiting_analysis(timeline, by=by)
     segments = holder_timeline(timeline.samples, timeline.sampled_window) if timeline.sampled_window else []
@@ -182,10 +183,10 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
     for a, b in expect_overlap or []:
         a_set, b_set = set(a.split("|")), set(b.split("|"))
         key = "name" if any(s.name in a_set | b_set for s in spans) else "cat"
-        a_us, b_us, both, _ = overlap_between(spans + gpu, a_set, b_set, by=key)
+        a_us, b_us, both, _ = overlap_between(timed, a_set, b_set, by=key)
 
         def pick(names: set[str], key: str = key) -> list[Span]:
-            return [s for s in spans + gpu if (s.name if key == "name" else (s.cat or s.name)) in names]
+            return [s for s in timed if (s.name if key == "name" else (s.cat or s.name)) in names]
 
         b_spans = pick(b_set)
         holders, _ = holder_shares(timeline, [(s.start_us, s.end_us) for s in b_spans])
@@ -193,7 +194,7 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
                                         sorted({s.thread for s in b_spans}), [h.to_dict() for h in holders[:3]]))
     thread_gaps: dict[str, list[Interval]] = {}
     by_thread: dict[str, list[Interval]] = defaultdict(list)
-    for s in spans + gpu:
+    for s in timed:
         by_thread[s.thread].append((s.start_us, s.end_us))
     for thread, ivs in by_thread.items():
         found_gaps = gaps(merge(ivs), window, gap_min_us)
@@ -201,7 +202,7 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
             thread_gaps[thread] = sorted(found_gaps, key=lambda g: g[0] - g[1])[:5]
     return TimelineReport(
         window=window, sources=timeline.sources, warnings=list(timeline.warnings),
-        threads=thread_times(spans + gpu, window, waiting_by_thread),
+        threads=thread_times(timed, window, waiting_by_thread),
         # Collector pauses stop every thread rather than run beside them: not a group of work
         # for the overlap matrix (they have their own report, ``gc``).
         overlap=overlap_matrix([s for s in spans if s.cat != GC_SPAN] + gpu, by=by),

@@ -24,8 +24,6 @@ import torch
 import triton
 import triton.language as tl
 
-QMAX = 127
-
 
 @triton.jit
 def _w8a8_kernel(
