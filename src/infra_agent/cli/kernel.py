@@ -90,7 +90,10 @@ def _render_bench(console: Console, report: Any) -> None:
     table = Table(title=f"{report.spec} timing", title_justify="left")
     # On a GPU "median µs" is GPU time (launch hidden) and "host µs" the host's time per
     # call (Python + launch); host above GPU is a launch-bound kernel.  "-" on the CPU.
-    for col in ("variant", "precision", "shape", "median µs", "95% CI µs", "host µs", "GB/s", "GFLOP/s", "bound", "fraction", "headroom", "status"):
+    # "vs copy": a plain copy of the entry's bytes timed the same way, over the entry's time
+    # (roofline.time_copy_of); 100% moves its bytes as fast as this size allows.
+    for col in ("variant", "precision", "shape", "median µs", "95% CI µs", "host µs", "GB/s", "GFLOP/s", "bound", "fraction", "headroom", "vs copy",
+                "status"):
         table.add_column(col, overflow="fold")
     for e in report.entries:
         t, rl = e.timing, e.roofline
@@ -105,10 +108,15 @@ def _render_bench(console: Console, report: Any) -> None:
             _fmt(rl.achieved_flops_per_s / 1e9 if rl and rl.achieved_flops_per_s else None, ".4g"),
             rl.bound if rl else "-",
             _fmt(rl.fraction if rl else None, ".1%"), _fmt(rl.headroom if rl else None, ".1%"),
+            _fmt(rl.vs_copy_same_bytes if rl else None, ".1%"),
             (e.status + (f": {e.message}" if e.message else "")) if e.status == "timed" else f"[red]{e.status}[/]: {e.message}",
         )
     if report.entries:
         console.print(table)
+    for key, t in report.copies.items():
+        nbytes = next((e.bytes for e in report.entries if f"{e.shape};dtype={e.dtype}" == key and e.bytes), None)
+        share = f", {nbytes / t.median_s / c.bandwidth_Bps:.1%} of the copy ceiling" if nbytes and c is not None else ""
+        console.print(f"  a plain copy of the bytes of [{key}] takes {t.median_s * 1e6:.4g} µs in this timing{share}", highlight=False)
     for e in report.entries:
         found = launch_bound_finding(report.spec, report.origin, e)
         if found is not None:

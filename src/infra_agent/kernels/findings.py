@@ -3,8 +3,9 @@
 Measurements carry the locality the agent acts on: ``kernel`` (spec), ``variant``,
 ``input`` (shape and dtype) and ``knob`` (``precision=...``).  Findings name the worst
 element, the failed criteria and the input condition of a mismatch, the bound and
-headroom of each timed entry, the entries whose host launch cost exceeds their GPU
-time (``launch_bound``), and the work repeated across tiles.
+headroom of each timed entry (for a memory-bound one, split against a plain copy of its
+own bytes into the kernel's own share and the floor of its size), the entries whose host
+launch cost exceeds their GPU time (``launch_bound``), and the work repeated across tiles.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from infra_agent.feedback import Finding, Location, Measurement
 from infra_agent.kernels.correctness import KERNEL, CheckReport, CheckResult
 from infra_agent.kernels.microbench import BenchEntry, BenchReport
+from infra_agent.kernels.roofline import RooflinePoint
 from infra_agent.kernels.timing import Timing
 from infra_agent.kernels.work import OpWork, describe_repeat
 from infra_agent.vocabulary import FindingKind
@@ -160,25 +162,47 @@ def bench_feedback_parts(report: BenchReport) -> tuple[list[Measurement], list[F
             ms.append(Measurement.from_samples("achieved_compute", "GFLOP/s", [rl.achieved_flops_per_s / 1e9], better="higher", **tags))
         if rl.fraction is not None:
             ms.append(Measurement.from_samples("fraction_of_ceiling", "ratio", [rl.fraction], better="higher", **tags))
-            ceiling = "copy bandwidth" if rl.bound == "memory" else f"{e.precision} matmul rate"
-            fs.append(
-                Finding(
-                    kind="roofline",
-                    message=(
-                        f"{e.variant} {e.precision} [{e.shape}] is {rl.bound}-bound: {rl.fraction:.1%} of the {ceiling} "
-                        f"measured in this run; headroom {rl.headroom:.1%}" + (f" ({e.message})" if e.message else "")
-                    ),
-                    severity="info",
-                    location=loc,
-                    evidence={**rl.to_dict(), "median_s": e.timing.median_s, "ci_low_s": e.timing.ci_low_s, "ci_high_s": e.timing.ci_high_s},
-                    next_question=(
-                        "What keeps it off the bandwidth ceiling: launch overhead, too few programs to fill the device, or repeated loads?"
-                        if rl.bound == "memory"
-                        else "Is the inner loop on the tensor cores (or the vector units), and is the tile large enough to reuse operands?"
-                    ),
-                )
-            )
+            if rl.vs_copy_same_bytes is not None:
+                ms.append(Measurement.from_samples("fraction_of_copy_same_bytes", "ratio", [rl.vs_copy_same_bytes], better="higher", **tags))
+            fs.append(roofline_finding(report.spec, report.origin, e, rl, loc))
     return ms, fs
+
+
+# A kernel within 3% of a plain copy of its own bytes moves them as fast as this size allows:
+# the rest of its headroom is the size's floor, which no change inside the kernel removes.
+AT_COPY_SPEED = 0.97
+
+
+def roofline_finding(spec: str, origin: str, e: BenchEntry, rl: RooflinePoint, loc: Location) -> Finding:
+    """Where a timed entry sits on the roofline, and for a memory-bound one with a same-bytes copy
+    beside it, how much of its headroom is its own (what a change to the kernel can win back)."""
+    assert e.timing is not None and rl.fraction is not None
+    ceiling = "copy bandwidth" if rl.bound == "memory" else f"{e.precision} matmul rate"
+    msg = f"{e.variant} {e.precision} [{e.shape}] is {rl.bound}-bound: {rl.fraction:.1%} of the {ceiling} measured in this run; headroom {rl.headroom:.1%}"
+    evidence: dict[str, Any] = {**rl.to_dict(), "median_s": e.timing.median_s, "ci_low_s": e.timing.ci_low_s, "ci_high_s": e.timing.ci_high_s}
+    if rl.bound == "memory":
+        question = "What keeps it off the bandwidth ceiling: launch overhead, too few programs to fill the device, or repeated loads?"
+    else:
+        question = "Is the inner loop on the tensor cores (or the vector units), and is the tile large enough to reuse operands?"
+    ratio, copy_frac = rl.vs_copy_same_bytes, rl.copy_fraction
+    if ratio is not None and copy_frac is not None and rl.copy_same_bytes_s is not None:
+        own = max(0.0, 1.0 - ratio)  # share of the kernel's time a copy of its bytes does not need
+        floor = max(0.0, rl.headroom - own) if rl.headroom is not None else 0.0
+        evidence.update(own_share=own, floor_share=floor)
+        msg += (f"; a plain copy of the same bytes takes {rl.copy_same_bytes_s * 1e6:.4g} µs in this timing ({copy_frac:.1%} of the "
+                f"ceiling): {own:.1%} of the kernel's time is its own, {floor:.1%} the floor every launch of this size pays")
+        if ratio >= AT_COPY_SPEED:
+            pace = f"within {1 - ratio:.1%} of a plain copy of them" if ratio < 1 else f"{ratio - 1:.1%} faster than a plain copy of them"
+            question = (f"It moves its bytes {pace}: what is left is the size's floor. "
+                        "Does the step get faster with fewer, larger launches: fused with its neighbours, more sequences per "
+                        "launch, or the whole step replayed as a CUDA graph?")
+        else:
+            question = (f"A copy of the same bytes runs at {copy_frac:.1%} of the ceiling and the kernel at {rl.fraction:.1%}: "
+                        "what holds the kernel back: loads that wait on other loads (an index before the data), too few "
+                        "bytes in flight per SM (registers per thread cap the resident programs), or partial-width accesses?")
+    if e.message:
+        msg += f" ({e.message})"
+    return Finding(kind="roofline", message=msg, severity="info", location=loc, evidence=evidence, next_question=question)
 
 
 def launch_bound(t: Timing) -> bool:

@@ -23,7 +23,7 @@ import torch
 
 from infra_agent.kernels.correctness import KERNEL, CheckReport, ProgressFn, check_spec, draw_seeds
 from infra_agent.kernels.loader import spec_error, variant_part
-from infra_agent.kernels.roofline import Ceilings, RooflinePoint, classify, measure_ceilings, merge
+from infra_agent.kernels.roofline import Ceilings, RooflinePoint, classify, measure_ceilings, merge, time_copy_of
 from infra_agent.kernels.spec import KernelSpec, Variant, shape_label
 from infra_agent.kernels.timing import Method, Timing, time_call
 from infra_agent.kernels.work import WorkCounter
@@ -71,6 +71,9 @@ class BenchReport:
     # variant -> {"shape": ..., **WorkCounter.to_dict()}
     work: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    # "<shape>;dtype=<dtype>" -> a plain copy of that input's declared bytes, timed like its entries
+    # (``roofline.time_copy_of``): the size's floor, beside which a memory-bound entry's headroom splits.
+    copies: dict[str, Timing] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -105,6 +108,7 @@ class BenchReport:
             "entries": [e.to_dict() for e in self.entries],
             "work": self.work,
             "skipped": self.skipped,
+            "copies_same_bytes": {k: t.to_dict() for k, t in self.copies.items()},
         }
 
 
@@ -219,17 +223,35 @@ def bench_spec(
                         _time_entry(entry, fn, inputs, precision, dev, budget_s, method)
                     report.entries.append(entry)
                     tick()
+            key = f"{shape_label(shape)};dtype={str(dtype).replace('torch.', '')}"
+            if nbytes and any(e.timing is not None and f"{e.shape};dtype={e.dtype}" == key for e in report.entries):
+                copy = _time_copy(nbytes, dev, budget_s, method)
+                if copy is not None:
+                    report.copies[key] = copy
     if measured_here:
         after = measure_ceilings(dev, modes, copy_bytes=copy_bytes, matmul_n=matmul_n, budget_s=budget_s)
         report.ceilings = merge(report.ceilings, after)
     for e in report.entries:
         if e.timing is not None:
             c = report.ceilings
-            e.roofline = classify(e.flops, e.bytes, e.timing.median_s, c.bandwidth_Bps, c.compute(e.precision))
+            copy = report.copies.get(f"{e.shape};dtype={e.dtype}")
+            e.roofline = classify(e.flops, e.bytes, e.timing.median_s, c.bandwidth_Bps, c.compute(e.precision),
+                                  copy.median_s if copy is not None else None)
             if e.roofline.fraction is not None and e.roofline.fraction > 1.0:
                 e.message = "above the measured ceiling: the ceiling measurement was disturbed (shared machine?) or the declared counts are too high"
     report.work = account_work(spec, dev)
     return report
+
+
+def _time_copy(nbytes: float, device: str, budget_s: float, method: Method | None) -> Timing | None:
+    """The same bytes through a plain copy; None when it cannot run (no memory for it): the
+    entries then carry no split, and nothing else changes."""
+    try:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        return time_copy_of(device, nbytes, budget_s=budget_s, method=method)
+    except (RuntimeError, MemoryError):  # torch's out-of-memory errors are RuntimeErrors
+        return None
 
 
 def _time_entry(entry: BenchEntry, fn: Any, inputs: dict[str, Any], precision: str, device: str, budget_s: float, method: Method | None) -> None:

@@ -12,6 +12,15 @@ the *fastest* sample (a ceiling is what the machine can do; noise only slows it)
 A kernel is memory-bound when its arithmetic intensity (FLOP/byte) sits left of the
 ridge point (compute ceiling / bandwidth ceiling); the achieved fraction of the
 ceiling that binds it, and the headroom (1 - fraction), are what the agent acts on.
+
+The bandwidth ceiling is a copy large enough that its fixed costs vanish.  A kernel of
+a given size pays them anyway: the launch in the timing's events, filling the memory
+pipeline and draining it.  So a memory-bound entry also gets a *copy of its own bytes*
+(``copy_same_bytes``: half read, half written), timed the same way right after it.  Its
+time is what any kernel moving those bytes can reach in this timing, and it splits the
+headroom in two: the part a copy pays too (the size's floor) and the kernel's own (its
+access pattern, dependent loads, occupancy), which is the part a change to the kernel
+can win back.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from typing import Any, Literal
 
 import torch
 
-from infra_agent.kernels.timing import Timing, time_call
+from infra_agent.kernels.timing import Method, Timing, time_call
 
 Bound = Literal["memory", "compute", "unknown"]
 
@@ -58,6 +67,24 @@ class RooflinePoint:
     achieved_flops_per_s: float | None
     fraction: float | None  # of the ceiling that binds
     headroom: float | None  # 1 - fraction
+    kernel_s: float = 0.0  # the timed median the point was placed from
+    # A plain copy of the same bytes, timed the same way (memory-bound entries; None if not measured).
+    copy_same_bytes_s: float | None = None
+
+    @property
+    def vs_copy_same_bytes(self) -> float | None:
+        """The copy's time over the kernel's: 1.0 is as fast as moving these bytes gets at this size."""
+        if self.copy_same_bytes_s is None or not self.kernel_s:
+            return None
+        return self.copy_same_bytes_s / self.kernel_s
+
+    @property
+    def copy_fraction(self) -> float | None:
+        """The same-bytes copy's fraction of the bandwidth ceiling (both move the same bytes)."""
+        ratio = self.vs_copy_same_bytes
+        if ratio is None or self.fraction is None or self.bound != "memory":
+            return None
+        return self.fraction / ratio
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +95,9 @@ class RooflinePoint:
             "achieved_GFLOPps": None if self.achieved_flops_per_s is None else self.achieved_flops_per_s / 1e9,
             "fraction": self.fraction,
             "headroom": self.headroom,
+            "copy_same_bytes_s": self.copy_same_bytes_s,
+            "copy_same_bytes_fraction": self.copy_fraction,
+            "vs_copy_same_bytes": self.vs_copy_same_bytes,
         }
 
 
@@ -86,12 +116,21 @@ def merge(first: Ceilings, second: Ceilings) -> Ceilings:
     return merged
 
 
-def classify(flops: float | None, nbytes: float | None, seconds: float, bandwidth_Bps: float, compute_flops_per_s: float | None) -> RooflinePoint:
-    """Place one timed call on the roofline.
+def classify(flops: float | None, nbytes: float | None, seconds: float, bandwidth_Bps: float, compute_flops_per_s: float | None,
+             copy_same_bytes_s: float | None = None) -> RooflinePoint:
+    """Place one timed call on the roofline (``copy_same_bytes_s``: see ``time_copy_of``).
 
     With only bytes declared the kernel is judged against bandwidth alone (a copy or
     a decode step); with only FLOPs, against compute alone.
     """
+    p = _place(flops, nbytes, seconds, bandwidth_Bps, compute_flops_per_s)
+    p.kernel_s = seconds
+    if p.bound == "memory":
+        p.copy_same_bytes_s = copy_same_bytes_s
+    return p
+
+
+def _place(flops: float | None, nbytes: float | None, seconds: float, bandwidth_Bps: float, compute_flops_per_s: float | None) -> RooflinePoint:
     assert seconds > 0, "a timed call takes positive time"
     bw = nbytes / seconds if nbytes else None
     fl = flops / seconds if flops else None
@@ -119,6 +158,14 @@ def measure_bandwidth(device: str, nbytes: int, budget_s: float = 0.3) -> tuple[
     dst = torch.empty_like(src)
     t = time_call(lambda: dst.copy_(src), device, budget_s=budget_s)
     return 2.0 * n * 4 / t.best_s, t
+
+
+def time_copy_of(device: str, nbytes: float, budget_s: float = 0.3, method: Method | None = None) -> Timing:
+    """A copy moving ``nbytes`` (``nbytes / 2`` read, as many written), timed as the kernels are."""
+    n = max(int(nbytes) // 8, 1)
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    return time_call(lambda: dst.copy_(src), device, budget_s=budget_s, method=method)
 
 
 _MATMUL_DTYPE = {"fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from infra_agent.cli.main import app
@@ -55,9 +56,25 @@ def test_bench_json(specs_dir: Path) -> None:
 
 
 def test_bench_text(specs_dir: Path) -> None:
-    res = runner.invoke(app, ["kernel", "bench", str(specs_dir / "kda_decode_spec.py"), "--device", "cpu", *FAST], env={"COLUMNS": "220"})
+    res = runner.invoke(app, ["kernel", "bench", str(specs_dir / "kda_decode_spec.py"), "--device", "cpu", *FAST], env={"COLUMNS": "240"})
     assert res.exit_code == 0, res.output
     assert "ceilings measured in this run" in res.stdout and "work accounting" in res.stdout and "l2norm_qk" in res.stdout
+    assert "vs copy" in res.stdout and "a plain copy of the bytes of [N=2,H=2,K=32,V=128;dtype=float32] takes" in res.stdout
+
+
+def test_bench_times_a_copy_of_each_inputs_bytes_beside_its_entries(specs_dir: Path) -> None:
+    # kda_decode_spec declares bytes only: every entry is memory-bound and is set beside a copy
+    # of its input's bytes, timed the same way in the same run.
+    res = runner.invoke(app, ["kernel", "bench", str(specs_dir / "kda_decode_spec.py"), "--device", "cpu", *FAST, "--json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout)["reports"][0]
+    (key, copy), = rep["copies_same_bytes"].items()
+    assert key == "N=2,H=2,K=32,V=128;dtype=float32" and copy["median_s"] > 0
+    for e in rep["entries"]:
+        rl = e["roofline"]
+        assert rl["bound"] == "memory" and rl["copy_same_bytes_s"] == copy["median_s"]
+        assert rl["vs_copy_same_bytes"] == pytest.approx(copy["median_s"] / e["timing"]["median_s"])
+        assert rl["copy_same_bytes_fraction"] == pytest.approx(e["bytes"] / copy["median_s"] / (rep["ceilings"]["bandwidth_GBps"] * 1e9))
 
 
 def test_broken_spec_exit_2(specs_dir: Path) -> None:

@@ -33,6 +33,51 @@ def test_kda_anchor_numbers_classify_as_memory_bound() -> None:
     assert p.bound == "memory" and p.fraction == pytest.approx(3.21 / 4.25) and p.headroom == pytest.approx(1 - 3.21 / 4.25)
 
 
+def test_copy_of_the_same_bytes_splits_the_headroom() -> None:
+    # The H200 figures of refstack's fused KDA step at N=128 (docs/performance.md): 542.1 MB in
+    # 144.2 µs against a 4.237 TB/s ceiling, and a copy of the same bytes in 129.9 µs.
+    nbytes, ceiling = 542.1e6, 4.237e12
+    p = classify(None, nbytes, 144.2e-6, ceiling, None, copy_same_bytes_s=129.9e-6)
+    assert p.bound == "memory" and p.fraction == pytest.approx(nbytes / 144.2e-6 / ceiling)
+    assert p.vs_copy_same_bytes == pytest.approx(129.9 / 144.2)
+    assert p.copy_fraction == pytest.approx(nbytes / 129.9e-6 / ceiling)
+    d = p.to_dict()
+    assert d["copy_same_bytes_s"] == 129.9e-6 and d["vs_copy_same_bytes"] == pytest.approx(129.9 / 144.2)
+    # A compute-bound point carries no copy: bytes are not what bounds it.
+    q = classify(1e12, 1e9, 20e-3, BW, FL, copy_same_bytes_s=1e-3)
+    assert q.bound == "compute" and q.copy_same_bytes_s is None and q.vs_copy_same_bytes is None and q.copy_fraction is None
+
+
+def _finding(seconds: float, copy_s: float):  # type: ignore[no-untyped-def]
+    from infra_agent.feedback import Location
+    from infra_agent.kernels.findings import roofline_finding
+    from infra_agent.kernels.microbench import BenchEntry
+    from infra_agent.kernels.timing import Timing
+
+    nbytes = 542.1e6
+    e = BenchEntry("fused", "fp32", "N=128", "bfloat16", "timed", bytes=nbytes,
+                   timing=Timing(samples_s=[seconds] * 5, method="cuda_events_delayed", warmup=1, median_s=seconds,
+                                 ci_low_s=seconds, ci_high_s=seconds))
+    rl = classify(None, nbytes, seconds, 4.237e12, None, copy_same_bytes_s=copy_s)
+    return roofline_finding("kda", "spec.py", e, rl, Location(kernel="kda"))
+
+
+def test_roofline_finding_names_the_kernels_own_share_and_the_floor() -> None:
+    f = _finding(144.2e-6, 129.9e-6)
+    own, floor = 1 - 129.9 / 144.2, 1 - (542.1e6 / 4.237e12) / 144.2e-6 - (1 - 129.9 / 144.2)
+    assert f.evidence["own_share"] == pytest.approx(own) and f.evidence["floor_share"] == pytest.approx(floor)
+    assert f.evidence["own_share"] + f.evidence["floor_share"] == pytest.approx(f.evidence["headroom"])
+    assert f"{own:.1%} of the kernel's time is its own" in f.message and "129.9 µs" in f.message
+    assert "holds the kernel back" in f.next_question  # 90% of a copy: the kernel's own share is what to chase
+    # Within 3% of the copy: what is left is the size's floor, and the question turns to launches.
+    near = _finding(131.0e-6, 129.9e-6)
+    assert "the size's floor" in near.next_question and "CUDA graph" in near.next_question
+    assert "within 0.8% of a plain copy" in near.next_question
+    # Faster than the copy (small sizes on a GPU: refstack's N=8 step beat torch's copy of its bytes).
+    ahead = _finding(14.0e-6, 14.94e-6)
+    assert ahead.evidence["own_share"] == 0.0 and "6.7% faster than a plain copy" in ahead.next_question
+
+
 def test_unknown_without_counts() -> None:
     p = classify(flops=None, nbytes=None, seconds=1.0, bandwidth_Bps=BW, compute_flops_per_s=FL)
     assert p.bound == "unknown" and p.fraction is None
