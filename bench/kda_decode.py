@@ -97,10 +97,10 @@ def implementations(sweep: bool) -> dict[str, Callable[..., Any]]:
         for cols in (16, 32, 64, 128):
             for bv in (16, 32, 64, 128):
                 for warps in (1, 2, 4, 8, 16):
-                    for evict in ("evict_first", ""):
-                        if bv <= cols and bv * K // (32 * warps) >= 4:
-                            impls[f"cols{cols}-bv{bv}-w{warps}{'-noevict' if not evict else ''}"] = partial(
-                                kda_decode, eps=EPS, config=LaunchConfig(cols, bv, warps, evict))
+                    for evict, prefetch in (("evict_first", False), ("", False), ("", True)):
+                        if bv <= cols and bv * K // (32 * warps) >= 4 and not (prefetch and bv == cols):
+                            name = f"cols{cols}-bv{bv}-w{warps}{'-noevict' if not evict else ''}{'-prefetch' if prefetch else ''}"
+                            impls[name] = partial(kda_decode, eps=EPS, config=LaunchConfig(cols, bv, warps, evict, prefetch))
     fla = fla_step()
     if fla is not None:
         impls["fla-core"] = fla
@@ -156,7 +156,7 @@ def print_table(res: dict[str, Any], sweep: bool) -> None:
             elif not e["ok"]:
                 cells.append(f"FAILED (err out {e['err_out']:.1e}, state {e['err_state']:.1e})")
             else:
-                cells.append(f"{e['gpu_s'] * 1e6:.1f} ({e['frac_ceiling']:.0%})")
+                cells.append(f"{e['gpu_s'] * 1e6:.1f} ({e['frac_ceiling']:.1%})")
         ours, fla = row["impls"]["ours-auto"], row["impls"].get("fla-core")
         host = f"{ours.get('host_s', float('nan')) * 1e6:.0f} / " + (f"{fla['host_s'] * 1e6:.0f}" if fla and fla.get("ok") else "n/a")
         ratio = f"{fla['gpu_s'] / ours['gpu_s']:.2f}x" if fla and fla.get("ok") and ours.get("ok") else "n/a"

@@ -16,9 +16,8 @@ Two forms share one kernel body; they differ in what one program covers:
   fla-core's ``fused_recurrent_kda`` (BV=32 there).  The V columns are independent, so
   this is exact, but every tile needs the whole normalised q, k and gate: the norm
   and gate are recomputed V/BV times per (sequence, head).
-- ``fused``: one program per (sequence, head) over all of V (in ``BV``-column
-  sub-tiles, unrolled so every sub-tile's state load is in flight at once); norm and
-  gate are computed once.
+- ``fused``: one program per (sequence, head) over all of V, in ``BV``-column
+  sub-tiles loaded one after the other; norm and gate are computed once.
 
 Both read the old state once and get both products they need from it
 (``(qn*d)^T S`` and ``(kn*d)^T S``), so the state is read once and written once: the
@@ -57,6 +56,10 @@ class LaunchConfig:
     # Cache hint on the state's load and store.  None by default: "evict_first" cost
     # 2-4% at N >= 32 in the H200 sweep.
     evict: str = ""
+    # Load sub-tile i+1 before sub-tile i's math.  Off by default: on the H200 it cost
+    # 1.0-1.3% at N >= 128 (two [K, BV] tiles live per thread instead of one), and the
+    # other resident program hides the load as well (docs/performance.md).
+    prefetch: bool = False
 
 
 @triton.jit
@@ -65,7 +68,7 @@ def _kda_decode_kernel(
     scale, eps,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     COLS: tl.constexpr, BV: tl.constexpr,
-    HAS_BIAS: tl.constexpr, COUNT: tl.constexpr, EVICT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, COUNT: tl.constexpr, EVICT: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     nh = tl.program_id(0).to(tl.int64)
     col0 = tl.program_id(1) * COLS
@@ -97,9 +100,12 @@ def _kda_decode_kernel(
     kd = kv * decay
     qk = tl.sum(qv * kv, axis=0)
     for i in tl.static_range(COLS // BV):
-        s = s_next
         offs_v = col0 + i * BV + tl.arange(0, BV)
-        if i + 1 < COLS // BV:  # the next sub-tile's load is in flight during this one's math
+        if i == 0 or PREFETCH:
+            s = s_next
+        else:
+            s = tl.load(s_base + offs_k[:, None] * V + offs_v[None, :], eviction_policy=EVICT)
+        if PREFETCH and i + 1 < COLS // BV:  # the next sub-tile's load in flight during this one's math
             s_next = tl.load(s_base + offs_k[:, None] * V + (offs_v + BV)[None, :], eviction_policy=EVICT)
         vv = tl.load(v + nh * V + offs_v).to(tl.float32)
         k_s = tl.sum(s * kd[:, None], axis=0)
@@ -215,7 +221,7 @@ def kda_decode(q, k, v, f, b, state, slots, *, A_log, dt_bias=None, scale=None, 
         counts if counts is not None else slots,
         K**-0.5 if scale is None else scale, eps,
         H=H, K=K, V=V, COLS=config.cols_per_program, BV=config.block_v,
-        HAS_BIAS=dt_bias is not None, COUNT=counts is not None, EVICT=config.evict,
+        HAS_BIAS=dt_bias is not None, COUNT=counts is not None, EVICT=config.evict, PREFETCH=config.prefetch,
         num_warps=config.num_warps,
     )
     return out
