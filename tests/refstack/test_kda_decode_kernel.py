@@ -25,17 +25,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 INTERPRETED = r"""
 import json, torch
-from refstack.kernels.kda_decode import kda_decode
+from refstack.kernels.kda_decode import LaunchConfig, kda_decode
 from refstack.kernels.kda_decode_ref import kda_decode_inputs, kda_decode_reference
 out = {}
-for form in ("tiled", "fused"):
+# The two forms' default configs, then sub-tiles within a program (4 of 16 columns over all of
+# V, 2 of 16 over 32 columns), loaded one after another or with the next one prefetched.
+configs = {"tiled": None, "fused": None}
+for cols in (64, 32):
+    for prefetch in (False, True):
+        configs[f"cols{cols}-bv16-{'prefetch' if prefetch else 'seq'}"] = LaunchConfig(cols, 16, 1, "", prefetch)
+for form, config in configs.items():
     x = kda_decode_inputs(3, 2, 32, 64, num_slots=6, dtype=torch.float32, seed=1)
     state = x["state"].clone()
     o_ref, s_ref = kda_decode_reference(x["q"], x["k"], x["v"], x["f"], x["b"], state, x["slots"],
                                         A_log=x["A_log"], dt_bias=x["dt_bias"])
     counts = torch.zeros(6, dtype=torch.int32)
     o = kda_decode(x["q"], x["k"], x["v"], x["f"], x["b"], state, x["slots"], A_log=x["A_log"],
-                   dt_bias=x["dt_bias"], form=form, counts=counts)
+                   dt_bias=x["dt_bias"], form=form if config is None else "auto", counts=counts, config=config)
     rows = x["slots"].long()
     others = [i for i in range(6) if i not in rows.tolist()]
     out[form] = {
@@ -57,7 +63,10 @@ def _interpreted(script: str) -> dict:
 
 def test_both_forms_match_the_reference_under_the_interpreter() -> None:
     out = _interpreted(INTERPRETED)
-    for form, expected_count in (("tiled", 64 // 32), ("fused", 1)):
+    expected = {"tiled": 64 // 32, "fused": 1}
+    expected.update({f"cols{c}-bv16-{p}": 64 // c for c in (64, 32) for p in ("seq", "prefetch")})
+    assert set(out) == set(expected)
+    for form, expected_count in expected.items():
         r = out[form]
         # fp32 sums over K=32 against float64: a few ULP of the result's scale.
         assert r["err_o"] < 1e-6 and r["err_s"] < 1e-6, (form, r)

@@ -164,7 +164,7 @@ def bench_feedback_parts(report: BenchReport) -> tuple[list[Measurement], list[F
             ms.append(Measurement.from_samples("fraction_of_ceiling", "ratio", [rl.fraction], better="higher", **tags))
             if rl.vs_copy_same_bytes is not None:
                 ms.append(Measurement.from_samples("fraction_of_copy_same_bytes", "ratio", [rl.vs_copy_same_bytes], better="higher", **tags))
-            fs.append(roofline_finding(report.spec, report.origin, e, rl, loc))
+            fs.append(roofline_finding(e, rl, loc))
     return ms, fs
 
 
@@ -173,7 +173,7 @@ def bench_feedback_parts(report: BenchReport) -> tuple[list[Measurement], list[F
 AT_COPY_SPEED = 0.97
 
 
-def roofline_finding(spec: str, origin: str, e: BenchEntry, rl: RooflinePoint, loc: Location) -> Finding:
+def roofline_finding(e: BenchEntry, rl: RooflinePoint, loc: Location) -> Finding:
     """Where a timed entry sits on the roofline, and for a memory-bound one with a same-bytes copy
     beside it, how much of its headroom is its own (what a change to the kernel can win back)."""
     assert e.timing is not None and rl.fraction is not None
@@ -186,8 +186,12 @@ def roofline_finding(spec: str, origin: str, e: BenchEntry, rl: RooflinePoint, l
         question = "Is the inner loop on the tensor cores (or the vector units), and is the tile large enough to reuse operands?"
     ratio, copy_frac = rl.vs_copy_same_bytes, rl.copy_fraction
     if ratio is not None and copy_frac is not None and rl.copy_same_bytes_s is not None:
-        own = max(0.0, 1.0 - ratio)  # share of the kernel's time a copy of its bytes does not need
-        floor = max(0.0, rl.headroom - own) if rl.headroom is not None else 0.0
+        headroom = max(0.0, rl.headroom or 0.0)
+        # The share of the kernel's time a copy of its bytes does not need, and the rest of the
+        # headroom.  A copy measured above the ceiling (a disturbed ceiling) would make the first
+        # exceed the headroom: it is capped there, so the two always add up to it.
+        own = min(max(0.0, 1.0 - ratio), headroom)
+        floor = headroom - own
         evidence.update(own_share=own, floor_share=floor)
         msg += (f"; a plain copy of the same bytes takes {rl.copy_same_bytes_s * 1e6:.4g} µs in this timing ({copy_frac:.1%} of the "
                 f"ceiling): {own:.1%} of the kernel's time is its own, {floor:.1%} the floor every launch of this size pays")

@@ -226,7 +226,9 @@ def bench_spec(
             key = f"{shape_label(shape)};dtype={str(dtype).replace('torch.', '')}"
             if nbytes and any(e.timing is not None and f"{e.shape};dtype={e.dtype}" == key for e in report.entries):
                 copy = _time_copy(nbytes, dev, budget_s, method)
-                if copy is not None:
+                if isinstance(copy, str):
+                    report.skipped.append(f"no copy of the bytes of [{key}] beside its entries: {copy}")
+                else:
                     report.copies[key] = copy
     if measured_here:
         after = measure_ceilings(dev, modes, copy_bytes=copy_bytes, matmul_n=matmul_n, budget_s=budget_s)
@@ -243,15 +245,15 @@ def bench_spec(
     return report
 
 
-def _time_copy(nbytes: float, device: str, budget_s: float, method: Method | None) -> Timing | None:
-    """The same bytes through a plain copy; None when it cannot run (no memory for it): the
-    entries then carry no split, and nothing else changes."""
+def _time_copy(nbytes: float, device: str, budget_s: float, method: Method | None) -> Timing | str:
+    """The same bytes through a plain copy, or why it could not run (no memory for a second
+    copy of the bytes, say): the entries then carry no split, and the report says why."""
     try:
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
         return time_copy_of(device, nbytes, budget_s=budget_s, method=method)
-    except (RuntimeError, MemoryError):  # torch's out-of-memory errors are RuntimeErrors
-        return None
+    except (RuntimeError, MemoryError) as exc:  # torch's allocators raise RuntimeErrors (OutOfMemoryError is one)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
 
 
 def _time_entry(entry: BenchEntry, fn: Any, inputs: dict[str, Any], precision: str, device: str, budget_s: float, method: Method | None) -> None:

@@ -17,10 +17,11 @@ The bandwidth ceiling is a copy large enough that its fixed costs vanish.  A ker
 a given size pays them anyway: the launch in the timing's events, filling the memory
 pipeline and draining it.  So a memory-bound entry also gets a *copy of its own bytes*
 (``copy_same_bytes``: half read, half written), timed the same way right after it.  Its
-time is what any kernel moving those bytes can reach in this timing, and it splits the
-headroom in two: the part a copy pays too (the size's floor) and the kernel's own (its
-access pattern, dependent loads, occupancy), which is the part a change to the kernel
-can win back.
+time is what a kernel moving those bytes in equal reads and writes can reach in this
+timing, and it splits the headroom in two: the part a copy pays too (the size's floor)
+and the kernel's own (its access pattern, dependent loads, occupancy), which is the part
+a change to the kernel can win back.  A kernel that mostly reads can beat a copy of its
+bytes (reads stream faster than read-write pairs), so its own share reads low.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class RooflinePoint:
     def copy_fraction(self) -> float | None:
         """The same-bytes copy's fraction of the bandwidth ceiling (both move the same bytes)."""
         ratio = self.vs_copy_same_bytes
-        if ratio is None or self.fraction is None or self.bound != "memory":
+        if not ratio or self.fraction is None or self.bound != "memory":
             return None
         return self.fraction / ratio
 

@@ -57,7 +57,7 @@ class LaunchConfig:
     # 2-4% at N >= 32 in the H200 sweep.
     evict: str = ""
     # Load sub-tile i+1 before sub-tile i's math.  Off by default: on the H200 it cost
-    # 1.0-1.3% at N >= 128 (two [K, BV] tiles live per thread instead of one), and the
+    # 1.2-2.8% at N >= 128 (two [K, BV] tiles live per thread instead of one), and the
     # other resident program hides the load as well (docs/performance.md).
     prefetch: bool = False
 

@@ -48,9 +48,10 @@ def test_bench_feedback_has_roofline_and_repeated_work(specs_dir: Path, tmp_path
     roofline = [f for f in fb.findings if f.kind == "roofline"]
     assert {f.location.variant for f in roofline if f.location} == {"kernel", "BV=16", "BV=64", "BV=128"}
     assert all(f.location and f.location.precision == "fp32" and f.location.component is None for f in roofline)
-    # A memory-bound entry is set beside a copy of its bytes; a compute-bound one is not (on a GPU
-    # the tiny matmul ceiling of FAST_BENCH can put these entries right of the ridge).  The CPU
-    # case is pinned in test_cli.py::test_bench_times_a_copy_of_each_inputs_bytes_beside_its_entries.
+    # A memory-bound entry is set beside a copy of its bytes; a compute-bound one is not.  FAST_BENCH's
+    # small ceilings put this spec's entries near the ridge, on either side depending on the machine,
+    # so both branches are checked; the memory-bound case is pinned in
+    # test_cli.py::test_bench_times_a_copy_of_each_inputs_bytes_beside_its_entries.
     for f in roofline:
         memory = f.evidence["bound"] == "memory"
         assert memory == ("a plain copy of the same bytes takes" in f.message) == ("own_share" in f.evidence), f.message

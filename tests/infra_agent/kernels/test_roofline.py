@@ -59,7 +59,7 @@ def _finding(seconds: float, copy_s: float):  # type: ignore[no-untyped-def]
                    timing=Timing(samples_s=[seconds] * 5, method="cuda_events_delayed", warmup=1, median_s=seconds,
                                  ci_low_s=seconds, ci_high_s=seconds))
     rl = classify(None, nbytes, seconds, 4.237e12, None, copy_same_bytes_s=copy_s)
-    return roofline_finding("kda", "spec.py", e, rl, Location(kernel="kda"))
+    return roofline_finding(e, rl, Location(kernel="kda"))
 
 
 def test_roofline_finding_names_the_kernels_own_share_and_the_floor() -> None:
@@ -76,6 +76,11 @@ def test_roofline_finding_names_the_kernels_own_share_and_the_floor() -> None:
     # Faster than the copy (small sizes on a GPU: refstack's N=8 step beat torch's copy of its bytes).
     ahead = _finding(14.0e-6, 14.94e-6)
     assert ahead.evidence["own_share"] == 0.0 and "6.7% faster than a plain copy" in ahead.next_question
+    # A copy timed above the ceiling (the docs' N=512 row: 100.2%): the split still adds up to the
+    # headroom, the kernel's own share capped at it and the floor at zero.
+    above = _finding(600e-6, 542.1e6 / 4.237e12 * 0.99)
+    assert above.evidence["own_share"] == pytest.approx(above.evidence["headroom"])
+    assert above.evidence["floor_share"] == 0.0
 
 
 def test_unknown_without_counts() -> None:
