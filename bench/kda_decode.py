@@ -11,7 +11,10 @@ shuffled slot indices, norm/gate/beta computed in the kernel), in one run:
    output and on the updated state rows; one that fails is not timed;
 2. the copy ceiling: a device-to-device copy of a 1 GiB buffer, best of its reps;
 3. GPU time per step with the launch hidden (see ``hidden_launch_time``) and the
-   host's per-call cost beside it, as its own number.
+   host's per-call cost beside it, as its own number;
+4. a plain copy of each step's bytes (half read, half written), timed the same way:
+   what any kernel moving them reaches at that size in this timing (at N=8 it is far
+   from the ceiling), and ours against it.
 
 Bytes per step = state read + write (fp32) + q, k, g, v, beta and the output, the
 accounting of fla-core's figures in the project's anchors.
@@ -121,6 +124,12 @@ def run(ns: tuple[int, ...], sweep: bool) -> dict[str, Any]:
         o_ref, s_ref = kda_decode_reference(**{k_: x[k_] for k_ in ("q", "k", "v", "f", "b", "state", "slots")},
                                             A_log=x["A_log"], dt_bias=x["dt_bias"], eps=EPS)
         row: dict[str, Any] = {"N": n, "bytes": step_bytes(n), "impls": {}}
+        # A plain copy of the step's bytes (half read, half written), timed the same way: what any
+        # kernel moving them can reach at this size in this timing (the kernel lab's copy_same_bytes).
+        src = torch.empty(step_bytes(n) // 8, dtype=torch.float32, device="cuda")
+        dst = torch.empty_like(src)
+        row["copy_same_bytes"] = hidden_launch_time(lambda: dst.copy_(src))
+        del src, dst
         for name, fn in impls.items():
             state = x["state"].clone()
             out = torch.empty_like(x["v"])
@@ -145,8 +154,9 @@ def print_table(res: dict[str, Any], sweep: bool) -> None:
           f"H={H} K={K} V={V}, bf16 inputs, fp32 state; GPU time with the launch hidden "
           f"(a one-element kernel takes {res['floor_s'] * 1e6:.1f} µs this way)")
     names = ["ours-auto", "ours-fused", "ours-tiled", "fla-core"]
-    print("| N | " + " | ".join(f"{n} µs (% ceiling)" for n in names) + " | host µs ours / fla | ours-auto vs fla |")
-    print("|---" * (len(names) + 3) + "|")
+    print("| N | copy of the same bytes µs (% ceiling) | " + " | ".join(f"{n} µs (% ceiling)" for n in names)
+          + " | host µs ours / fla | ours-auto vs fla | ours-auto vs the copy |")
+    print("|---" * (len(names) + 5) + "|")
     for row in res["rows"]:
         cells = []
         for name in names:
@@ -160,7 +170,10 @@ def print_table(res: dict[str, Any], sweep: bool) -> None:
         ours, fla = row["impls"]["ours-auto"], row["impls"].get("fla-core")
         host = f"{ours.get('host_s', float('nan')) * 1e6:.0f} / " + (f"{fla['host_s'] * 1e6:.0f}" if fla and fla.get("ok") else "n/a")
         ratio = f"{fla['gpu_s'] / ours['gpu_s']:.2f}x" if fla and fla.get("ok") and ours.get("ok") else "n/a"
-        print(f"| {row['N']} | " + " | ".join(cells) + f" | {host} | {ratio} |")
+        copy_s = row["copy_same_bytes"]["gpu_s"]
+        copy = f"{copy_s * 1e6:.1f} ({row['bytes'] / copy_s / res['ceiling_Bps']:.1%})"
+        vs_copy = f"{copy_s / ours['gpu_s']:.1%}" if ours.get("ok") else "n/a"
+        print(f"| {row['N']} | {copy} | " + " | ".join(cells) + f" | {host} | {ratio} | {vs_copy} |")
     if sweep:
         print("\nbest launch configs per N (GPU time):")
         for row in res["rows"]:
