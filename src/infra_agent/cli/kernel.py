@@ -114,12 +114,13 @@ def _render_bench(console: Console, report: Any) -> None:
     if report.entries:
         console.print(table)
     for key, t in report.copies.items():
-        used = [e for e in report.entries if f"{e.shape};dtype={e.dtype}" == key and e.roofline and e.roofline.copy_same_bytes_s]
-        if not used:
-            continue  # every entry of this input is compute-bound: the copy sets nothing beside them
-        nbytes = used[0].bytes
-        share = f", {nbytes / t.median_s / c.bandwidth_Bps:.1%} of the copy ceiling" if nbytes and c is not None else ""
-        console.print(f"  a plain copy of the bytes of [{key}] takes {t.median_s * 1e6:.4g} µs in this timing{share}", highlight=False)
+        # The copy's own share of the ceiling, from an entry set beside it (none: every entry of this
+        # input is compute-bound, and the copy sets nothing beside them).
+        share = next((e.roofline.copy_fraction for e in report.entries
+                      if e.input_key == key and e.roofline and e.roofline.copy_fraction is not None), None)
+        if share is not None:
+            console.print(f"  a plain copy of the bytes of [{key}] takes {t.median_s * 1e6:.4g} µs in this timing, "
+                          f"{share:.1%} of the copy ceiling", highlight=False)
     for e in report.entries:
         found = launch_bound_finding(report.spec, report.origin, e)
         if found is not None:

@@ -32,6 +32,11 @@ from infra_agent.kernels.worker import CheckWorker, NotIsolatable
 EntryStatus = Literal["timed", "refused", "failed", "skipped"]
 
 
+def input_key(shape: str, dtype: str) -> str:
+    """``"<shape label>;dtype=<dtype without 'torch.'>"``: one bench input (shape and dtype)."""
+    return f"{shape};dtype={dtype}"
+
+
 @dataclass
 class BenchEntry:
     variant: str
@@ -44,6 +49,11 @@ class BenchEntry:
     flops: float | None = None
     bytes: float | None = None
     roofline: RooflinePoint | None = None
+
+    @property
+    def input_key(self) -> str:
+        """The bench input this entry ran on, as ``BenchReport.copies`` keys it."""
+        return input_key(self.shape, self.dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -210,9 +220,11 @@ def bench_spec(
             inputs = spec.inputs(shape, dtype, seed, dev)
             flops = spec.flops(shape) if spec.flops else None
             nbytes = spec.bytes_moved(shape, dtype) if spec.bytes_moved else None
+            label, dtype_name = shape_label(shape), str(dtype).replace("torch.", "")
+            timed_any = False
             for precision in modes:
                 for name, target in chosen:
-                    entry = BenchEntry(name, precision, shape_label(shape), str(dtype).replace("torch.", ""), "timed", flops=flops, bytes=nbytes)
+                    entry = BenchEntry(name, precision, label, dtype_name, "timed", flops=flops, bytes=nbytes)
                     if isinstance(target, Variant) and not target.supports(shape):
                         entry.status, entry.message = "skipped", "variant does not apply to this shape"
                     elif (name, precision) in refused or (KERNEL, precision) in refused:
@@ -221,10 +233,11 @@ def bench_spec(
                     else:
                         fn = target.fn if isinstance(target, Variant) else target
                         _time_entry(entry, fn, inputs, precision, dev, budget_s, method)
+                        timed_any = timed_any or entry.timing is not None
                     report.entries.append(entry)
                     tick()
-            key = f"{shape_label(shape)};dtype={str(dtype).replace('torch.', '')}"
-            if nbytes and any(e.timing is not None and f"{e.shape};dtype={e.dtype}" == key for e in report.entries):
+            if nbytes and timed_any:
+                key = input_key(label, dtype_name)
                 copy = _time_copy(nbytes, dev, budget_s, method)
                 if isinstance(copy, str):
                     report.skipped.append(f"no copy of the bytes of [{key}] beside its entries: {copy}")
@@ -236,7 +249,7 @@ def bench_spec(
     for e in report.entries:
         if e.timing is not None:
             c = report.ceilings
-            copy = report.copies.get(f"{e.shape};dtype={e.dtype}")
+            copy = report.copies.get(e.input_key)
             e.roofline = classify(e.flops, e.bytes, e.timing.median_s, c.bandwidth_Bps, c.compute(e.precision),
                                   copy.median_s if copy is not None else None)
             if e.roofline.fraction is not None and e.roofline.fraction > 1.0:

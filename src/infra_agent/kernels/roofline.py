@@ -153,12 +153,9 @@ def _place(flops: float | None, nbytes: float | None, seconds: float, bandwidth_
 
 
 def measure_bandwidth(device: str, nbytes: int, budget_s: float = 0.3) -> tuple[float, Timing]:
-    """Bytes/s of ``dst.copy_(src)``, counting the read and the write."""
-    n = max(nbytes // 4, 1)
-    src = torch.ones(n, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    t = time_call(lambda: dst.copy_(src), device, budget_s=budget_s)
-    return 2.0 * n * 4 / t.best_s, t
+    """Bytes/s of ``dst.copy_(src)`` with ``src`` of ``nbytes``, counting the read and the write."""
+    t = time_copy_of(device, 2 * nbytes, budget_s)
+    return 2.0 * max(nbytes // 4, 1) * 4 / t.best_s, t
 
 
 def time_copy_of(device: str, nbytes: float, budget_s: float = 0.3, method: Method | None = None) -> Timing:
