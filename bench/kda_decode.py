@@ -4,8 +4,8 @@
     python bench/kda_decode.py --sweep              # every launch config, best per N
     python bench/kda_decode.py --json               # machine-readable
 
-Per batch size N (H=32, K=V=128, bf16 inputs, fp32 state in a pool, rows picked by
-shuffled slot indices, norm/gate/beta computed in the kernel), in one run:
+Per batch size N (H=32, K=V=128, bf16 inputs, fp32 state in a pool of 2N slots, norm/
+gate/beta computed in the kernel) and per slot order, in one run:
 
 1. correctness first: every implementation against the float64 reference, on the
    output and on the updated state rows; one that fails is not timed;
@@ -18,6 +18,11 @@ shuffled slot indices, norm/gate/beta computed in the kernel), in one run:
 
 Bytes per step = state read + write (fp32) + q, k, g, v, beta and the output, the
 accounting of fla-core's figures in the project's anchors.
+
+Slot orders (``--slots``): ``ascending`` is what refstack's engine presents, a random
+half of the pool sorted (the engine orders its decode batch by slot, and finished
+sequences leave holes); ``shuffled`` is the same pool in no order, the harder case of a
+server that does not sort.  Both peers get the same inputs in each row.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any
 import torch
 
 from infra_agent.kernels.timing import time_cuda
+from refstack.kernels.kda_decode_ref import SLOT_ORDERS
 
 H, K, V = 32, 128, 128
 NS = (1, 8, 32, 128, 512)
@@ -110,7 +116,7 @@ def implementations(sweep: bool) -> dict[str, Callable[..., Any]]:
     return impls
 
 
-def run(ns: tuple[int, ...], sweep: bool) -> dict[str, Any]:
+def run(ns: tuple[int, ...], sweep: bool, slot_orders: tuple[str, ...] = SLOT_ORDERS) -> dict[str, Any]:
     from refstack.kernels.kda_decode_ref import kda_decode_inputs, kda_decode_reference
 
     ceiling = copy_ceiling()
@@ -119,11 +125,12 @@ def run(ns: tuple[int, ...], sweep: bool) -> dict[str, Any]:
     floor_s = hidden_launch_time(tiny.zero_)["gpu_s"]
     impls = implementations(sweep)
     rows = []
-    for n in ns:
-        x = kda_decode_inputs(n, H, K, V, dtype=torch.bfloat16, device="cuda", seed=n)
+    for n, order in ((n, order) for n in ns for order in slot_orders):
+        x = kda_decode_inputs(n, H, K, V, num_slots=2 * n, dtype=torch.bfloat16, device="cuda", seed=n,
+                              slot_order=order)
         o_ref, s_ref = kda_decode_reference(**{k_: x[k_] for k_ in ("q", "k", "v", "f", "b", "state", "slots")},
                                             A_log=x["A_log"], dt_bias=x["dt_bias"], eps=EPS)
-        row: dict[str, Any] = {"N": n, "bytes": step_bytes(n), "impls": {}}
+        row: dict[str, Any] = {"N": n, "slots": order, "bytes": step_bytes(n), "impls": {}}
         # A plain copy of the step's bytes (half read, half written), timed the same way: what any
         # kernel moving them can reach at this size in this timing (the kernel lab's copy_same_bytes).
         src = torch.empty(step_bytes(n) // 8, dtype=torch.float32, device="cuda")
@@ -154,9 +161,9 @@ def print_table(res: dict[str, Any], sweep: bool) -> None:
           f"H={H} K={K} V={V}, bf16 inputs, fp32 state; GPU time with the launch hidden "
           f"(a one-element kernel takes {res['floor_s'] * 1e6:.1f} µs this way)")
     names = ["ours-auto", "ours-fused", "ours-tiled", "fla-core"]
-    print("| N | copy of the same bytes µs (% ceiling) | " + " | ".join(f"{n} µs (% ceiling)" for n in names)
+    print("| N | slots | copy of the same bytes µs (% ceiling) | " + " | ".join(f"{n} µs (% ceiling)" for n in names)
           + " | host µs ours / fla | ours-auto vs fla | ours-auto vs the copy |")
-    print("|---" * (len(names) + 5) + "|")
+    print("|---" * (len(names) + 6) + "|")
     for row in res["rows"]:
         cells = []
         for name in names:
@@ -173,25 +180,30 @@ def print_table(res: dict[str, Any], sweep: bool) -> None:
         copy_s = row["copy_same_bytes"]["gpu_s"]
         copy = f"{copy_s * 1e6:.1f} ({row['bytes'] / copy_s / res['ceiling_Bps']:.1%})"
         vs_copy = f"{copy_s / ours['gpu_s']:.1%}" if ours.get("ok") else "n/a"
-        print(f"| {row['N']} | {copy} | " + " | ".join(cells) + f" | {host} | {ratio} | {vs_copy} |")
+        print(f"| {row['N']} | {row['slots']} | {copy} | " + " | ".join(cells) + f" | {host} | {ratio} | {vs_copy} |")
     if sweep:
         print("\nbest launch configs per N (GPU time):")
         for row in res["rows"]:
             timed = sorted((e["gpu_s"], name) for name, e in row["impls"].items() if e.get("ok"))
-            print(f"  N={row['N']}: " + ", ".join(f"{name} {t * 1e6:.1f}µs" for t, name in timed[:6]))
+            print(f"  N={row['N']} {row['slots']}: " + ", ".join(f"{name} {t * 1e6:.1f}µs" for t, name in timed[:6]))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ns", default=",".join(map(str, NS)), help="batch sizes, comma-separated")
     p.add_argument("--sweep", action="store_true", help="also time every launch config")
+    p.add_argument("--slots", default=",".join(SLOT_ORDERS),
+                   help="slot orders, comma-separated: ascending (the engine's), shuffled")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    orders = tuple(o.strip() for o in args.slots.split(","))
+    if unknown := [o for o in orders if o not in SLOT_ORDERS]:
+        p.error(f"--slots: unknown order(s) {', '.join(unknown)}; choose from {', '.join(SLOT_ORDERS)}")
     if not torch.cuda.is_available():
         print("bench/kda_decode.py needs a CUDA GPU (the kernel runs on the CPU only under TRITON_INTERPRET=1, "
               "which is for correctness, not speed)", file=sys.stderr)
         return 2
-    res = run(tuple(int(n) for n in args.ns.split(",")), args.sweep)
+    res = run(tuple(int(n) for n in args.ns.split(",")), args.sweep, orders)
     if args.json:
         print(json.dumps(res, indent=2))
     else:

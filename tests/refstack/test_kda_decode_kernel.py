@@ -123,3 +123,17 @@ def test_gpu_matches_reference_at_the_case_study_shape(n: int, form: str) -> Non
     # bf16 output: its rounding (2^-9 relative) dominates; the fp32 state is near-exact.
     assert float((o.double() - o_ref.double()).norm() / o_ref.double().norm()) < 5e-3
     assert float((state[rows] - s_ref).norm() / s_ref.norm()) < 1e-5
+
+
+def test_ascending_slots_are_the_shuffled_subset_sorted_as_the_engine_presents_it() -> None:
+    shuffled = kda_decode_inputs(16, 2, 16, 16, num_slots=32, dtype=torch.float32, seed=3)["slots"]
+    ascending = kda_decode_inputs(16, 2, 16, 16, num_slots=32, dtype=torch.float32, seed=3,
+                                  slot_order="ascending")["slots"]
+    assert not torch.equal(shuffled, ascending)  # 16 of 32 in a random order: sorted by chance ~1e-13
+    assert torch.equal(torch.sort(shuffled).values, ascending)
+    assert ascending.dtype == torch.int32 and len(set(ascending.tolist())) == 16
+
+
+def test_an_unknown_slot_order_is_refused() -> None:
+    with pytest.raises(ValueError, match="slot_order must be one of"):
+        kda_decode_inputs(2, 2, 16, 16, slot_order="random")

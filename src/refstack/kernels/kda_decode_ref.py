@@ -33,9 +33,19 @@ def kda_decode_reference(q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor, 
     return o.to(v.dtype), s.float()
 
 
+SLOT_ORDERS = ("shuffled", "ascending")
+
+
 def kda_decode_inputs(N: int, H: int, K: int, V: int, *, num_slots: int | None = None, dtype: torch.dtype = torch.bfloat16,
-                      device: str | torch.device = "cpu", seed: int = 0) -> dict[str, Tensor]:
-    """Random decode inputs with the case study's conventions: raw q/k/f/b, a shuffled slot map."""
+                      device: str | torch.device = "cpu", seed: int = 0, slot_order: str = "shuffled") -> dict[str, Tensor]:
+    """Random decode inputs with the case study's conventions: raw q/k/f/b, a random slot map.
+
+    ``slot_order="shuffled"``: sequence n lives in an arbitrary slot.  ``"ascending"``: the
+    same random subset of the pool, sorted, which is what refstack's engine presents (it
+    orders its decode batch by slot; finished sequences leave holes).
+    """
+    if slot_order not in SLOT_ORDERS:
+        raise ValueError(f"kda_decode_inputs: slot_order must be one of {SLOT_ORDERS}, got {slot_order!r}")
     g = torch.Generator().manual_seed(seed)
     S = num_slots if num_slots is not None else N
     inputs = {
@@ -55,5 +65,8 @@ def kda_decode_inputs(N: int, H: int, K: int, V: int, *, num_slots: int | None =
     g_state = torch.Generator(device=dev).manual_seed(seed)
     out["state"] = 0.1 * torch.randn(S, H, K, V, generator=g_state, device=dev)
     # Continuous batching: sequence n lives in an arbitrary slot of the pool.
-    out["slots"] = torch.randperm(S, generator=g)[:N].to(device=device, dtype=torch.int32)
+    slots = torch.randperm(S, generator=g)[:N]
+    if slot_order == "ascending":
+        slots = torch.sort(slots).values
+    out["slots"] = slots.to(device=device, dtype=torch.int32)
     return out
