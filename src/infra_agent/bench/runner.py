@@ -3,16 +3,15 @@
 The window is timed from the first send to the last completion.  Prometheus histograms
 are scraped right before and after it, so the server's per-phase numbers cover the same
 requests as the client's.  A server that dies inside the window (seen through the
-target's ``check_alive()``) turns the run into a failed result that carries the log
-tail and what the window measured until then; the caller keeps whatever earlier runs
-produced.  Each finished request is appended to ``<result>.requests.jsonl`` at once,
+target's ``check_alive()``; ``guard.py``) turns the run into a failed result that carries
+the log tail and what the window measured until then; the caller keeps whatever earlier
+runs produced.  Each finished request is appended to ``<result>.requests.jsonl`` at once,
 so even a killed run leaves its measurements behind.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import math
 import sys
@@ -20,18 +19,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from infra_agent.bench import prom
 from infra_agent.bench.arrivals import arrival_offsets, paced
@@ -49,12 +40,19 @@ from infra_agent.bench.datasets import (
     load_tokenizer,
     tokenizer_id,
 )
+from infra_agent.bench.guard import (
+    _DEATH_GRACE_S,
+    AliveCheck,
+    _dead,
+    _died,
+    _run_guarded,
+)
 from infra_agent.bench.metrics import DEFAULT_PERCENTILES, SLO, compute_metrics
+from infra_agent.bench.progress import _Progress
 from infra_agent.bench.results import (
     RequestLog,
     backend_name,
     environment_info,
-    failed_result,
     redacted,
     requests_path_for,
     workspace_record,
@@ -62,19 +60,11 @@ from infra_agent.bench.results import (
 )
 from infra_agent.bench.timing import LatencyDefinition
 from infra_agent.bench.tokenizer_check import check_with_tokenize, check_with_usage
-from infra_agent.errors import (
-    ConfigError,
-    InfraAgentError,
-    ServerStartError,
-    TargetError,
-)
+from infra_agent.errors import ConfigError, TargetError
 from infra_agent.target import open_target
 from infra_agent.target.auth import secrets_of
 from infra_agent.workspace.models import Scenario, Workspace
 
-AliveCheck = Callable[[], None]  # raises ServerStartError when the server is gone
-_ALIVE_POLL_S = 0.25
-PROGRESS_EVERY_S = 5.0  # plain progress lines (no terminal): at least this often, and every 10%
 _UNFINISHED = "not finished: the run ended before the answer did"
 
 
@@ -116,89 +106,6 @@ def _raise_if_unusable(rec: RequestRecord, base_url: str, redact: Callable[[Any]
         raise TargetError(f"{base_url} refused the request ({error.split(' from ', 1)[0]}): does it need an API key "
                           f"(--api-key-env NAME, or api_key_env in the target) or other headers (--header)? ({error})")
     raise TargetError(f"the first request to {base_url} failed: {error}")
-
-
-async def _watch(alive: AliveCheck) -> None:
-    """Return as soon as ``alive()`` reports the server gone."""
-    while True:
-        try:
-            alive()
-        except ServerStartError:
-            return
-        await asyncio.sleep(_ALIVE_POLL_S)
-
-
-def _isatty(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
-class _Progress:
-    """A rich bar on a terminal; plain lines elsewhere (CI, a log file), where a bar prints nothing.
-
-    Plain lines go out at every tenth of the requests and at least every ``every_s``:
-    ``bench: 120/200 requests, 3 failed, 14.2 s``.
-    """
-
-    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, every_s: float = PROGRESS_EVERY_S) -> None:
-        self.total, self.done, self.failed = total, 0, 0
-        self.stream = stream if stream is not None else sys.stderr
-        self.every_s = every_s
-        self.mode = "off" if not enabled or total <= 0 else "bar" if _isatty(self.stream) else "lines"
-        self._bar: Progress | None = None
-        self._task: Any = None
-        self._ticker: asyncio.Task[None] | None = None
-        self._tenths = 0
-        self._t0 = self._last = 0.0
-
-    async def __aenter__(self) -> _Progress:
-        self._t0 = self._last = time.perf_counter()
-        if self.mode == "bar":
-            self._bar = Progress(
-                TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
-                TimeElapsedColumn(), console=Console(file=self.stream), transient=True,
-            )
-            self._task = self._bar.add_task("requests", total=self.total, failed=0)
-            self._bar.start()
-        elif self.mode == "lines":
-            self._ticker = asyncio.create_task(self._tick())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
-        if self._bar is not None:
-            self._bar.stop()
-
-    def advance(self, rec: RequestRecord) -> None:
-        self.done += 1
-        self.failed += not rec.success
-        if self._bar is not None:
-            self._bar.update(self._task, advance=1, failed=self.failed)
-        elif self.mode == "lines":
-            tenths = self.done * 10 // self.total
-            if tenths > self._tenths:
-                self._tenths = tenths
-                self._line()
-
-    async def _tick(self) -> None:
-        while True:
-            await asyncio.sleep(max(0.05, self._last + self.every_s - time.perf_counter()))
-            if time.perf_counter() - self._last >= self.every_s:
-                self._line()
-
-    def _line(self) -> None:
-        now = time.perf_counter()
-        self._last = now
-        try:
-            self.stream.write(f"bench: {self.done}/{self.total} requests, {self.failed} failed, {now - self._t0:.1f} s\n")
-            self.stream.flush()
-        except (OSError, ValueError):
-            pass  # a closed or broken stderr must not end the run
 
 
 @dataclasses.dataclass
@@ -377,60 +284,6 @@ def _header(base_url: str, scenario: Scenario, model: str, tokenizer: Tokenizer 
     if headers:
         header["request_headers"] = sorted(headers)  # names only: values may be credentials
     return header
-
-
-async def _run_guarded(run: _Run, coro_factory: Callable[[], Any], alive_check: AliveCheck | None) -> dict[str, Any]:
-    if alive_check is None:
-        return await coro_factory()
-    main = asyncio.create_task(coro_factory())
-    watch = asyncio.create_task(_watch(alive_check))
-    await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
-    watch.cancel()
-    if not main.done():
-        main.cancel()
-    try:
-        result: dict[str, Any] = await main
-    except (asyncio.CancelledError, InfraAgentError):
-        died = _dead(alive_check, grace_s=_DEATH_GRACE_S)
-        if died is None:
-            raise
-        return _died(died, run.result() if run.window_start is not None else None)
-    # Requests to a dead server fail fast, so the window can end before the watchdog's
-    # next poll: ask once more before trusting the numbers (with the grace when some
-    # requests failed, the sign of a server going away).
-    suspicious = result.get("failed") or result.get("server_metrics_error")
-    died = _dead(alive_check, grace_s=_DEATH_GRACE_S if suspicious else 0.0)
-    return _died(died, result) if died is not None else result
-
-
-# A crashing process closes its sockets before the kernel lets its parent reap it, so a
-# client can see "connection refused" while poll() still says the process runs.  After an
-# error, wait this long for the exit to become visible before calling the error a
-# protocol or network problem.
-_DEATH_GRACE_S = 2.0
-
-
-def _dead(alive_check: AliveCheck, grace_s: float = 0.0) -> ServerStartError | None:
-    """The error ``alive_check`` raises once the server is gone, waiting up to ``grace_s``."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        try:
-            alive_check()
-        except ServerStartError as err:
-            return err
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.02)
-
-
-def _died(err: ServerStartError, measured: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A failed result for a server that died, keeping what the window measured."""
-    # The error's text repeats the log path and tail; those have their own keys.
-    reason = str(err).split("\n", 1)[0]
-    failed = failed_result(f"server died during the run: {reason}", err.log_tail, err.log_path)
-    if measured is None:
-        return failed
-    return {**measured, **failed}
 
 
 def check_failed_fraction(result: dict[str, Any], max_failed_fraction: float | None) -> dict[str, Any]:
