@@ -31,7 +31,7 @@ async def _watch(alive: AliveCheck) -> None:
         await asyncio.sleep(_ALIVE_POLL_S)
 
 
-async def _run_guarded(run: _Run, coro_factory: Callable[[], Any], alive_check: AliveCheck | None) -> dict[str, Any]:
+async def run_guarded(run: _Run, coro_factory: Callable[[], Any], alive_check: AliveCheck | None) -> dict[str, Any]:
     if alive_check is None:
         return await coro_factory()
     main = asyncio.create_task(coro_factory())
@@ -43,16 +43,16 @@ async def _run_guarded(run: _Run, coro_factory: Callable[[], Any], alive_check: 
     try:
         result: dict[str, Any] = await main
     except (asyncio.CancelledError, InfraAgentError):
-        died = _dead(alive_check, grace_s=_DEATH_GRACE_S)
-        if died is None:
+        failed = failed_if_died(alive_check, run.result() if run.window_start is not None else None)
+        if failed is None:
             raise
-        return _died(died, run.result() if run.window_start is not None else None)
+        return failed
     # Requests to a dead server fail fast, so the window can end before the watchdog's
     # next poll: ask once more before trusting the numbers (with the grace when some
     # requests failed, the sign of a server going away).
     suspicious = result.get("failed") or result.get("server_metrics_error")
-    died = _dead(alive_check, grace_s=_DEATH_GRACE_S if suspicious else 0.0)
-    return _died(died, result) if died is not None else result
+    failed = failed_if_died(alive_check, result, grace_s=_DEATH_GRACE_S if suspicious else 0.0)
+    return failed if failed is not None else result
 
 
 # A crashing process closes its sockets before the kernel lets its parent reap it, so a
@@ -83,3 +83,13 @@ def _died(err: ServerStartError, measured: dict[str, Any] | None = None) -> dict
     if measured is None:
         return failed
     return {**measured, **failed}
+
+
+def failed_if_died(alive_check: AliveCheck, measured: dict[str, Any] | None = None,
+                   grace_s: float = _DEATH_GRACE_S) -> dict[str, Any] | None:
+    """The failed result of a server that died (keeping ``measured``), or None while it lives.
+
+    Called after an error or a suspicious window: None tells the caller the error was not
+    the server's death, so it re-raises or keeps its result."""
+    died = _dead(alive_check, grace_s=grace_s)
+    return _died(died, measured) if died is not None else None

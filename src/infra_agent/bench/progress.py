@@ -29,7 +29,7 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
-class _Progress:
+class BenchProgress:
     """A rich bar on a terminal; plain lines elsewhere (CI, a log file), where a bar prints nothing.
 
     Plain lines go out at every tenth of the requests and at least every ``every_s``:
@@ -47,7 +47,7 @@ class _Progress:
         self._tenths = 0
         self._t0 = self._last = 0.0
 
-    async def __aenter__(self) -> _Progress:
+    async def __aenter__(self) -> BenchProgress:
         self._t0 = self._last = time.perf_counter()
         if self.mode == "bar":
             self._bar = Progress(

@@ -40,15 +40,9 @@ from infra_agent.bench.datasets import (
     load_tokenizer,
     tokenizer_id,
 )
-from infra_agent.bench.guard import (
-    _DEATH_GRACE_S,
-    AliveCheck,
-    _dead,
-    _died,
-    _run_guarded,
-)
+from infra_agent.bench.guard import AliveCheck, failed_if_died, run_guarded
 from infra_agent.bench.metrics import DEFAULT_PERCENTILES, SLO, compute_metrics
-from infra_agent.bench.progress import _Progress
+from infra_agent.bench.progress import BenchProgress
 from infra_agent.bench.results import (
     RequestLog,
     backend_name,
@@ -176,7 +170,7 @@ async def _window(client: aiohttp.ClientSession, run: _Run, opts: RequestOptions
     offsets = arrival_offsets(len(reqs), scenario.request_rate, scenario.burstiness, seed=_arrival_seed(scenario))
     run.records = [None] * len(reqs)
 
-    async with _Progress(len(reqs), progress) as bar:
+    async with BenchProgress(len(reqs), progress) as bar:
 
         async def one(i: int) -> None:
             if sem is None:
@@ -336,7 +330,7 @@ def run_benchmark(
     run = _Run(base_url, scenario, percentiles, tokenizer, hdrs, model=model, latency_definition=latency_definition)
     run.log = RequestLog(requests_path, redact) if requests_path is not None else None
     try:
-        result = asyncio.run(_run_guarded(run, lambda: _measure(run, metrics_url, progress, redact), alive_check))
+        result = asyncio.run(run_guarded(run, lambda: _measure(run, metrics_url, progress, redact), alive_check))
     finally:
         if run.log is not None:
             run.log.close()
@@ -376,10 +370,9 @@ def run_on_target(
             requests_path=requests_path, max_failed_fraction=max_failed_fraction, latency_definition=latency_definition,
         )
     except TargetError:
-        died = _dead(target.check_alive, grace_s=_DEATH_GRACE_S)
-        if died is None:
+        result = failed_if_died(target.check_alive)
+        if result is None:
             raise
-        result = _died(died)
     api_key_env = getattr(getattr(target, "spec", None), "api_key_env", None)
     if api_key_env:
         result["api_key_env"] = api_key_env  # the variable's name, never its value

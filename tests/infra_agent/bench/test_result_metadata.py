@@ -15,8 +15,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from infra_agent.bench.client import RequestRecord
+from infra_agent.bench.progress import BenchProgress
 from infra_agent.bench.results import result_filename
-from infra_agent.bench.runner import _Progress, run_workspace_scenario
+from infra_agent.bench.runner import run_workspace_scenario
 from infra_agent.cli.main import app
 from infra_agent.workspace import load_workspace
 
@@ -115,7 +116,7 @@ def test_progress_prints_every_interval_even_without_answers() -> None:
     stream = io.StringIO()
 
     async def slow_window() -> None:
-        async with _Progress(200, True, stream=stream, every_s=0.2) as bar:
+        async with BenchProgress(200, True, stream=stream, every_s=0.2) as bar:
             await asyncio.sleep(0.5)
             bar.advance(RequestRecord(success=False))
 
@@ -129,5 +130,5 @@ def test_progress_prints_every_interval_even_without_answers() -> None:
         def isatty(self) -> bool:
             return True
 
-    assert _Progress(10, True, stream=Terminal()).mode == "bar"  # a terminal gets the rich bar
-    assert _Progress(10, False, stream=Terminal()).mode == "off"
+    assert BenchProgress(10, True, stream=Terminal()).mode == "bar"  # a terminal gets the rich bar
+    assert BenchProgress(10, False, stream=Terminal()).mode == "off"
