@@ -23,7 +23,6 @@ import torch
 
 from infra_agent.kernels.check_calls import (
     ProgressFn,
-    StepKey,
     _Case,
     _Plan,
     _run_case,
@@ -36,8 +35,8 @@ from infra_agent.kernels.spec import DEFAULT_TIMEOUT_S, KERNEL, KernelSpec, Vari
 from infra_agent.kernels.worker import CheckWorker, NotIsolatable
 
 # The results are in check_report, the calls and their judging in check_calls, the run
-# in a worker process in check_isolated.  The lab (findings, probe, microbench, the CLI),
-# the check worker and the tests import these names from here.
+# in a worker process in check_isolated.  The lab (findings, probe, microbench, the CLI)
+# and the tests import these names from here; the check worker takes its calls from check_calls.
 __all__ = [
     "KERNEL",
     "CheckReport",
@@ -45,9 +44,6 @@ __all__ = [
     "Fault",
     "ProgressFn",
     "Status",
-    "StepKey",
-    "_Case",
-    "_run_case",
     "as_outputs",
     "check_spec",
     "draw_seeds",

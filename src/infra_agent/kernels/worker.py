@@ -271,7 +271,7 @@ def _serve(conn: Connection) -> None:
         return
     conn.send(("ready", os.getpid()))
 
-    from infra_agent.kernels.correctness import _Case, _run_case
+    from infra_agent.kernels.check_calls import _Case, _run_case
 
     def begin(key: Any, replay: bool) -> None:
         conn.send(("begin", key, replay))
