@@ -50,6 +50,11 @@ def _run(tmp_path: Path, release: bool) -> Feedback:
     check = next(c for c in data["checks"] if c["name"] == "kv-transfer-prefill-ratio")
     data["checks"] = []
     data["scenarios"]["prefill"]["num_requests"] = 16
+    # Half the example's modelled EP link (0.02 Gbps, calibrated on a 2-core box), so the GIL hold
+    # this test attributes stands clear of the finding's 50% thresholds on any host: at 0.02 on a
+    # 16-core GPU host the transfer thread waited only 53-68% of its sampled time (80-97% on the
+    # 2-core box) and one reduced window could fall under (docs/performance.md, the H200 suite).
+    data["knobs"]["ep_link_gbps"]["default"] = 0.01
     root = tmp_path / f"ws-{release}"
     root.mkdir(parents=True)
     (root / "infra-agent.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
