@@ -14,7 +14,8 @@ Tools:
   change inline (``knobs``, ``diff``: the same checks as ``set_knobs`` and
   ``propose_diff``) and returns the verdict;
 - the environment's: ``validate_workspace``, ``list_knobs``, ``run_probe``,
-  ``list_runs``, ``list_experiments``, ``read_findings``.
+  ``list_runs``, ``list_experiments``, ``read_findings`` (the read-only ones in
+  :mod:`infra_agent.mcp.views`).
 
 The run: the first ``run_experiment`` opens a run record in the workspace's ledger
 (proposer ``mcp``), or resumes the one named by ``--run``, and measures the baseline;
@@ -33,14 +34,17 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra_agent.agent.experiment import Experiment, RunRecord, Step
-from infra_agent.agent.progress import RunProgress
 from infra_agent.errors import InfraAgentError
+from infra_agent.mcp import views
+from infra_agent.mcp.progress import Heartbeat, SinkProgress, describe_event
+from infra_agent.mcp.views import measurement_row
 from infra_agent.tools import code as code_tools
 from infra_agent.tools import experiment as exp_tools
 from infra_agent.tools.registry import (
@@ -112,63 +116,6 @@ class ReadFindingsArgs(ToolArgs):
     experiment: str = Field(min_length=1, description="an experiment id, e.g. e1")
     run: str | None = Field(None, description="its run id (default: this session's run, else the run that holds it)")
     side: Literal["candidate", "baseline", "both"] = Field("candidate", description="which side's findings")
-
-
-# ---------------------------------------------------------------- progress
-
-
-class _SinkProgress(RunProgress):
-    """The loop's progress view, sent to the current call's progress sink instead of a terminal."""
-
-    def __init__(self, session: McpSession) -> None:
-        super().__init__(None, enabled=False)
-        self._session = session
-
-    def line(self, text: str) -> None:
-        self._session.report(text)
-
-    def event(self, ev: dict[str, Any]) -> None:
-        self._session.report(describe_event(ev))
-
-    def experiment(self, exp: Experiment, probe: str) -> None:
-        self._session.report(f"{exp.id} start: {exp.hypothesis.statement} | {probe}")
-
-    def finished(self, exp: Experiment, best: Experiment, gates: list[Any]) -> None:
-        v = exp.verdict
-        outcome = v.outcome if v else exp.status
-        self._session.report(f"{exp.id} {outcome}{' (accepted)' if v and v.accepted else ''}; best is {best.id}")
-
-
-def describe_event(ev: Mapping[str, Any]) -> str:
-    """One worker event (``start``, ``run``, ``probe``) as a line of progress."""
-    kind = ev.get("event")
-    if kind == "start":
-        return f"starting server {str(ev.get('side', '')).upper()}"
-    if kind == "run":
-        thr = ev.get("output_throughput")
-        res = f"{thr:.1f} tok/s" if isinstance(thr, (int, float)) else ("ok" if ev.get("ok") else f"failed: {ev.get('error')}")
-        return f"{ev.get('scenario')} window {int(ev.get('pair', 0)) + 1} side {str(ev.get('side', '')).upper()}: {res}"
-    if kind == "probe":
-        return f"probe {ev.get('probe')}: " + ("ok" if ev.get("ok") else f"failed: {str(ev.get('error'))[:200]}")
-    return str(dict(ev))[:200]
-
-
-class _Heartbeat:
-    """Reports ``what`` every ``every_s`` seconds until closed."""
-
-    def __init__(self, session: McpSession, what: str, every_s: float) -> None:
-        self._stop = threading.Event()
-        self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._beat, args=(session, what, every_s), daemon=True)
-        self._thread.start()
-
-    def _beat(self, session: McpSession, what: str, every_s: float) -> None:
-        while not self._stop.wait(every_s):
-            session.report(f"{what}: running, {time.monotonic() - self._t0:.0f} s")
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1)
 
 
 # ---------------------------------------------------------------- the session
@@ -267,7 +214,7 @@ class McpSession:
     def _marker_run(self) -> str:
         return f"mcp-{self.id}"
 
-    def _open_ledger(self) -> Any:
+    def open_ledger(self) -> Any:
         if self.ledger is None:
             from infra_agent.ledger import Ledger
 
@@ -283,7 +230,7 @@ class McpSession:
         from infra_agent.agent.planner import Planner
         from infra_agent.agent.runner import _exclude_from_git, new_run_id
 
-        ledger = self._open_ledger()
+        ledger = self.open_ledger()
         options = {"budget_runs": self.opts.budget_runs, "budget_s": self.opts.budget_s, "pairs": self.opts.pairs,
                    "probe_timeout_s": self.opts.probe_timeout_s, "check_timeout_s": self.opts.check_timeout_s,
                    "scenarios": None, "confirm": False, "keep_going": True}
@@ -309,7 +256,7 @@ class McpSession:
                                  check_timeout_s=self.opts.check_timeout_s)
         planner = Planner(self.ws, ledger.probe_costs(), None)
         self.run = run
-        self.loop = Loop(self.ws, ledger, run, _SubmittedStep(), executor, planner, _SinkProgress(self))
+        self.loop = Loop(self.ws, ledger, run, _SubmittedStep(), executor, planner, SinkProgress(self))
         return self.loop
 
     def _finish_run(self, message: str) -> None:
@@ -340,92 +287,27 @@ class McpSession:
         return [
             Tool("validate_workspace", "Load and validate the workspace (infra-agent.yaml) as it is on disk now; list its "
                  "target, knobs (domains, components), scenarios, criteria, checks and protected paths.",
-                 NoArgs, self._validate_workspace),
+                 NoArgs, partial(views.validate_workspace, self)),
             Tool("list_knobs", "List the knobs: type and domain, default, the value the current best runs with, the "
-                 "components each affects.", NoArgs, self._list_knobs),
+                 "components each affects.", NoArgs, partial(views.list_knobs, self)),
             Tool("run_probe", "Run one probe on the workspace (its code as it is, with the given knob values) in a "
                  "worker subprocess with a timeout, and return its Feedback (measurements, findings). Nothing is "
                  "judged or recorded in the ledger.", RunProbeArgs, self._run_probe),
             *tools,
-            Tool("list_runs", "List the runs in the workspace's ledger, newest first.", NoArgs, self._list_runs),
+            Tool("list_runs", "List the runs in the workspace's ledger, newest first.", NoArgs, partial(views.list_runs, self)),
             Tool("list_experiments", "List a run's experiments from the ledger: hypothesis, change, verdict, cost.",
-                 ListExperimentsArgs, self._list_experiments),
+                 ListExperimentsArgs, partial(views.list_experiments, self)),
             Tool("read_findings", "Read one experiment's findings from the ledger (kind, severity, location, evidence, "
-                 "the next question to ask).", ReadFindingsArgs, self._read_findings),
+                 "the next question to ask).", ReadFindingsArgs, partial(views.read_findings, self)),
         ]
 
-    def _validate_workspace(self, ctx: ToolContext, args: NoArgs) -> ToolResult:
-        from infra_agent.probes.base import get_probe
-        from infra_agent.workspace import load_workspace
-
-        where = self.ws.source or self.ws.root
-        try:
-            ws = load_workspace(where)
-        except InfraAgentError as exc:
-            return ToolResult.fail(f"validate_workspace: {exc}", problem="invalid_workspace")
-        problems: list[str] = []
-        try:
-            values = ws.resolve_knobs()
-        except InfraAgentError as exc:
-            values = {}
-            problems.append(str(exc))
-        checks = []
-        for c in ws.checks:
-            row: dict[str, Any] = {"name": c.name, "probe": c.probe, "components": list(c.components), "config": c.config}
-            try:
-                cls = get_probe(c.probe)
-                rendered = c.render(values)
-                if c.probe == "kernel":
-                    rendered = {"mode": "check", **rendered}
-                row["tier"] = cls.tier(cls.parse_config(rendered, where=f"check {c.name!r}")).value
-            except (InfraAgentError, KeyError, ValueError) as exc:
-                problems.append(f"check {c.name!r}: {exc}")
-            checks.append(row)
-        data: dict[str, Any] = {
-            "source": str(ws.source), "name": ws.name, "valid": not problems, "problems": problems,
-            "target": _target_summary(ws),
-            "knobs": _knob_rows(ws, values),
-            "scenarios": {n: _scenario_summary(s) for n, s in ws.scenarios.items()},
-            "criteria": [{"name": c.name, "metric": c.metric, "scenario": c.scenario, "op": c.op, "value": c.value,
-                          "ratio": c.ratio} for c in ws.criteria],
-            "checks": checks,
-            "protected": ws.protected_patterns,
-        }
-        lines = [f"workspace {ws.source}" + (f" ({ws.name})" if ws.name else "") + (": valid" if not problems else
-                 f": {len(problems)} problem(s)"), f"target: {data['target']}", "knobs:"]
-        lines += [f"  {k['name']}: {k['domain']} default={k['default']} components={','.join(k['components']) or '-'}"
-                  for k in data["knobs"]]
-        lines.append("scenarios:")
-        lines += [f"  {n}: {s}" for n, s in data["scenarios"].items()]
-        lines.append("criteria:")
-        lines += [f"  {c['name']}: {c['metric']} {c['op']} " + (f"{c['ratio']:g} x baseline" if c["ratio"] is not None
-                                                                 else f"{c['value']:g}") + f" @{c['scenario']}"
-                  for c in data["criteria"]]
-        lines.append("checks:" + ("" if checks else " none"))
-        lines += [f"  {c['name']}: {c['probe']} probe, tier {c.get('tier', '?')}, components "
-                  f"{','.join(c['components']) or '-'}" for c in checks]
-        lines.append("protected: " + ", ".join(data["protected"]))
-        lines += [f"problem: {p}" for p in problems]
-        if ws.model_dump() != self.ws.model_dump():
-            lines.append("note: the file changed since this session loaded it; the session keeps the workspace it loaded")
-        return ToolResult(text="\n".join(lines), data=data, error=bool(problems))
-
-    def _best_knobs(self) -> dict[str, Any]:
+    def best_knobs(self) -> dict[str, Any]:
         if self.loop is not None:
             return dict(self.loop.state().best.knobs)
         try:
             return dict(self.ws.resolve_knobs())
         except InfraAgentError:
             return {}
-
-    def _list_knobs(self, ctx: ToolContext, args: NoArgs) -> ToolResult:
-        rows = _knob_rows(self.ws, self._best_knobs())
-        lines = [f"{len(rows)} knob(s)" + (f"; values are the current best's ({self.loop.state().best.id})"
-                                           if self.loop is not None else "; values are the defaults")]
-        for k in rows:
-            lines.append(f"- {k['name']} = {k['value']!r}: {k['domain']} (default {k['default']!r}); components "
-                         f"{', '.join(k['components']) or '-'}" + (f"; {k['help']}" if k["help"] else ""))
-        return ToolResult(text="\n".join(lines), data={"knobs": rows})
 
     def _run_probe(self, ctx: ToolContext, args: RunProbeArgs) -> ToolResult:
         from infra_agent.agent.executors.jobs import ProbeTimeout, run_job
@@ -437,7 +319,7 @@ class McpSession:
         if (refused := self._budget_refusal("run_probe", experiment=False)) is not None:
             return refused
         try:
-            knobs = self.ws.resolve_knobs({**self._best_knobs(), **args.knobs})
+            knobs = self.ws.resolve_knobs({**self.best_knobs(), **args.knobs})
         except ConfigError as exc:
             return ToolResult.fail(f"run_probe: field 'knobs': {exc}", problem="invalid_arguments")
         check = next((c for c in self.ws.checks if c.name == args.probe), None)
@@ -461,7 +343,7 @@ class McpSession:
         source = self.ws.source or (self.ws.root / "infra-agent.yaml")
         what = f"probe {cls.name!r} ({tier.value})"
         self.report(f"{what} starts (timeout {timeout:g} s)")
-        beat = _Heartbeat(self, what, self.opts.heartbeat_s)
+        beat = Heartbeat(self, what, self.opts.heartbeat_s)
         t0 = time.monotonic()
         try:
             out = run_job(self.ws.root / ".infra-agent" / "mcp" / self.id, self._marker_run, job_id,
@@ -479,7 +361,7 @@ class McpSession:
         head = f"{what} {'ok' if fb.ok else 'FAILED'} in {wall:.1f} s with knobs " + \
                ", ".join(f"{k}={v}" for k, v in knobs.items())
         data = {"probe": cls.name, "tier": tier.value, "ok": fb.ok, "error": fb.error, "wall_s": round(wall, 2),
-                "knobs": knobs, "measurements": [_measurement(m) for m in fb.measurements],
+                "knobs": knobs, "measurements": [measurement_row(m) for m in fb.measurements],
                 "findings": [f.model_dump(mode="json", exclude_none=True) for f in fb.findings[:50]]}
         return ToolResult(text=head + "\n" + bound(fb.render_text(), _FEEDBACK_CHARS), data=data, error=not fb.ok)
 
@@ -528,7 +410,7 @@ class McpSession:
             self._restored = True
         step, self._submitted = self._submitted, None
         self.experiments_run += 1
-        beat = _Heartbeat(self, "run_experiment", self.opts.heartbeat_s)
+        beat = Heartbeat(self, "run_experiment", self.opts.heartbeat_s)
         try:
             exp = loop.run_step(step)
         finally:
@@ -542,53 +424,6 @@ class McpSession:
         # Never ran (screened out, or no probe could answer it): the call failed; a verdict, even a refuted one, did not.
         return ToolResult(text=text, data=summary, error=exp.probe is None and exp.status != "done")
 
-    def _list_runs(self, ctx: ToolContext, args: NoArgs) -> ToolResult:
-        runs = self._open_ledger().list_runs()
-        rows = [{"id": r.id, "proposer": r.proposer, "status": r.status, "started_at": r.started_at,
-                 "baseline": r.baseline, "best": r.best, "message": r.message} for r in runs]
-        lines = [f"{len(rows)} run(s) in {self.ledger.path}" + (f"; this session's run is {self.run.id}" if self.run else "")]
-        lines += [f"- {r['id']} [{r['proposer']}] {r['status']} best={r['best'] or '-'}" + (f": {r['message']}" if r["message"] else "")
-                  for r in rows]
-        return ToolResult(text="\n".join(lines), data={"runs": rows})
-
-    def _list_experiments(self, ctx: ToolContext, args: ListExperimentsArgs) -> ToolResult:
-        ledger = self._open_ledger()
-        run_id = args.run or (self.run.id if self.run else None)
-        if run_id is None:
-            runs = ledger.list_runs()
-            if not runs:
-                return ToolResult(text="the ledger has no runs yet", data={"experiments": []})
-            run_id = runs[0].id
-        run = ledger.get_run(run_id)
-        exps = ledger.experiments(run_id)
-        shown = exps[-args.last_n:]
-        rows = [exp_tools.experiment_summary(e) for e in shown]
-        lines = [f"run {run_id} ({run.proposer}, {run.status}): {len(exps)} experiment(s); best {run.best or '-'}"
-                 + (f"; showing the last {len(shown)}" if len(shown) < len(exps) else "")]
-        for row in rows:
-            v = row["verdict"]
-            verdict = "-" if v is None else f"{v['outcome']}{' accepted' if v['accepted'] else ''}"
-            lines.append(f"- {row['id']} parent={row['parent'] or '-'} {row['status']} knobs={row['change']['knobs']}"
-                         + (f" diff={row['change'].get('diff_paths')}" if "diff_paths" in row["change"] else "")
-                         + f" | {row['hypothesis']} [{row['gate']}] -> {verdict}" + (f" ({row['error']})" if row["error"] else ""))
-        return ToolResult(text="\n".join(lines), data={"run": run_id, "experiments": rows})
-
-    def _read_findings(self, ctx: ToolContext, args: ReadFindingsArgs) -> ToolResult:
-        ledger = self._open_ledger()
-        run_id = args.run
-        if run_id is None and self.run is not None and any(e.id == args.experiment for e in ledger.experiments(self.run.id)):
-            run_id = self.run.id
-        side = None if args.side == "both" else args.side
-        findings = ledger.findings(args.experiment, side=side, run_id=run_id)  # type: ignore[arg-type]
-        rows = [f.model_dump(mode="json", exclude_none=True) for f in findings]
-        lines = [f"{len(rows)} finding(s) of experiment {args.experiment} ({args.side})"]
-        for f in findings:
-            where = f" at {f.location}" if f.location is not None and str(f.location) else ""
-            lines.append(f"- [{f.severity}] {f.kind}{where}: {f.message}"
-                         + (f" | next: {f.next_question}" if f.next_question else ""))
-        return ToolResult(text="\n".join(lines), data={"experiment": args.experiment, "run": run_id, "findings": rows})
-
-
 class _SubmittedStep:
     """The loop's proposer in an MCP session: steps come from tool calls, so it never proposes."""
 
@@ -600,34 +435,3 @@ class _SubmittedStep:
     def observe(self, state: Any, experiment: Experiment) -> None:
         return None
 
-
-# ---------------------------------------------------------------- rendering helpers
-
-
-def _knob_rows(ws: Any, values: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [{"name": n, "type": k.type, "domain": k.domain(), "default": k.default, "value": values.get(n),
-             "components": list(k.components), "help": k.help} for n, k in ws.knobs.items()]
-
-
-def _target_summary(ws: Any) -> str:
-    t = ws.target
-    if getattr(t, "url", None) and not getattr(t, "command", None):
-        return f"endpoint {t.url}"
-    command = t.command if isinstance(t.command, str) else " ".join(t.command)
-    return f"server: {command}"
-
-
-def _scenario_summary(sc: Any) -> str:
-    ds = sc.dataset
-    data = f"{ds.kind}" + (f" in={ds.input_len}" if hasattr(ds, "input_len") else "") + \
-           (f" out={ds.output_len}" if hasattr(ds, "output_len") else "")
-    return f"{data}, {sc.num_requests} requests, concurrency {sc.max_concurrency or '-'}, endpoint {sc.endpoint}"
-
-
-def _measurement(m: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {"name": m.name, "unit": m.unit, "value": m.summary.median if m.summary else None}
-    if m.tags:
-        row["tags"] = dict(m.tags)
-    if m.summary is not None:
-        row["n"] = m.summary.n
-    return row
