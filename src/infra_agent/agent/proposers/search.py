@@ -23,7 +23,6 @@ finished trial.  A configuration already tried is never proposed again.
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from infra_agent.agent.experiment import (
     Hypothesis,
     Step,
 )
-from infra_agent.agent.proposers.attribution import KnobScore, rank_knobs
+from infra_agent.agent.proposers.attribution import KnobScore
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.proposers.search_objective import (  # re-exported: callers import them from here
     Objective,
@@ -54,6 +53,11 @@ from infra_agent.agent.proposers.search_objective import (  # re-exported: calle
     metric_value,
     objective_for,
     parse_gate,
+)
+from infra_agent.agent.proposers.search_space import (
+    StagedSpace,
+    TrialRecord,
+    untried_points,
 )
 from infra_agent.feedback import Location
 from infra_agent.workspace.knobs import DomainError
@@ -64,8 +68,6 @@ from infra_agent.workspace.knobs import DomainError
 # "wins" trivially against a calibrated baseline and tells nothing about the system,
 # and any other value only makes it slower on purpose.
 MAX_RESAMPLE = 24  # samples per proposal before a repeated configuration counts as exhaustion
-MAX_ENUMERATE = 4096  # discrete spaces up to this size are enumerated to find an untried point
-IMPROVEMENT = 0.01  # a value must beat the best by this relative margin to count as an improvement
 DEFAULT_STARTUP_TRIALS = 5  # random trials before TPE models; e2e trials are too costly for Optuna's 10
 
 # ``metric op threshold [@scenario]``; relative gates end in `` x baseline`` (judge.gates.gate_label).
@@ -87,15 +89,6 @@ def _show(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-@dataclass
-class _Record:
-    """One finished experiment as the search sees it."""
-
-    exp_id: str
-    value: float | None
-    active: tuple[str, ...] | None  # the knobs searched in it, when it is this proposer's trial
 
 
 @dataclass
@@ -147,16 +140,11 @@ class SearchProposer:
         self._experiments: list[Experiment] = []  # every finished experiment taken, in order
         self._seen: set[str] = set()
         self._configs: dict[str, dict[str, Any]] = {}  # experiment id -> the knob values it ran
-        self._records: list[_Record] = []
+        self._records: list[TrialRecord] = []
         self._tried: set[ConfigKey] = set()
         self._tried_changes: set[str] = set()
         self._pending: _Pending | None = None
-        self._ranking: list[KnobScore] | None = None
-        self._ranked_on: str | None = None  # the best experiment whose findings made the ranking
-        self._stages: list[tuple[str, ...]] = []
-        self._stage = 0
-        self._stage_start = 0  # index into this proposer's own records where the stage began
-        self._widenings: list[str] = []
+        self._space = StagedSpace(blind, top_k)  # the stages of knobs to search (search_space.py)
         self._rng = random.Random(seed)
         self.stopped_reason: str | None = None  # why ``propose`` returned None (the loop reports it)
 
@@ -172,7 +160,7 @@ class SearchProposer:
 
     @property
     def ranking(self) -> list[KnobScore]:
-        return list(self._ranking or [])
+        return list(self._space.ranking or [])
 
     @property
     def searchable(self) -> tuple[str, ...]:
@@ -180,16 +168,16 @@ class SearchProposer:
 
     @property
     def stages(self) -> list[tuple[str, ...]]:
-        return list(self._stages)
+        return list(self._space.stages)
 
     @property
     def active(self) -> tuple[str, ...]:
         """The knobs searched now (empty before the first proposal)."""
-        return self._stages[self._stage] if self._stages else ()
+        return self._space.active
 
     @property
     def widenings(self) -> list[str]:
-        return list(self._widenings)
+        return list(self._space.widenings)
 
     def best_value(self) -> float | None:
         values = [r.value for r in self._records if r.value is not None]
@@ -218,15 +206,15 @@ class SearchProposer:
             # Proposed but never observed: the loop dropped it.  It stays tried.
             self._tell(self._pending.trial, None)
             self._pending = None
-        if self._ranking is None:
-            self._rank(state)
-        elif state.best.id != self._ranked_on and not self.blind:
-            self._rerank(state)
+        if self._space.ranking is None:
+            self._space.rank(state, self._dists, self._records)
+        elif state.best.id != self._space.ranked_on and not self.blind:
+            self._space.rerank(state, self._dists, self._records)
         base = self._best_config(state)
         tried_changes = self._tried_changes | state.tried()
         while True:
-            active = self._stages[self._stage]
-            last = self._stage + 1 >= len(self._stages)
+            active = self._space.active
+            last = self._space.last
             reason = None if last else self._exhausted(active, base, tried_changes)
             if reason is None:
                 got = self._sample(active, base, tried_changes)
@@ -236,7 +224,7 @@ class SearchProposer:
                     self.stopped_reason = "the search proposer found no untried configuration of its knobs"
                     return None
                 reason = f"{MAX_RESAMPLE} samples in a row repeated tried configurations"
-            self._widen(reason)
+            self._space.widen(reason, self._records)
 
     def observe(self, state: LoopState, experiment: Experiment) -> None:
         self._bind(state.workspace)
@@ -309,8 +297,8 @@ class SearchProposer:
         self._pending = None
         self._backlog = self._experiments + self._backlog
         self._experiments, self._seen, self._records = [], set(), []
-        self._stage_start = 0
-        self._widenings.append(f"objective is now {objective.metric} ({objective.source})")
+        self._space.stage_start = 0
+        self._space.widenings.append(f"objective is now {objective.metric} ({objective.source})")
 
     def _clean(self, config: Mapping[str, Any]) -> dict[str, Any]:
         out = {}
@@ -389,80 +377,14 @@ class SearchProposer:
                 state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
                 user_attrs={"experiment": exp.id, **({"active": list(active)} if active is not None else {})},
             ))
-        self._records.append(_Record(exp.id, value, active))
+        self._records.append(TrialRecord(exp.id, value, active))
 
-    # ------------------------------------------------------------ the active space
-
-    def _stages_of(self, state: LoopState) -> tuple[list[KnobScore], list[tuple[str, ...]]]:
-        ranking = [s for s in rank_knobs(state.workspace, state.findings, state.failing_gates) if s.name in self._dists]
-        order = [s.name for s in ranking]
-        positive = [s.name for s in ranking if s.score > 0]
-        if self.blind or not positive:
-            return ranking, [tuple(order)]
-        stages = [tuple(positive[:i]) for i in range(self.top_k, len(positive) + self.top_k, self.top_k)]
-        if len(positive) < len(order):
-            stages.append(tuple(order))
-        # A knob a finding names is tried alone first: the measurement said where to look,
-        # and sampling a second knob with it would blur what the first trials answer
-        # (case B: ``ep_release_gil`` beside a random ``max_batch_tokens``).  A discrete
-        # knob's stage ends when its values are tried; a continuous one's when stale.
-        if ranking[0].named and len(stages[0]) > 1:
-            stages.insert(0, (ranking[0].name,))
-        return ranking, stages
-
-    def _rerank(self, state: LoopState) -> None:
-        """A new best brings its own findings: when they point at other knobs, the search
-        starts over from their first stage (the study keeps every trial for TPE).
-
-        Case B: once ``ep_release_gil`` is accepted, the next check finds the engine waiting
-        on the transfer thread (``gil_contention`` at ``kv_transfer``), which the
-        baseline's ranking never pointed at."""
-        self._ranked_on = state.best.id
-        ranking, stages = self._stages_of(state)
-        if stages == self._stages:
-            return
-        self._ranking, self._stages, self._stage = ranking, stages, 0
-        self._stage_start = sum(r.active is not None for r in self._records)
-        self._widenings.append(f"re-ranked on {state.best.id}'s findings: {', '.join(stages[0])} first")
-
-    def _rank(self, state: LoopState) -> None:
-        self._ranked_on = state.best.id
-        self._ranking, self._stages = self._stages_of(state)
-        # A restored run continues in the stage its last trial searched.
-        own = [r for r in self._records if r.active is not None]
-        if own:
-            last = set(own[-1].active or ())
-            self._stage = next((i for i, s in enumerate(self._stages) if last <= set(s)), len(self._stages) - 1)
-            start = len(own)
-            while start > 0 and set(own[start - 1].active or ()) == last:
-                start -= 1
-            self._stage_start = start
-
-    def _widen(self, reason: str) -> None:
-        before = self._stages[self._stage]
-        self._stage += 1
-        self._stage_start = sum(r.active is not None for r in self._records)
-        added = [k for k in self._stages[self._stage] if k not in before]
-        self._widenings.append(f"added {', '.join(added)}: {reason}")
+    # ------------------------------------------------------------ the active space (search_space.py)
 
     def stale_trials(self) -> int:
-        """This stage's trials since the best value last improved (by ``IMPROVEMENT``)."""
+        """This stage's trials since the best value last improved."""
         assert self._objective is not None
-        best: float | None = None
-        own_seen = 0
-        stale = 0
-        for r in self._records:
-            in_stage = r.active is not None and own_seen >= self._stage_start
-            if r.active is not None:
-                own_seen += 1
-            improved = False
-            if r.value is not None:
-                improved = best is None or self._objective.better(r.value, best, IMPROVEMENT)
-                if best is None or self._objective.better(r.value, best):
-                    best = r.value
-            if in_stage:
-                stale = 0 if improved else stale + 1
-        return stale
+        return self._space.stale_trials(self._records, self._objective)
 
     def _exhausted(self, active: tuple[str, ...], base: dict[str, Any], tried_changes: set[str]) -> str | None:
         limit = self.widen_after or 4 * len(active)
@@ -475,28 +397,7 @@ class SearchProposer:
 
     def _untried(self, active: tuple[str, ...], base: dict[str, Any], tried_changes: set[str]) -> list[dict[str, Any]] | None:
         """Every untried point of a discrete space (None when it is continuous or too large)."""
-        domains: list[list[Any]] = []
-        size = 1
-        for k in active:
-            d = self._dists[k]
-            if isinstance(d, CategoricalDistribution):
-                values: list[Any] = list(d.choices)
-            elif isinstance(d, IntDistribution):
-                if (d.high - d.low) // d.step + 1 > MAX_ENUMERATE:
-                    return None
-                values = list(range(d.low, d.high + 1, d.step))
-            else:
-                return None
-            size *= len(values)
-            if size > MAX_ENUMERATE:
-                return None
-            domains.append(values)
-        out = []
-        for combo in itertools.product(*domains):
-            values_ = dict(zip(active, combo))
-            if self._is_new(values_, base, tried_changes):
-                out.append(values_)
-        return out
+        return untried_points(self._dists, active, lambda values: self._is_new(values, base, tried_changes))
 
     def _is_new(self, values: dict[str, Any], base: dict[str, Any], tried_changes: set[str]) -> bool:
         if _config_key(self._clean({**base, **values})) in self._tried:
@@ -546,7 +447,7 @@ class SearchProposer:
     def _why(self, active: tuple[str, ...]) -> str:
         if self.blind:
             return f"blind search over all {len(active)} knobs"
-        scores = {s.name: s for s in self._ranking or []}
+        scores = {s.name: s for s in self._space.ranking or []}
         parts: dict[str, None] = {}
         for k in active:
             s = scores.get(k)
@@ -556,7 +457,7 @@ class SearchProposer:
         if not parts:
             return f"no finding points at a knob: searching all {len(active)} knobs"
         why = "ranked by attribution: " + ", ".join(parts)
-        if self._stage > 0:
+        if self._space.stage > 0:
             why += f"; widened to {len(active)} knobs"
         return why
 
@@ -566,7 +467,7 @@ class SearchProposer:
         trial.set_user_attr("active", list(active))
         change = Change(knobs=values, diff=None)
         self._pending = _Pending(trial, change.key(), active)
-        order = [s.name for s in self._ranking or []]
+        order = [s.name for s in self._space.ranking or []]
         shown = sorted(values, key=lambda k: order.index(k) if k in order else len(order))
         assignment = ", ".join(f"{k}={_show(values[k])}" for k in shown)
         top = shown[0]
@@ -584,8 +485,9 @@ class SearchProposer:
             scenario=obj.scenario,
             locality=locality,
         )
-        stage = f"stage {self._stage + 1}/{len(self._stages)}: {', '.join(active)}"
-        widened = f"; {self._widenings[-1]}" if self._widenings else ""
+        space = self._space
+        stage = f"stage {space.stage + 1}/{len(space.stages)}: {', '.join(active)}"
+        widened = f"; {space.widenings[-1]}" if space.widenings else ""
         rationale = (f"TPE trial {trial.number} ({stage}{widened}); objective {obj.metric} ({obj.direction} is better) "
                      f"from {obj.source or 'the ledger'}; knobs outside the space stay at the best configuration's values")
         return Step(hypothesis=hypothesis, change=Change(knobs=values, diff=None, description=f"search: {assignment}"),
