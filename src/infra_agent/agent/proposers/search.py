@@ -297,8 +297,7 @@ class SearchProposer:
         self._pending = None
         self._backlog = self._experiments + self._backlog
         self._experiments, self._seen, self._records = [], set(), []
-        self._space.stage_start = 0
-        self._space.widenings.append(f"objective is now {objective.metric} ({objective.source})")
+        self._space.restart(f"objective is now {objective.metric} ({objective.source})")
 
     def _clean(self, config: Mapping[str, Any]) -> dict[str, Any]:
         out = {}

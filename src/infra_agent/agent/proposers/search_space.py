@@ -107,6 +107,11 @@ class StagedSpace:
         self.stage_start = sum(r.active is not None for r in records)
         self.widenings.append(f"re-ranked on {state.best.id}'s findings: {', '.join(stages[0])} first")
 
+    def restart(self, note: str) -> None:
+        """The proposer's records start over (a new objective): the stage counts from the first."""
+        self.stage_start = 0
+        self.widenings.append(note)
+
     def widen(self, reason: str, records: list[TrialRecord]) -> None:
         before = self.stages[self.stage]
         self.stage += 1
