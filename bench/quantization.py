@@ -29,6 +29,10 @@ Per setting:
   repeat (drift hits every setting alike); the median with a bootstrap 95% CI, and the ratio
   to ``bf16`` (ratio of means) with a paired bootstrap 95% CI over the repeats, as in
   ``bench/engine_throughput.py``;
+- **the model's decode forward alone** at the largest batch (one token per sequence at the
+  decode's middle position; no scheduling, sampling or Python between steps): interleaved
+  repeats, the ratio to ``bf16`` with its paired CI.  The engine adds the same per-step work
+  to every setting, so this ratio bounds the decode ratio above;
 - **KV bytes per token** (K and V of every attention layer; the per-(layer, head) scales
   are a few floats per layer, not per token) and the **largest batch that fits** a fixed
   budget (``--budget-gib``) of sequences of ``--context`` tokens: counting the KV rows only,
@@ -205,6 +209,33 @@ def measure(settings: list[Setting], batches: list[int], prompt_len: int, gen_le
     return samples
 
 
+@torch.inference_mode()
+def measure_forward(settings: list[Setting], batch: int, position: int, repeats: int, calls: int = 20
+                    ) -> dict[str, list[float]]:
+    """The model's decode forward alone (one token for each of ``batch`` slots at ``position``:
+    no scheduling, sampling, detokenisation or Python between steps), in us: the median of
+    ``calls`` calls per repeat, repeats interleaved with the order rotated.  Its ratio to
+    bf16 bounds what the engine's decode ratio can reach: the engine adds the same per-step
+    work to both."""
+    live = [s for s in settings if s.error is None and batch in s.engines]
+    rng = random.Random(batch)
+    chunks = [SeqChunk(slot, [rng.randrange(256)], position) for slot in range(batch)]
+    out: dict[str, list[float]] = {s.name: [] for s in live}
+    for s in live:  # warm-up
+        s.engines[batch].model.forward_chunks(chunks, s.engines[batch].cache)
+    for r in range(repeats):
+        shift = r % len(live)
+        for s in live[shift:] + live[:shift]:
+            model, cache = s.engines[batch].model, s.engines[batch].cache
+            ts = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                model.forward_chunks(chunks, cache)
+                ts.append(time.perf_counter() - t0)
+            out[s.name].append(statistics.median(ts) * 1e6)
+    return out
+
+
 def median_ci(xs: list[float], n_boot: int = 5000, seed: int = 0) -> tuple[float, float, float]:
     rng = random.Random(seed)
     boots = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n_boot))
@@ -261,6 +292,15 @@ def print_speed(samples: dict[str, dict[int, dict[str, list[float]]]]) -> None:
                 ratio = "1.00x" if name == "bf16" else "**{:.2f}x** [{:.2f}, {:.2f}]".format(*ratio_ci(ys, base))
                 cells += [f"{med:.1f} [{lo:.1f}, {hi:.1f}]", ratio]
             print(f"| {name} | {b} | " + " | ".join(cells) + " |")
+
+
+def print_forward(forward: dict[str, list[float]], batch: int) -> None:
+    print("| setting | batch | forward us, median [95% CI] | bf16 / setting [95% CI] |")
+    print("|---|---|---|---|")
+    for name, ys in forward.items():
+        med, lo, hi = median_ci(ys)
+        ratio = "1.00x" if name == "bf16" else "**{:.2f}x** [{:.2f}, {:.2f}]".format(*ratio_ci(forward["bf16"], ys))
+        print(f"| {name} | {batch} | {med:.0f} [{lo:.0f}, {hi:.0f}] | {ratio} |")
 
 
 def print_memory(settings: list[Setting], cfg: HybridConfig, budget: int, context: int) -> dict[str, dict[str, Any]]:
@@ -355,9 +395,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   if name.startswith("kv-") and name != "kv-bf16" and "kv-bf16" in logits}
 
     samples = measure(settings, args.batches, args.prompt_len, args.gen_len, args.repeats)
+    big = max(args.batches)
+    # at the decode's middle position: attention reads as many cached rows as an average decode step
+    forward = measure_forward(settings, big, args.prompt_len + args.gen_len // 2, args.repeats)
     budget = int(args.budget_gib * 2**30)
     print(f"\n## decode throughput (prompt {args.prompt_len}, {args.gen_len} tokens, {args.repeats} interleaved repeats)\n")
     print_speed(samples)
+    print(f"\n## the model's decode forward alone at batch {big} (no engine: the bound on the ratios above; "
+          f"{args.repeats} interleaved repeats of 20 calls)\n")
+    print_forward(forward, big)
     print("\n## KV cache bytes and the largest batch that fits\n")
     memory = print_memory(settings, cfg, budget, args.context)
     print(f"\n## quality vs bf16 (teacher-forced, {args.quality_prompts} prompts x (prefill + {args.quality_steps} "
@@ -371,7 +417,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"\n{s.name}: {s.error}")
 
     print("\n## goals\n")
-    big = max(args.batches)
     if "w8a8" in vs_base and "w8a8" in samples["wall"][big]:
         point, lo, hi = ratio_ci(samples["wall"][big]["w8a8"], samples["wall"][big]["bf16"])
         spoint, slo, shi = ratio_ci(samples["step"][big]["w8a8"], samples["step"][big]["bf16"])
@@ -380,7 +425,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"- W8A8 >= {GOAL_W8A8_SPEEDUP}x bf16 decode at batch {big} with top-1 >= {GOAL_W8A8_TOP1}: "
               f"{'met' if met else 'NOT met'}: {point:.2f}x [{lo:.2f}, {hi:.2f}] (by the median step {spoint:.2f}x "
               f"[{slo:.2f}, {shi:.2f}]), top-1 {top1:.4f} [{vs_base['w8a8']['top1_lo']:.4f}, "
-              f"{vs_base['w8a8']['top1_hi']:.4f}]")
+              f"{vs_base['w8a8']['top1_hi']:.4f}]; the model's forward alone "
+              "{:.2f}x [{:.2f}, {:.2f}]".format(*ratio_ci(forward["bf16"], forward["w8a8"])))
     for name in ("kv-int8", "kv-fp8"):
         if name in memory and "kv-bf16" in memory and name in vs_kv_bf16:
             fit = memory[name]["fit_kv_only"] / memory["kv-bf16"]["fit_kv_only"]
@@ -392,7 +438,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"KL {kl:.2e}")
         else:
             print(f"- {name}: not measured ({next((s.error for s in settings if s.name == name), 'not selected')})")
-    results = {"args": vars(args), "dtype": dtype, "samples": samples, "memory": memory, "quality_vs_bf16": vs_base,
+    results = {"args": vars(args), "dtype": dtype, "samples": samples, "forward_us": forward, "memory": memory,
+               "quality_vs_bf16": vs_base,
                "quality_vs_kv_bf16": vs_kv_bf16, "errors": {s.name: s.error for s in settings if s.error}}
     if args.json_path:
         with open(args.json_path, "w") as fh:

@@ -31,7 +31,8 @@ def _bench() -> ModuleType:
 def test_quick_run_prints_every_table_and_setting(capsys: pytest.CaptureFixture[str]) -> None:
     results: dict[str, Any] = _bench().main(ARGS)
     out = capsys.readouterr().out
-    for heading in ("## decode throughput", "## KV cache bytes", "## quality vs bf16", "## goals"):
+    for heading in ("## decode throughput", "## the model's decode forward alone at batch 4", "## KV cache bytes",
+                    "## quality vs bf16", "## goals"):
         assert heading in out, heading
     built = [n for n in NAMES if n not in results["errors"]]
     assert {"bf16", "w8a8"} <= set(built), results["errors"]
@@ -45,6 +46,9 @@ def test_quick_run_prints_every_table_and_setting(capsys: pytest.CaptureFixture[
             assert f"{name}: not implemented" in out
     assert "- W8A8 >= 1.3x bf16 decode at batch 4 with top-1 >= 0.98:" in out
     assert len(results["samples"]["wall"][4]["w8a8"]) == len(results["samples"]["step"][4]["w8a8"]) == 1
+    # the forward-alone bound: one median per repeat, for every setting that was built
+    assert set(results["forward_us"]) == set(built) and all(len(v) == 1 and v[0] > 0 for v in results["forward_us"].values())
+    assert "the model's forward alone" in out
 
 
 def test_a_setting_the_engine_refuses_is_reported_not_raised(capsys: pytest.CaptureFixture[str],
