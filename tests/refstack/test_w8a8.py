@@ -32,7 +32,7 @@ import torch
 
 from refstack.engine import Engine, EngineConfig
 from refstack.engine.device import PlacementError, resolve_placement
-from refstack.kernels import cpu_build, cpu_kernels
+from refstack.kernels import cpu_build, cpu_kernels, cpu_packs
 from refstack.model import HybridConfig, HybridModel, SeqChunk, quant
 from refstack.model.quant import (
     HELD_SITES,
@@ -122,7 +122,7 @@ def test_w8a8_gemm_is_the_same_bits_on_every_path(m: int, k: int, n: int, smooth
 @NATIVE
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tagged_fp32_and_bf16_packs_are_the_plain_kernels(dtype: torch.dtype) -> None:
-    assert cpu_kernels.load().refstack_pack_header_bytes() == cpu_kernels.HEADER_BYTES
+    assert cpu_kernels.load().refstack_pack_header_bytes() == cpu_packs.HEADER_BYTES
     gen = torch.Generator().manual_seed(3)
     x, w = torch.randn(9, 80, generator=gen), torch.randn(80, 70, generator=gen)
     assert torch.equal(cpu_kernels.gemm(x, cpu_kernels.pack(w, dtype, tagged=True), 70),

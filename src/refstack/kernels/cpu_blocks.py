@@ -9,15 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from refstack.kernels.cpu_build import BLOCK_COLS as NB
 from refstack.kernels.cpu_build import load
-from refstack.kernels.cpu_kernels import (
-    _check,
-    _check_index,
-    _check_packed,
-    _fits,
-    _packed_k,
-)
+from refstack.kernels.cpu_kernels import _check, _check_index
+from refstack.kernels.cpu_packs import NB, check_packed, fits, packed_k
 
 __all__ = ["attn_decode_block", "attn_scratch_floats", "kda_decode_block", "kda_scratch_floats", "moe_route", "rope"]
 
@@ -42,21 +36,21 @@ def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tens
     ``state`` [B, H, K, V] (contiguous) updated in place, or with ``slots`` [B] (int64,
     distinct) token b's state is ``state[slots[b]]``.  Returns the layer's output [B, D]."""
     _check("kda_decode_block", h, dt_bias, a_log, state, o_norm_weight)
-    _check_packed("kda_decode_block", in_proj, low_rank, o_proj)
+    check_packed("kda_decode_block", in_proj, low_rank, o_proj)
     bf16 = in_proj.dtype == torch.bfloat16
     B, D = h.shape
     _, H, K, V = state.shape
     n_up = H * K + H * V
-    n_in_exact = 2 * H * K + H * V + H + _packed_k(low_rank)
+    n_in_exact = 2 * H * K + H * V + H + packed_k(low_rank)
     if slots is not None:
         _check_index("kda_decode_block", slots)
         if slots.shape != (B,) or (B and (int(slots.min()) < 0 or int(slots.max()) >= state.shape[0])) \
                 or slots.unique().numel() != B:
             raise ValueError(f"kda_decode_block: slots must be {B} distinct indices into the {state.shape[0]} states")
         slots = slots.contiguous()
-    if (slots is None and state.shape[0] != B) or not state.is_contiguous() or not _fits(in_proj, D) or -(-n_in_exact // NB) != in_proj.shape[0] \
+    if (slots is None and state.shape[0] != B) or not state.is_contiguous() or not fits(in_proj, D) or -(-n_in_exact // NB) != in_proj.shape[0] \
             or low_rank.dtype != in_proj.dtype or o_proj.dtype != in_proj.dtype \
-            or low_rank.shape[0] != -(-n_up // NB) or not _fits(o_proj, H * V) or o_proj.shape[0] != -(-D // NB) \
+            or low_rank.shape[0] != -(-n_up // NB) or not fits(o_proj, H * V) or o_proj.shape[0] != -(-D // NB) \
             or dt_bias.shape != (H * K,) or a_log.shape != (H,) or o_norm_weight.shape != (V,):
         raise ValueError(f"kda_decode_block: h {tuple(h.shape)}, state {tuple(state.shape)}, packed in_proj "
                          f"{tuple(in_proj.shape)} / low_rank {tuple(low_rank.shape)} / o_proj {tuple(o_proj.shape)} "
@@ -83,13 +77,13 @@ def attn_decode_block(h: Tensor, qkv_proj: Tensor, o_proj: Tensor, heads: int, k
     cache (``keys``, ``values`` [slots, kv_heads, max_len, head_dim], in place) before
     attending.  Returns the layer's output [B, D]."""
     _check("attn_decode_block", h, rope_cos, rope_sin, keys, values)
-    _check_packed("attn_decode_block", qkv_proj, o_proj)
+    check_packed("attn_decode_block", qkv_proj, o_proj)
     _check_index("attn_decode_block", slots, positions)
     B, D = h.shape
     n_qkv, n_o = (heads + 2 * kv_heads) * head_dim, heads * head_dim
     cache_shape = (keys.shape[0], kv_heads, keys.shape[2] if keys.dim() == 4 else -1, head_dim)
-    if o_proj.dtype != qkv_proj.dtype or not _fits(qkv_proj, D) or qkv_proj.shape[0] != -(-n_qkv // NB) \
-            or not _fits(o_proj, n_o) or o_proj.shape[0] != -(-D // NB) or heads % kv_heads or head_dim % 2 \
+    if o_proj.dtype != qkv_proj.dtype or not fits(qkv_proj, D) or qkv_proj.shape[0] != -(-n_qkv // NB) \
+            or not fits(o_proj, n_o) or o_proj.shape[0] != -(-D // NB) or heads % kv_heads or head_dim % 2 \
             or rope_cos.shape != rope_sin.shape or rope_cos.dim() != 2 or rope_cos.shape[1] != head_dim // 2 \
             or keys.shape != cache_shape or values.shape != keys.shape or slots.shape != (B,) or positions.shape != (B,) \
             or not keys.is_contiguous() or not values.is_contiguous():
