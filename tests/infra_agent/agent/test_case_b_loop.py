@@ -43,6 +43,12 @@ def _workspace(dest: Path) -> Path:
     return dest
 
 
+def _waits(meta: dict) -> list[dict]:
+    """The window's GIL waits as the finding saw them (a miss shows which threshold it fell under)."""
+    waits = meta.get("timeline", {}).get("report", {}).get("waits", [])
+    return [{k: w.get(k) for k in ("group", "thread", "waiting_share", "waiting_us", "holder_threads")} for w in waits]
+
+
 @pytest.mark.parametrize("proposer", ["rules", "search"])
 def test_the_first_experiment_releases_the_gil_because_of_the_finding(tmp_path: Path, proposer: str) -> None:
     ws = _workspace(tmp_path / proposer)
@@ -58,7 +64,7 @@ def test_the_first_experiment_releases_the_gil_because_of_the_finding(tmp_path: 
     assert any(m.name == "kv_transfer_prefill_ratio" for m in check.measurements)
     gil = [f for f in check.findings if f.kind == FindingKind.GIL_CONTENTION and f.location is not None
            and f.location.component == "comm" and f.location.knob == "ep_release_gil"]
-    assert gil, [f"{f.kind}: {f.message}" for f in check.findings]
+    assert gil, ([f"{f.kind}: {f.message}" for f in check.findings], _waits(check.meta))
     first = next(e for e in exps if e.role == "experiment")
     if proposer == "rules":
         assert first.change.knobs == {"ep_release_gil": True}, (first.change, first.hypothesis.statement)
