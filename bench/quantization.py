@@ -230,7 +230,9 @@ def measure_forward(settings: list[Setting], batch: int, position: int, repeats:
             ts = []
             for _ in range(calls):
                 t0 = time.perf_counter()
-                model.forward_chunks(chunks, cache)
+                logits = model.forward_chunks(chunks, cache)
+                if logits.is_cuda:  # the launches return before the GPU is done
+                    torch.cuda.synchronize()
                 ts.append(time.perf_counter() - t0)
             out[s.name].append(statistics.median(ts) * 1e6)
     return out
