@@ -223,7 +223,7 @@ def _apply(rule: ChangeRule, knob: Any, old: Any) -> Any:
     else:
         value = old * rule.multiply if rule.multiply is not None else old + (rule.add or 0)
         if knob.type == "int":
-            value = int(round(value))
+            value = round(value)  # a float rounds to an int (half to even)
         lo = knob.min if knob.min is not None else value
         hi = knob.max if knob.max is not None else value
         value = min(max(value, lo), hi)
