@@ -55,6 +55,7 @@ from infra_agent.feedback import (
 )
 from infra_agent.probes import timeline_profile
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
+from infra_agent.probes.knob_compare import pair_ratios, record_verdict, resolve_pair
 from infra_agent.probes.target_processes import pick_process
 from infra_agent.probes.timeline_locate import knobs_for, locate, span_categories
 from infra_agent.vocabulary import FindingKind
@@ -365,23 +366,16 @@ class TimelineProbe(Probe):
 
     def _compare(self, cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: str, sc: Scenario,
                  knobs: dict[str, Any]) -> None:
-        ws = ctx.workspace
-        knob_name = cfg.compare_knob
-        assert knob_name is not None
-        if ws is None or knob_name not in ws.knobs:
-            raise InfraAgentError(f"compare_knob {knob_name!r} is not a knob the workspace declares")
-        spec = ws.knobs[knob_name]
-        pair = list(cfg.compare_values) if cfg.compare_values is not None else ([False, True] if spec.type == "bool" else None)
-        if pair is None or len(pair) != 2:
-            raise InfraAgentError(f"compare_values for {knob_name!r}: expected two values [reference, tested]")
-        own = ws.resolve_knobs(knobs).get(knob_name)
-        ratio_name = cfg.ratio_name or f"{knob_name}_ratio"
-        metric = cfg.compare_metric
-        fb.meta["compare"] = {"knob": knob_name, "values": pair, "own": own, "metric": metric, "ratio": ratio_name}
+        assert cfg.compare_knob is not None
+        pair = resolve_pair(ctx.workspace, cfg.compare_knob, cfg.compare_values, knobs, cfg.compare_metric,
+                            cfg.ratio_name)
+        knob_name = pair.knob
+        fb.meta["compare"] = {"knob": knob_name, "values": list(pair.values), "own": pair.own, "metric": pair.metric,
+                              "ratio": pair.ratio_name}
         results: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
         with ExitStack() as stack:
             targets = []
-            for v in pair:
+            for v in pair.values:
                 targets.append(stack.enter_context(self._open(cfg, ctx, {**knobs, knob_name: v}, launch=True)))
             # a warm-up window per server (first requests pay one-time costs), not counted
             for target, values in targets:
@@ -389,16 +383,12 @@ class TimelineProbe(Probe):
             for i in range(cfg.compare_pairs):
                 for side in ((0, 1) if i % 2 == 0 else (1, 0)):
                     target, values = targets[side]
-                    r = self._window(cfg, ctx, target, name, sc, values, f"{knob_name}={pair[side]}-{i}")
+                    r = self._window(cfg, ctx, target, name, sc, values, f"{pair.arm(side)}-{i}")
                     results[side].append(r)
                     if not r.get("ok", True):
-                        raise InfraAgentError(f"{knob_name}={pair[side]}: window {i} failed: {r.get('error')}")
-            ratios = []
-            for a, b in zip(results[0], results[1], strict=True):
-                va, vb = a.get(metric), b.get(metric)
-                if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va > 0 and vb > 0:
-                    ratios.append(float(vb) / float(va))
-            own_side = 1 if own == pair[1] else 0 if own == pair[0] else None
+                        raise InfraAgentError(f"{pair.arm(side)}: window {i} failed: {r.get('error')}")
+            ratios = pair_ratios(results[0], results[1], pair.metric)
+            own_side = 1 if pair.own == pair.values[1] else 0 if pair.own == pair.values[0] else None
             # The configuration's own value is traced and sampled; its windows lead the Feedback.
             traced_side = own_side if own_side is not None else 1
             target, values = targets[traced_side]
@@ -406,46 +396,21 @@ class TimelineProbe(Probe):
             from infra_agent.bench.probe import summarise_windows
 
             other = Feedback(probe=self.name, tier=self.tier(cfg), scope=self.scope)
-            summarise_windows(other, name, results[1 - traced_side], targets[1 - traced_side][1], ws, cfg.queue_share,
-                              cfg.result_metrics)
+            summarise_windows(other, name, results[1 - traced_side], targets[1 - traced_side][1], ctx.workspace,
+                              cfg.queue_share, cfg.result_metrics)
             _per_window_extra(other, name, results[1 - traced_side])
-            arm = f"{knob_name}={_fmt(pair[1 - traced_side])}"
             for m in other.measurements:
-                m.tags["knob"] = arm
+                m.tags["knob"] = pair.arm(1 - traced_side)
                 fb.measurements.append(m)
             mine = Feedback(probe=self.name, tier=self.tier(cfg), scope=self.scope)
             _per_window_extra(mine, name, results[traced_side])
             for m in mine.measurements:
-                m.tags["knob"] = f"{knob_name}={_fmt(pair[traced_side])}"
+                m.tags["knob"] = pair.arm(traced_side)
                 fb.measurements.append(m)
-        if not ratios:
-            raise InfraAgentError(f"no pair of windows measured {metric!r} on both {knob_name} values")
-        from infra_agent.judge.bootstrap import t_interval_log
-
-        if len(ratios) >= 2:
-            centre, low, high = t_interval_log(ratios)
-        else:
-            centre = low = high = ratios[0]
-        fb.measurements.insert(0, Measurement.from_samples(ratio_name, "ratio", ratios, "higher", scenario=name,
-                                                           interval=f"{knob_name}={_fmt(pair[1])} / {knob_name}={_fmt(pair[0])}"))
-        fb.meta["compare"].update({"ratios": ratios, "geomean": centre, "low": low, "high": high,
-                                   "interval": f"95% t-interval of the geometric mean over {len(ratios)} interleaved pairs"})
-        text = (f"{metric} with {knob_name}={_fmt(pair[1])} is {centre:.3f}x that with {knob_name}={_fmt(pair[0])} "
-                f"(95% interval {low:.3f}-{high:.3f}, {len(ratios)} interleaved pairs, scenario {name})")
-        fb.meta["compare"]["message"] = text
-        if cfg.min_ratio is not None and centre < cfg.min_ratio:
-            fb.ok = False
-            fb.error = f"{ratio_name} {centre:.3f} < {cfg.min_ratio:g}: {text}"
-            # A verdict on what was measured, not a failed measurement: the judge may still read
-            # the windows (a hypothesis about throughput compares this side's with the other's).
-            fb.meta["gate_failed"] = ratio_name
+        record_verdict(fb, pair, ratios, name, cfg.min_ratio)
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _fmt(v: Any) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def _derive(result: dict[str, Any]) -> None:

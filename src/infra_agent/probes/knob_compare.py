@@ -1,0 +1,86 @@
+"""Two values of one knob, compared on interleaved windows: the pure half of the timeline
+probe's ``compare_knob`` (which values, the per-pair ratios, the interval and the gate).
+
+The probe runs the windows (two servers, A B, B A, ...); everything here is arithmetic on
+what they returned, so it is tested without a server.  The ratio is
+``metric(values[1]) / metric(values[0])`` per interleaved pair, and its centre is the
+geometric mean with a 95% t-interval on the logs (``judge.bootstrap.t_interval_log``), as
+the judge summarises repeated runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from infra_agent.errors import InfraAgentError
+from infra_agent.feedback import Feedback, Measurement
+
+
+def fmt(v: Any) -> str:
+    """A knob value as a tag writes it (``true``, not ``True``: the workspace's YAML spelling)."""
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+@dataclass(frozen=True)
+class KnobPair:
+    knob: str
+    values: tuple[Any, Any]  # (reference, tested)
+    own: Any  # the configuration under test's value of the knob
+    metric: str  # the window result key the ratio is of
+    ratio_name: str  # the measurement's name
+
+    @property
+    def interval(self) -> str:
+        return f"{self.knob}={fmt(self.values[1])} / {self.knob}={fmt(self.values[0])}"
+
+    def arm(self, side: int) -> str:
+        return f"{self.knob}={fmt(self.values[side])}"
+
+
+def resolve_pair(ws: Any, knob: str, values: list[Any] | None, own_knobs: dict[str, Any], metric: str,
+                 ratio_name: str | None) -> KnobPair:
+    """The pair to compare, checked against the workspace: a declared knob and two values
+    (a bool knob defaults to [false, true])."""
+    if ws is None or knob not in ws.knobs:
+        raise InfraAgentError(f"compare_knob {knob!r} is not a knob the workspace declares")
+    pair = list(values) if values is not None else ([False, True] if ws.knobs[knob].type == "bool" else None)
+    if pair is None or len(pair) != 2:
+        raise InfraAgentError(f"compare_values for {knob!r}: expected two values [reference, tested]")
+    return KnobPair(knob=knob, values=(pair[0], pair[1]), own=ws.resolve_knobs(own_knobs).get(knob), metric=metric,
+                    ratio_name=ratio_name or f"{knob}_ratio")
+
+
+def pair_ratios(reference: list[dict[str, Any]], tested: list[dict[str, Any]], metric: str) -> list[float]:
+    """``tested / reference`` of ``metric`` per interleaved pair; a pair missing it on either side is left out."""
+    ratios = []
+    for a, b in zip(reference, tested, strict=True):
+        va, vb = a.get(metric), b.get(metric)
+        if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va > 0 and vb > 0:
+            ratios.append(float(vb) / float(va))
+    return ratios
+
+
+def record_verdict(fb: Feedback, pair: KnobPair, ratios: list[float], scenario: str, min_ratio: float | None) -> None:
+    """The ratio as the Feedback's first measurement, its interval and sentence in
+    ``meta["compare"]``, and, below ``min_ratio``, ``ok=False`` with ``meta["gate_failed"]``."""
+    if not ratios:
+        raise InfraAgentError(f"no pair of windows measured {pair.metric!r} on both {pair.knob} values")
+    # scipy loads when a comparison ends, not when the probes are imported
+    from infra_agent.judge.bootstrap import t_interval_log
+
+    centre, low, high = t_interval_log(ratios) if len(ratios) >= 2 else (ratios[0],) * 3
+    fb.measurements.insert(0, Measurement.from_samples(pair.ratio_name, "ratio", ratios, "higher", scenario=scenario,
+                                                       interval=pair.interval))
+    compare = fb.meta.setdefault("compare", {})
+    compare.update({"ratios": ratios, "geomean": centre, "low": low, "high": high,
+                    "interval": f"95% t-interval of the geometric mean over {len(ratios)} interleaved pairs"})
+    text = (f"{pair.metric} with {pair.arm(1)} is {centre:.3f}x that with {pair.arm(0)} "
+            f"(95% interval {low:.3f}-{high:.3f}, {len(ratios)} interleaved pairs, scenario {scenario})")
+    compare["message"] = text
+    if min_ratio is not None and centre < min_ratio:
+        fb.ok = False
+        fb.error = f"{pair.ratio_name} {centre:.3f} < {min_ratio:g}: {text}"
+        # A verdict on what was measured, not a failed measurement: the judge may still read
+        # the windows (a hypothesis about throughput compares this side's with the other's).
+        fb.meta["gate_failed"] = pair.ratio_name
