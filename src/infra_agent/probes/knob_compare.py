@@ -30,12 +30,12 @@ class KnobPair:
     metric: str  # the window result key the ratio is of
     ratio_name: str  # the measurement's name
 
-    @property
-    def interval(self) -> str:
-        return f"{self.knob}={fmt(self.values[1])} / {self.knob}={fmt(self.values[0])}"
-
     def arm(self, side: int) -> str:
         return f"{self.knob}={fmt(self.values[side])}"
+
+    @property
+    def interval(self) -> str:
+        return f"{self.arm(1)} / {self.arm(0)}"
 
 
 def resolve_pair(ws: Any, knob: str, values: list[Any] | None, own_knobs: dict[str, Any], metric: str,
