@@ -1,7 +1,8 @@
 """Build workspace knobs from a target's own knob listing.
 
 A serving stack that publishes its launch flags as data (``refstack knobs --json``:
-name, flag, type, domain, default, components, help) needs no hand-written knob
+name, flag, type, domain (with the search space's scale, typical range and resource),
+default, components, help) needs no hand-written knob
 section: this module turns that listing into ``infra-agent.yaml`` knob entries and a
 launch template whose placeholders are exactly those knobs.  Nothing here knows
 refstack; any target with such a listing works.
@@ -19,6 +20,7 @@ from infra_agent.errors import TargetError
 
 # Launch flags the lifecycle owns: the port is chosen free on loopback at start.
 _OWNED_BY_LIFECYCLE = frozenset({"port", "host"})
+_SEARCH_SPACE_KEYS = ("scale", "typical", "resource", "per_process")
 
 
 def read_knob_listing(command: Sequence[str], timeout_s: float = 60.0) -> list[dict[str, Any]]:
@@ -52,6 +54,13 @@ def knob_entry(item: dict[str, Any]) -> dict[str, Any]:
     for bound in ("min", "max"):
         if bound in domain and kind in ("int", "float"):
             entry[bound] = domain[bound]
+    if kind in ("int", "float"):
+        # The search space, as the listing declares it (refstack: inside ``domain``; another
+        # stack may put it beside): scale, typical range, and what the knob consumes.
+        for key in _SEARCH_SPACE_KEYS:
+            value = domain.get(key, item.get(key))
+            if value is not None:
+                entry[key] = list(value) if key == "typical" else value
     if item.get("default") is not None:
         entry["default"] = item["default"]
     entry["components"] = list(item.get("components") or [])

@@ -16,6 +16,12 @@ from infra_agent.errors import ConfigError
 
 KnobValue = bool | int | float | str
 
+# Numeric knobs whose domain spans this ratio (max/min, from a positive min) are searched
+# on a log scale unless they declare ``scale``: 1..4096 slots is a question of doubling,
+# not of adding 100 at a time.
+LOG_RATIO = 64
+# What a knob may consume of the machine; the search and screening bound it there.
+Resource = Literal["threads", "memory_gib", "memory_mib"]
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
 
@@ -87,6 +93,14 @@ class Knob(BaseModel):
     # Attribution uses this to pick which knobs to try for a component's finding.
     components: list[str] = Field(default_factory=list)
     help: str = ""
+    # The search space (docs/workspace.md, "The search space"): how values spread, the range
+    # a user would pick from first, what the knob consumes of the machine, and values that
+    # launch the same thing on this target.
+    scale: Literal["log", "linear"] | None = None
+    typical: list[int | float] | None = None
+    resource: Resource | None = None
+    per_process: int | None = Field(None, ge=1)  # processes of the launch that take the value each
+    aliases: dict[KnobValue, KnobValue] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> Knob:
@@ -111,7 +125,80 @@ class Knob(BaseModel):
                 self.default = self.check(self.default)
             except DomainError as exc:
                 raise DomainError(("default",), exc.expected, exc.got) from None
+        self._check_search_space(numeric)
         return self
+
+    def _check_search_space(self, numeric: bool) -> None:
+        """``scale``, ``typical``, ``resource``/``per_process`` and ``aliases`` against the domain."""
+        if not numeric:
+            for key in ("scale", "typical", "resource"):
+                if getattr(self, key) is not None:
+                    raise DomainError((key,), f"{key} only on int or float knobs", self.type)
+        if self.scale == "log" and not (self.min is not None and self.min > 0):
+            raise DomainError(("scale",), "a positive min for scale log (or scale linear)", self.min)
+        if self.typical is not None:
+            self.typical = self._typical(self.typical)
+        if self.per_process is not None and self.resource is None:
+            raise DomainError(("per_process",), "per_process only with resource (threads, memory_gib or memory_mib)", self.per_process)
+        aliases: dict[KnobValue, KnobValue] = {}
+        for key, target in self.aliases.items():
+            name = render_value(key)
+            got_key, got_target = self._member(key), self._member(target)
+            if got_key is None:
+                raise DomainError(("aliases", name), f"an alias that is a value of the knob ({self.domain()})", key)
+            if got_target is None:
+                raise DomainError(("aliases", name), f"a value of the knob ({self.domain()})", target)
+            if got_key == got_target and type(got_key) is type(got_target):
+                raise DomainError(("aliases", name), "an alias of another value", target)
+            aliases[got_key] = got_target
+        self.aliases = aliases
+
+    def _typical(self, typical: list[int | float]) -> list[int | float]:
+        expected = f"[lo, hi] with min <= lo <= hi <= max ({self.domain()})"
+        if len(typical) != 2:
+            raise DomainError(("typical",), expected, typical)
+        try:
+            lo, hi = (self.check(v) for v in typical)
+        except DomainError:
+            raise DomainError(("typical",), expected, typical) from None
+        assert isinstance(lo, (int, float)) and isinstance(hi, (int, float))
+        if lo > hi:
+            raise DomainError(("typical",), expected, typical)
+        return [lo, hi]
+
+    def _member(self, value: Any) -> KnobValue | None:
+        """``value`` as a value of the domain (text parsed by type, as ``--set`` is), else None."""
+        try:
+            return self.check(value)
+        except DomainError:
+            pass
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            try:
+                return self.parse(str(value))
+            except DomainError:
+                return None
+        return None
+
+    @property
+    def log_scale(self) -> bool:
+        """Whether the search spreads this knob's values on a log scale (``scale``, else the rule)."""
+        if self.scale is not None:
+            return self.scale == "log"
+        return self.min is not None and self.max is not None and self.min > 0 and self.max / self.min >= LOG_RATIO
+
+    @property
+    def processes(self) -> int:
+        """How many processes of the launch take this knob's value each (``per_process``, default 1)."""
+        return self.per_process or 1
+
+    def canonical(self, value: KnobValue) -> KnobValue:
+        """The value ``value`` launches as: its alias target, followed to the end (``aliases``)."""
+        for _ in range(len(self.aliases)):
+            target = next((t for k, t in self.aliases.items() if type(k) is type(value) and k == value), None)
+            if target is None:
+                break
+            value = target
+        return value
 
     def domain(self) -> str:
         """The domain in words, for error messages and the ``validate`` table."""

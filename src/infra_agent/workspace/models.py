@@ -32,7 +32,9 @@ from infra_agent.workspace.criteria import (
     metric_direction,
     metric_suggestions,
 )
+from infra_agent.workspace.constraints import SYNTAX, Constraint, ConstraintSyntaxError, parse_constraint
 from infra_agent.workspace.knobs import MISSING, DomainError, Knob, KnobValue
+from infra_agent.workspace.machine import Machine, MachineLimits, machine_limits
 from infra_agent.workspace.scenario import (
     Dataset,
     JsonlDataset,
@@ -48,10 +50,12 @@ __all__ = [
     "METRIC_FORMS",
     "RESERVED_PLACEHOLDERS",
     "CheckSpec",
+    "Constraint",
     "Criterion",
     "Dataset",
     "EndpointTargetSpec",
     "JsonlDataset",
+    "Machine",
     "RandomDataset",
     "Scenario",
     "ServerTargetSpec",
@@ -93,6 +97,26 @@ def _check_criterion(ws: Workspace, i: int, crit: Criterion) -> None:
                           "check alone; the quality probe already compares against its baseline server)", crit.ratio)
 
 
+def _parse_constraints(ws: Workspace) -> list[Constraint]:
+    """``constraints:`` parsed; each names declared numeric knobs, and the defaults satisfy it."""
+    numeric = sorted(k for k, knob in ws.knobs.items() if knob.type in ("int", "float"))
+    defaults = {k: knob.default for k, knob in ws.knobs.items() if knob.default is not None}
+    out = []
+    for i, text in enumerate(ws.constraints):
+        try:
+            c = parse_constraint(text)
+        except ConstraintSyntaxError as exc:
+            raise DomainError(("constraints", i), f"{SYNTAX}; {exc}", text) from None
+        for name in c.knobs:
+            if name not in numeric:
+                raise DomainError(("constraints", i), f"knob names among the declared int and float knobs "
+                                  f"({', '.join(numeric) or 'none'})", name)
+        if not c.holds(defaults):
+            raise DomainError(("constraints", i), f"knob defaults that satisfy {c.text!r}", c.broken(defaults))
+        out.append(c)
+    return out
+
+
 # ---------------------------------------------------------------- workspace
 
 
@@ -108,9 +132,15 @@ class Workspace(_Strict):
     # Glob patterns (relative to the workspace root) a change may not touch, added to
     # DEFAULT_PROTECTED.
     protected: list[str] = Field(default_factory=list)
+    # The search space across knobs (docs/workspace.md, "The search space"): relations every
+    # configuration must satisfy, and the machine the target runs on when it is not this one.
+    constraints: list[str] = Field(default_factory=list)
+    machine: Machine | None = None
 
     _root: Path = PrivateAttr(default_factory=Path.cwd)
     _source: Path | None = PrivateAttr(default=None)
+    _constraints: list[Constraint] = PrivateAttr(default_factory=list)
+    _limits: MachineLimits | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Workspace:
@@ -149,7 +179,23 @@ class Workspace(_Strict):
                 crit.scenario = next(iter(self.scenarios))
             elif crit.scenario not in self.scenarios:
                 raise DomainError(("criteria", i, "scenario"), f"one of the scenarios {sorted(self.scenarios)}", crit.scenario)
+        self._constraints = _parse_constraints(self)
         return self
+
+    @property
+    def parsed_constraints(self) -> list[Constraint]:
+        """``constraints`` as parsed at load, in file order."""
+        return list(self._constraints)
+
+    def broken_constraints(self, values: Mapping[str, object]) -> list[tuple[int, Constraint]]:
+        """The constraints (with their index in the file) that ``values`` break."""
+        return [(i, c) for i, c in enumerate(self._constraints) if not c.holds(values)]
+
+    def machine_limits(self) -> MachineLimits:
+        """The cores and memory the target may use: ``machine:``, else this machine's (read once)."""
+        if self._limits is None:
+            self._limits = machine_limits(self.machine)
+        return self._limits
 
     @property
     def root(self) -> Path:

@@ -48,7 +48,7 @@ def test_example_workspace_validates() -> None:
 
 # (description, edit of GOOD, field path, fragment of expected, got)
 BAD_CASES = [
-    ("unknown top key", lambda t: t + "colour: red\n", "colour", "one of the keys checks, criteria, knobs, name, protected, scenarios, target", "colour"),
+    ("unknown top key", lambda t: t + "colour: red\n", "colour", "one of the keys checks, constraints, criteria, knobs, machine, name, protected, scenarios, target", "colour"),
     ("unknown nested key", lambda t: t.replace("input_len: 128,", "input_len: 128, inptu_len: 3,"),
      "scenarios.short.dataset.inptu_len", "one of the keys input_len, kind, output_len", "inptu_len"),
     ("wrong type", lambda t: t.replace("input_len: 128", "input_len: lots"),
