@@ -183,7 +183,7 @@ cli.add_command(click.Command(
 @cli.command("knobs")
 @click.option("--json", "as_json", is_flag=True, help="Print the knobs as JSON.")
 def knobs_cmd(as_json: bool) -> None:
-    """List every launch knob: name, type, domain, default, components, help."""
+    """List every launch knob: name, type, domain (with its search space), default, components, help."""
     if as_json:
         click.echo(json.dumps([k.to_dict() for k in KNOBS], indent=2))
         return
@@ -191,10 +191,11 @@ def knobs_cmd(as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(title="refstack serve knobs")
-    for col in ("flag", "type", "domain", "default", "components", "help"):
+    for col in ("flag", "type", "domain", "search", "default", "components", "help"):
         table.add_column(col, overflow="fold")
     for k in KNOBS:
-        table.add_row(k.flag, k.type, k.describe_domain(), repr(k.default), ", ".join(k.components), k.help)
+        table.add_row(k.flag, k.type, k.describe_domain(), k.describe_search() or "-", repr(k.default),
+                      ", ".join(k.components), k.help)
     # Wide when piped, so an agent reading the table gets whole rows.
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 

@@ -1,7 +1,11 @@
 """Every launch flag of ``refstack serve`` as a typed knob.
 
 A knob has a name, a type, a domain (min/max or choices), a default, the components it
-affects and a help line.  The CLI builds its options from this list, and
+affects and a help line.  A numeric domain also says how a search should spread its
+values (``scale``: log when it spans 64x or more from a positive min), the range a user
+would try first (``typical``) and what it consumes of the machine (``resource: threads``
+for a thread count, with ``per_process``, the processes that take it each), so a tuner
+neither samples 448 torch threads on a 2-core box nor a step budget of 20 tokens.  The CLI builds its options from this list, and
 ``refstack knobs --json`` prints it, so an agent reads the same domains the server
 enforces.
 """
@@ -27,8 +31,13 @@ from refstack.engine.config import (
 
 PRESETS: tuple[str, ...] = ("tiny", "small")
 LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug")
+LOG_RATIO = 64  # the span (max/min, from a positive min) above which a domain is searched on a log scale
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
 
 
 class KnobError(ValueError):
@@ -45,10 +54,26 @@ class Knob:
     min: float | None = None
     max: float | None = None
     choices: tuple[str, ...] = ()
+    # The search space of a numeric knob (see the module docstring).
+    typical: tuple[float, float] | None = None
+    resource: str | None = None  # "threads" (or "memory_gib" / "memory_mib")
+    per_process: int = 1
+
+    def __post_init__(self) -> None:
+        if self.typical is not None:
+            assert self.min is not None and self.max is not None and self.min <= self.typical[0] <= self.typical[1] <= self.max, self
+        assert self.resource in (None, "threads", "memory_gib", "memory_mib") and self.per_process >= 1, self
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def scale(self) -> str | None:
+        """``log`` or ``linear`` for a bounded numeric knob (None for the others)."""
+        if self.type not in ("int", "float") or self.min is None or self.max is None:
+            return None
+        return "log" if self.min > 0 and self.max / self.min >= LOG_RATIO else "linear"
 
     def domain(self) -> dict[str, Any]:
         if self.type == "choice":
@@ -57,7 +82,23 @@ class Knob:
             return {"choices": [True, False]}
         if self.min is None and self.max is None:
             return {}
-        return {"min": self.min, "max": self.max}
+        out: dict[str, Any] = {"min": self.min, "max": self.max}
+        if self.scale is not None:
+            out["scale"] = self.scale
+        if self.typical is not None:
+            out["typical"] = list(self.typical)
+        if self.resource is not None:
+            out.update(resource=self.resource, per_process=self.per_process)
+        return out
+
+    def describe_search(self) -> str:
+        """``log; typical [4, 256]; threads x 1 process`` (empty for a knob no search spreads)."""
+        parts = [p for p in (self.scale,) if p]
+        if self.typical is not None:
+            parts.append(f"typical [{_fmt(self.typical[0])}, {_fmt(self.typical[1])}]")
+        if self.resource is not None:
+            parts.append(f"{self.resource} x {self.per_process} process{'es' if self.per_process != 1 else ''}")
+        return "; ".join(parts)
 
     def describe_domain(self) -> str:
         if self.type in ("choice", "bool"):
@@ -100,17 +141,17 @@ KNOBS: tuple[Knob, ...] = (
     Knob("host", "str", "127.0.0.1", ("server",), "Address to bind; loopback by default."),
     Knob("port", "int", 0, ("server",), "TCP port; 0 takes a free port (the URL is printed).", min=0, max=65535),
     Knob("max_running", "int", 32, ("engine.scheduler",),
-         "Most requests running at once (each holds a cache slot).", min=1, max=4096),
+         "Most requests running at once (each holds a cache slot).", min=1, max=4096, typical=(4, 256)),
     Knob("max_batch_tokens", "int", 512, ("engine.scheduler", "model"),
-         "Token budget of one engine step: decode tokens plus prefill chunks.", min=1, max=65536),
+         "Token budget of one engine step: decode tokens plus prefill chunks.", min=1, max=65536, typical=(64, 8192)),
     Knob("prefill_chunk", "int", 256, ("engine.scheduler", "model"),
-         "Longest prefill piece one request gets per step (chunked prefill).", min=1, max=65536),
+         "Longest prefill piece one request gets per step (chunked prefill).", min=1, max=65536, typical=(32, 2048)),
     Knob("fuse_prefill_decode", "bool", False, ("engine.scheduler", "model"),
          "Run a step's decodes and prefill chunks in one forward pass instead of two (fewer passes "
          "over the weights; the trace then shows such steps as 'prefill' with a decode_batch arg)."),
     Knob("max_waiting", "int", 256, ("engine.scheduler", "server"),
          "Queue cap: beyond it new requests get HTTP 503 with Retry-After.  Every request waits "
-         "at least until the next step, so the cap is at least 1.", min=1, max=1_000_000),
+         "at least until the next step, so the cap is at least 1.", min=1, max=1_000_000, typical=(16, 4096)),
     Knob("num_slots", "int", 0, ("engine.cache",),
          "Cache slots (KV rows + KDA state); 0 means one per max_running.", min=0, max=4096),
     Knob("max_seq_len", "int", 0, ("engine.cache", "model"),
@@ -125,7 +166,7 @@ KNOBS: tuple[Knob, ...] = (
          "attention, KV cache and LM head stay fp32).  'auto': bfloat16 when the native kernels run on a CPU with a "
          "bf16 dot product (AVX512_BF16), float32 otherwise; GET /debug/engine shows the choice.", choices=DTYPES),
     Knob("torch_threads", "int", 0, ("runtime",),
-         "torch intra-op threads for the engine; 0 keeps torch's default.", min=0, max=1024),
+         "torch intra-op threads for the engine; 0 keeps torch's default.", min=0, max=1024, resource="threads"),
     Knob("cpu_kernels", "choice", "auto", ("model.linear", "model.norm", "model.moe", "model.kda", "model.attention"),
          "Kernels of the model's hot path (Linears, norms, MoE, KDA recurrence, decode attention): 'native' "
          "kernels (fp32 or bf16, per dtype) built with the C compiler on first use, 'torch' (MKL and tensor ops), or 'auto' (native when it "
@@ -185,7 +226,7 @@ KNOBS: tuple[Knob, ...] = (
          "each request's KV in one bulk message after its batch (false; the baseline of the 5% prefill criterion)."),
     Knob("kv_page_tokens", "int", 16, ("engine.kv_transfer",),
          "With --disagg: token positions per attention KV page (one page per KV head) the transfer thread packs and pushes.",
-         min=1, max=4096),
+         min=1, max=4096, typical=(2, 256)),
     Knob("tp", "int", 1, ("runtime", "model", "engine.cache"),
          "Tensor parallelism: ranks (processes, torch.distributed: gloo on the CPU, NCCL on GPUs) behind this "
          "server; 1 is the single-process engine.  KDA and attention are split over heads (o_proj row-parallel, "

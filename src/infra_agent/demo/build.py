@@ -73,8 +73,14 @@ def build_demo_workspace(workdir: Path) -> Path:
     # (step_delay_ms, step_slowdown) stay knobs: benchmarks of the judge use them.
     knobs, flags = workspace_knobs(listing, fixed={"preset": "tiny", "trace": "false", "trace_level": "layer",
                                                    "log_level": "warning", "step_delay_ms": STEP_DELAY_MS})
+    # The listing's search space comes with each knob (scale, typical range, resource: a
+    # search on this workspace never runs more torch threads than the machine has cores).
+    # The mis-set default stays outside max_running's typical range on purpose: it is the
+    # baseline to fix, not a value a user would pick.
     for name, value in DEMO_DEFAULTS.items():
         knobs[name]["default"] = value
+    missing = [k for k in ("max_running", "torch_threads") if not ({"typical", "resource"} & set(knobs.get(k, {})))]
+    assert not missing, f"refstack's knob listing lost the search space of {missing}"
     examples = find_examples_dir()
     checks = []
     if examples is not None:
