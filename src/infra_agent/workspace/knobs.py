@@ -141,11 +141,11 @@ class Knob(BaseModel):
         if self.per_process is not None and self.resource is None:
             raise DomainError(("per_process",), "per_process only with resource (threads, memory_gib or memory_mib)", self.per_process)
         aliases: dict[KnobValue, KnobValue] = {}
-        for key, target in self.aliases.items():
-            name = render_value(key)
-            got_key, got_target = self._member(key), self._member(target)
+        for alias, target in self.aliases.items():
+            name = render_value(alias)
+            got_key, got_target = self._member(alias), self._member(target)
             if got_key is None:
-                raise DomainError(("aliases", name), f"an alias that is a value of the knob ({self.domain()})", key)
+                raise DomainError(("aliases", name), f"an alias that is a value of the knob ({self.domain()})", alias)
             if got_target is None:
                 raise DomainError(("aliases", name), f"a value of the knob ({self.domain()})", target)
             if got_key == got_target and type(got_key) is type(got_target):

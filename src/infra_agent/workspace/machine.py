@@ -75,6 +75,7 @@ def machine_limits(override: Machine | None) -> MachineLimits:
         cores, cores_from = override.cores, "machine.cores in infra-agent.yaml"
     else:
         cores, cores_from = _cores()
+    memory: float | None
     if override is not None and override.memory_gib is not None:
         memory, memory_from = override.memory_gib, "machine.memory_gib in infra-agent.yaml"
     else:

@@ -24,6 +24,12 @@ from infra_agent.errors import ConfigError
 from infra_agent.workspace import template
 from infra_agent.workspace._base import _Strict
 from infra_agent.workspace.checks import CheckSpec, _strings
+from infra_agent.workspace.constraints import (
+    SYNTAX,
+    Constraint,
+    ConstraintSyntaxError,
+    parse_constraint,
+)
 from infra_agent.workspace.criteria import (
     METRIC_FORMS,
     Criterion,
@@ -32,7 +38,6 @@ from infra_agent.workspace.criteria import (
     metric_direction,
     metric_suggestions,
 )
-from infra_agent.workspace.constraints import SYNTAX, Constraint, ConstraintSyntaxError, parse_constraint
 from infra_agent.workspace.knobs import MISSING, DomainError, Knob, KnobValue
 from infra_agent.workspace.machine import Machine, MachineLimits, machine_limits
 from infra_agent.workspace.scenario import (
