@@ -213,7 +213,10 @@ def test_is_a_proposer_and_states_a_hypothesis(ws: Workspace) -> None:
     assert h.locality == Location(component="engine.scheduler", knob="max_running")
     assert h.statement.startswith("max_running=")
     assert "raises output_throughput (ranked by attribution: queue_dominates_ttft at engine.scheduler)" in h.statement
-    assert set(step.change.knobs) == {"max_running", "max_batch_tokens"}
+    # The stage holds the top two knobs; its first step from the best moves the top one alone
+    # (x2: a local move), no longer a joint TPE draw of both (issue #35: the search wandered).
+    assert set(p.active) == {"max_running", "max_batch_tokens"}
+    assert step.change.knobs == {"max_running": 64} and step.change.description.startswith("search local move: ")
 
 
 def test_attribution_reaches_the_target_in_fewer_trials_than_blind(ws: Workspace) -> None:
@@ -235,9 +238,11 @@ def test_space_starts_with_the_top_knobs_and_widens_when_stale(ws: Workspace) ->
     assert set(p.stages[-1]) == {"max_running", "max_batch_tokens", "max_waiting", "prefill_chunk",
                                  "lm_head_precision", "torch_threads"}
     searched = [set(s.change.knobs) for s in steps]
-    assert searched[:3] == [set(p.stages[0])] * 3  # 3 stale trials, then the next knobs
-    assert searched[3:6] == [set(p.stages[1])] * 3
-    assert searched[6] == set(p.stages[2])
+    # 3 stale trials, then the next knobs: each stage's attributed knobs it adds are first moved
+    # alone from the best (local moves, x2), and once 2 of them miss, TPE samples the stage jointly.
+    assert searched[:3] == [{"max_running"}, {"max_batch_tokens"}, set(p.stages[0])]
+    assert searched[3:6] == [{"max_waiting"}, {"prefill_chunk"}, set(p.stages[1])]
+    assert searched[6] == set(p.stages[2])  # the knobs no finding ranks get no local move
     assert p.widenings[0].startswith("added max_waiting, prefill_chunk: 3 trials without improving")
     assert "widened to 4 knobs" in steps[3].hypothesis.statement
 
@@ -245,7 +250,10 @@ def test_space_starts_with_the_top_knobs_and_widens_when_stale(ws: Workspace) ->
 def test_default_widen_after_is_four_per_active_knob(ws: Workspace) -> None:
     p = SearchProposer(seed=2)
     _, steps, _ = simulate(ws, p, 9, [QUEUE], objective=lambda c: 500.0)
-    assert [len(s.change.knobs) for s in steps] == [2] * 8 + [4]
+    # 8 stale trials in the 2-knob stage (2 local moves, then 6 joint TPE trials), then the
+    # 4-knob stage, which starts with a local move of a knob it adds.
+    assert [len(s.change.knobs) for s in steps] == [1, 1] + [2] * 6 + [1]
+    assert set(steps[8].change.knobs) <= set(p.stages[1]) - set(p.stages[0])
 
 
 def _lm_head_named_at_the_scheduler(tmp_path: Path) -> tuple[Workspace, Finding]:
@@ -266,7 +274,8 @@ def test_widens_when_a_discrete_space_is_exhausted(tmp_path: Path) -> None:
     # fp32 is the baseline's: three untried choices, then the space is exhausted.
     assert sorted(s.change.knobs["lm_head_precision"] for s in steps[:3]) == ["3xtf32", "bf16", "tf32"]
     assert all(set(s.change.knobs) == {"lm_head_precision"} for s in steps[:3])
-    assert len(steps[3].change.knobs) == 2
+    # The widened stage adds max_running, moved alone from the best first (x2: a local move).
+    assert p.stages[1] == ("lm_head_precision", "max_running") and steps[3].change.knobs == {"max_running": 64}
     assert p.widenings[0].endswith("every configuration of lm_head_precision tried")
 
 
@@ -454,7 +463,8 @@ def test_a_knob_a_finding_names_is_tried_alone_before_the_top_k_space(tmp_path: 
     _, steps, _ = simulate(ws, p, 5, [named], objective=lambda c: 500.0)
     assert p.stages[0] == ("lm_head_precision",) and len(p.stages[1]) == 2 and p.stages[1][0] == "lm_head_precision"
     assert [set(s.change.knobs) for s in steps[:3]] == [{"lm_head_precision"}] * 3
-    assert set(steps[3].change.knobs) == set(p.stages[1])
+    # The next stage adds a knob, moved alone from the best first (a local move), then TPE.
+    assert steps[3].change.knobs == {p.stages[1][1]: 64} and set(steps[4].change.knobs) <= set(p.stages[1])
     assert p.widenings[0].endswith("every configuration of lm_head_precision tried")
     # Without a named knob the first stage is the top two, as before.
     q = SearchProposer(seed=3)
@@ -466,7 +476,8 @@ def test_a_new_best_whose_findings_name_another_knob_restarts_the_space_there(ws
     p = SearchProposer(seed=4)
     state = make_state(ws, [QUEUE])
     first = p.propose(state)
-    assert first is not None and set(first.change.knobs) == set(p.stages[0])
+    assert first is not None and set(p.stages[0]) == {"max_running", "max_batch_tokens"}
+    assert first.change.knobs == {"max_running": 64}  # a local move of the top knob (was a joint draw of the stage)
     exp = run_step(state, first, 2000.0)
     state.history.append(exp)
     p.observe(state, exp)

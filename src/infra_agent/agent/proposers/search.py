@@ -4,8 +4,19 @@ The objective is the metric of the first failing criterion gate of the best
 configuration (``output_throughput>=300 @chat``: maximise ``output_throughput`` in
 scenario ``chat``), else the workspace's first criterion.  Every trial is one
 experiment: ``propose`` asks Optuna for a trial and returns it as a ``Step``;
-``observe`` tells the trial the candidate's measured value (read from its
-``Feedback`` by :func:`metric_value`), or marks it failed.
+``observe`` tells the trial the candidate's score, or marks it failed.  The score is what
+the judge measures (:class:`~infra_agent.agent.proposers.search_objective.PairedScores`):
+the candidate against its interleaved parent, chained from the baseline, so a trial that
+ran in a quiet moment is not a new best.
+
+Each knob is sampled inside its search range (``search_ranges.py``): its ``typical``
+range first, never above what the machine allows, widened only when attribution ranks the
+knob and the best value sits at the range's edge.  A configuration that breaks one of the
+workspace's ``constraints``, oversubscribes the machine or launches the same thing as the
+best (knob ``aliases``, an identical rendered launch) is never proposed: it counts as a
+repeat.  From each best configuration the attributed knobs are first moved one at a
+time (x2, /2, the next choice: local moves); TPE samples them jointly once local moves
+stop paying (each tried, or ``LOCAL_MISSES`` in a row without improvement).
 
 Attribution (:func:`~infra_agent.agent.proposers.attribution.rank_knobs`) decides the
 order in which knobs join the search space.  The space starts with the ``top_k``
@@ -24,7 +35,6 @@ finished trial.  A configuration already tried is never proposed again.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,25 +51,28 @@ from infra_agent.agent.experiment import (
     Change,
     Experiment,
     GateResult,
-    Hypothesis,
     Step,
 )
 from infra_agent.agent.proposers.attribution import KnobScore
 from infra_agent.agent.proposers.base import LoopState
+from infra_agent.agent.proposers.search_candidates import Candidates
 from infra_agent.agent.proposers.search_objective import (  # re-exported: callers import them from here
     Objective,
+    PairedScores,
     distribution,
     is_calibration,
     metric_value,
     objective_for,
+    paired_ratio,
     parse_gate,
 )
+from infra_agent.agent.proposers.search_ranges import KnobRange, build_ranges
 from infra_agent.agent.proposers.search_space import (
     StagedSpace,
     TrialRecord,
     untried_points,
 )
-from infra_agent.feedback import Location
+from infra_agent.agent.proposers.search_step import Stage, local_stage, search_step
 from infra_agent.workspace.knobs import DomainError
 
 # Calibration knobs (``help: Calibration only; ...``) inject an artificial slowdown
@@ -73,29 +86,12 @@ DEFAULT_STARTUP_TRIALS = 5  # random trials before TPE models; e2e trials are to
 # ``metric op threshold [@scenario]``; relative gates end in `` x baseline`` (judge.gates.gate_label).
 
 
-# ---------------------------------------------------------------- the objective
-
-
-ConfigKey = tuple[tuple[str, str, str], ...]
-
-
-def _config_key(config: Mapping[str, Any]) -> ConfigKey:
-    return tuple(sorted((k, type(v).__name__, repr(v)) for k, v in config.items()))
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 @dataclass
 class _Pending:
     trial: Trial
     change_key: str
     active: tuple[str, ...]
+    local: bool = False
 
 
 # ---------------------------------------------------------------- the proposer
@@ -133,7 +129,9 @@ class SearchProposer:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
 
         self._workspace: Any = None
-        self._dists: dict[str, BaseDistribution] = {}  # the searchable knobs, by name
+        self._ranges: dict[str, KnobRange] = {}  # where each searchable knob is sampled now
+        self._dists: dict[str, BaseDistribution] = {}  # the searchable knobs, by name (their ranges' distributions)
+        self._scores: PairedScores | None = None
         self._objective: Objective | None = None
         self._study: optuna.Study | None = None
         self._backlog: list[Experiment] = []  # seen before the study could take them
@@ -141,7 +139,7 @@ class SearchProposer:
         self._seen: set[str] = set()
         self._configs: dict[str, dict[str, Any]] = {}  # experiment id -> the knob values it ran
         self._records: list[TrialRecord] = []
-        self._tried: set[ConfigKey] = set()
+        self._cand = Candidates(None)  # the tried configurations, and what a new one must pass (search_candidates.py)
         self._tried_changes: set[str] = set()
         self._pending: _Pending | None = None
         self._space = StagedSpace(blind, top_k)  # the stages of knobs to search (search_space.py)
@@ -179,6 +177,14 @@ class SearchProposer:
     def widenings(self) -> list[str]:
         return list(self._space.widenings)
 
+    def search_range(self, name: str) -> KnobRange | None:
+        """Where ``name`` is sampled now (None when it is not searched)."""
+        return self._ranges.get(name)
+
+    def score(self, exp_id: str) -> float | None:
+        """An experiment's relative score on the objective (the baseline's is 1.0)."""
+        return self._scores.score(exp_id) if self._scores is not None else None
+
     def best_value(self) -> float | None:
         values = [r.value for r in self._records if r.value is not None]
         if not values or self._objective is None:
@@ -205,6 +211,7 @@ class SearchProposer:
         if self._pending is not None:
             # Proposed but never observed: the loop dropped it.  It stays tried.
             self._tell(self._pending.trial, None)
+            self._tried_changes.add(self._pending.change_key)
             self._pending = None
         if self._space.ranking is None:
             self._space.rank(state, self._dists, self._records)
@@ -215,8 +222,12 @@ class SearchProposer:
         while True:
             active = self._space.active
             last = self._space.last
+            self._widen_ranges(active, base)
             reason = None if last else self._exhausted(active, base, tried_changes)
             if reason is None:
+                move = self._local_move(state.best.id, active, base, tried_changes)
+                if move is not None:
+                    return self._step(move[0], move[1], active, local=move[2])
                 got = self._sample(active, base, tried_changes)
                 if got is not None:
                     return self._step(got[0], got[1], active)
@@ -254,21 +265,21 @@ class SearchProposer:
         if self._workspace is not None:
             return
         self._workspace = workspace
+        self._cand.workspace = workspace
         # A knob a check compares (``compare_knob``: kv_transfer off vs on) is the criterion's
         # variable, set by the check on both sides: changing it in the configuration moves
         # nothing the check measures, so a trial of it would be wasted.
         compared = {str(c.config.get("compare_knob")) for c in getattr(workspace, "checks", []) if c.config.get("compare_knob")}
-        for name in sorted(workspace.knobs):
-            knob = workspace.knobs[name]
-            if is_calibration(knob) or name in compared:
-                continue  # see CALIBRATION_PREFIX: an injected slowdown is not a tuning knob
-            dist = distribution(knob)
-            if dist is not None:
-                self._dists[name] = dist
+        # see CALIBRATION_PREFIX: an injected slowdown is not a tuning knob
+        knobs = {name: workspace.knobs[name] for name in sorted(workspace.knobs)
+                 if not is_calibration(workspace.knobs[name]) and name not in compared}
+        self._ranges = build_ranges(knobs, workspace.machine_limits(), typical=not self.blind)
+        self._dists = {name: r.distribution() for name, r in self._ranges.items()}
 
     def _new_study(self) -> optuna.Study:
         assert self._objective is not None
         sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=self.n_startup_trials)
+        self._scores = PairedScores(self._objective)
         higher = self._objective.direction == "higher"
         return optuna.create_study(direction="maximize" if higher else "minimize", sampler=sampler)
 
@@ -296,33 +307,21 @@ class SearchProposer:
         self._study = None
         self._pending = None
         self._backlog = self._experiments + self._backlog
-        self._experiments, self._seen, self._records = [], set(), []
+        self._experiments, self._seen, self._records, self._scores = [], set(), [], None
         self._space.restart(f"objective is now {objective.metric} ({objective.source})")
 
-    def _clean(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        out = {}
-        for k, v in config.items():
-            knob = self._workspace.knobs.get(k)
-            if knob is not None:
-                try:
-                    v = knob.check(v)
-                except DomainError:
-                    pass
-            out[k] = v
-        return out
-
     def _defaults(self) -> dict[str, Any]:
-        return self._clean({k: knob.default for k, knob in self._workspace.knobs.items() if knob.default is not None})
+        return self._cand.clean({k: knob.default for k, knob in self._workspace.knobs.items() if knob.default is not None})
 
     def _config_of(self, exp: Experiment) -> dict[str, Any]:
         if exp.knobs:
-            return self._clean(exp.knobs)
+            return self._cand.clean(exp.knobs)
         parent = self._configs.get(exp.parent) if exp.parent else None
-        return self._clean({**(parent if parent is not None else self._defaults()), **exp.change.knobs})
+        return self._cand.clean({**(parent if parent is not None else self._defaults()), **exp.change.knobs})
 
     def _best_config(self, state: LoopState) -> dict[str, Any]:
         if state.best.knobs:
-            return self._clean(state.best.knobs)
+            return self._cand.clean(state.best.knobs)
         return self._configs.get(state.best.id) or self._defaults()
 
     def _tell(self, trial: Trial, value: float | None) -> None:
@@ -342,26 +341,29 @@ class SearchProposer:
         config = self._config_of(exp)
         self._configs[exp.id] = config
         pending = self._pending if self._pending and exp.change.key() == self._pending.change_key else None
+        assert self._scores is not None
+        value = self._scores.take(exp)  # also for a code change: its score is the next experiments' parent score
         if exp.change.diff and exp.change.diff.strip():
-            # Code changed: the knob values do not say what ran, nor is its value comparable.
+            # Code changed: the knob values do not say what ran, so it is no trial of theirs.
             if pending is not None:
                 self._tell(pending.trial, None)
                 self._pending = None
             return
-        self._tried.add(_config_key(config))
+        self._cand.add(config)
         if exp.parent is not None:
             self._tried_changes.add(exp.change.key())
-        value = None
-        if exp.status == "done":
-            value = metric_value(exp.feedback, self._objective.metric, self._objective.scenario)
         active: tuple[str, ...] | None = None
+        local = False
         if pending is not None:
             self._tell(pending.trial, value)
             self._pending = None
-            active = pending.active
+            active, local = pending.active, pending.local
         else:
             if exp.proposer == self.name and exp.parent is not None:
                 active = tuple(k for k in exp.change.knobs if k in self._dists)
+                stage = local_stage(exp.change.description)
+                if stage is not None:  # a local move moved one knob of its stage
+                    local, active = True, tuple(k for k in stage if k in self._dists) or active
             params = {}
             for k in self._dists:
                 if k in config:
@@ -371,12 +373,12 @@ class SearchProposer:
                         continue
             self._study.add_trial(create_trial(
                 params=params,
-                distributions={k: self._dists[k] for k in params},
+                distributions={k: self._dist_for(k, params[k]) for k in params},
                 value=value,
                 state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
                 user_attrs={"experiment": exp.id, **({"active": list(active)} if active is not None else {})},
             ))
-        self._records.append(TrialRecord(exp.id, value, active))
+        self._records.append(TrialRecord(exp.id, value, active, exp.parent, local, tuple(exp.change.knobs)))
 
     # ------------------------------------------------------------ the active space (search_space.py)
 
@@ -396,17 +398,57 @@ class SearchProposer:
 
     def _untried(self, active: tuple[str, ...], base: dict[str, Any], tried_changes: set[str]) -> list[dict[str, Any]] | None:
         """Every untried point of a discrete space (None when it is continuous or too large)."""
-        return untried_points(self._dists, active, lambda values: self._is_new(values, base, tried_changes))
+        return untried_points(self._dists, active, lambda values: self._cand.is_new(values, base, tried_changes))
 
-    def _is_new(self, values: dict[str, Any], base: dict[str, Any], tried_changes: set[str]) -> bool:
-        if _config_key(self._clean({**base, **values})) in self._tried:
-            return False
-        return Change(knobs=values, diff=None).key() not in tried_changes
+    # ------------------------------------------------------------ ranges and local moves (search_ranges.py)
+
+    def _dist_for(self, name: str, value: Any) -> BaseDistribution:
+        """The knob's search distribution, or its whole domain's when ``value`` lies outside it
+        (a default beyond the typical range or the machine bound, kept as a fixed parameter)."""
+        r = self._ranges[name]
+        if r.contains(value):
+            return self._dists[name]
+        return distribution(self._workspace.knobs[name]) or self._dists[name]
+
+    def _attributed(self, active: tuple[str, ...]) -> list[str]:
+        """The active knobs attribution ranks (score > 0), in rank order; none in a blind search."""
+        if self.blind:
+            return []
+        ranked = [s.name for s in self._space.ranking or [] if s.score > 0]
+        return [k for k in ranked if k in active]
+
+    def _widen_ranges(self, active: tuple[str, ...], base: dict[str, Any]) -> None:
+        """A ranked knob whose best value sits at its range's edge: that side of the range grows."""
+        for name in self._attributed(active):
+            grown = self._ranges[name].widen_at(base.get(name))
+            if grown is not None:
+                self._dists[name] = self._ranges[name].distribution()
+                scores = {s.name: s for s in self._space.ranking or []}
+                self._space.widenings.append(f"widened {grown} and attribution ranks it ({scores[name].explain()})")
+
+    def _local_move(self, best_id: str, active: tuple[str, ...], base: dict[str, Any],
+                    tried_changes: set[str]) -> tuple[Trial, dict[str, Any], bool] | None:
+        """The next local move from the best (one attributed knob x2, /2 or to the next choice),
+        while they pay; None once TPE should sample the active knobs jointly."""
+        attributed = self._attributed(active)
+        assert self._objective is not None
+        if not attributed or self._space.local_moves_over(self._records, self._objective, best_id) is not None:
+            return None
+        moved = self._space.moved_before(self._records, best_id)
+        per_knob = [[(k, v) for v in self._ranges[k].local_moves(base.get(k))] for k in attributed if k not in moved]
+        # Breadth first: each knob's first move (x2, the next choice), then each one's second.
+        for rank in range(2):
+            for moves in per_knob:
+                if rank < len(moves) and self._cand.is_new({moves[rank][0]: moves[rank][1]}, base, tried_changes):
+                    name, value = moves[rank]
+                    fixed = {k: base[k] for k in self._dists if k in base}
+                    trial, _ = self._ask({**fixed, name: value}, active)
+                    return trial, {name: value}, True
+        return None
 
     # ------------------------------------------------------------ sampling
 
-    def _suggest(self, trial: Trial, name: str) -> Any:
-        d = self._dists[name]
+    def _suggest(self, trial: Trial, name: str, d: BaseDistribution) -> Any:
         value: Any
         if isinstance(d, CategoricalDistribution):
             value = trial.suggest_categorical(name, d.choices)  # type: ignore[arg-type]
@@ -424,73 +466,37 @@ class SearchProposer:
             # space stay at the best configuration's values and enter TPE's history as such.
             self._study.enqueue_trial(fixed)
         trial = self._study.ask()
-        params = {k: self._suggest(trial, k) for k in self._dists if k in active or k in fixed}
-        return trial, {k: params[k] for k in active}
+        params = {k: self._suggest(trial, k, self._dist_for(k, fixed[k]) if k in fixed else self._dists[k])
+                  for k in self._dists if k in active or k in fixed}
+        return trial, {k: params[k] for k in active if k in params}
 
     def _sample(self, active: tuple[str, ...], base: dict[str, Any], tried_changes: set[str]) -> tuple[Trial, dict[str, Any]] | None:
         assert self._study is not None
         fixed = {k: base[k] for k in self._dists if k not in active and k in base}
         for _ in range(MAX_RESAMPLE):
             trial, values = self._ask(fixed, active)
-            if self._is_new(values, base, tried_changes):
+            values = self._cand.effective(values, base)
+            if self._cand.is_new(values, base, tried_changes):
                 return trial, values
-            trial.set_user_attr("repeat", True)
+            trial.set_user_attr("repeat", True)  # or infeasible: a broken constraint, the machine, a no-op
             self._tell(trial, None)  # a repeat is never run; FAIL keeps it out of TPE's model
         untried = self._untried(active, base, tried_changes)
         if not untried:
             return None
         values = self._rng.choice(untried)
         trial, values = self._ask({**fixed, **values}, active)
-        return trial, values
+        return trial, self._cand.effective(values, base)
 
-    def _why(self, active: tuple[str, ...]) -> str:
-        if self.blind:
-            return f"blind search over all {len(active)} knobs"
-        scores = {s.name: s for s in self._space.ranking or []}
-        parts: dict[str, None] = {}
-        for k in active:
-            s = scores.get(k)
-            if s is not None and s.score > 0:
-                for p in s.explain().split(", "):
-                    parts.setdefault(p, None)
-        if not parts:
-            return f"no finding points at a knob: searching all {len(active)} knobs"
-        why = "ranked by attribution: " + ", ".join(parts)
-        if self._space.stage > 0:
-            why += f"; widened to {len(active)} knobs"
-        return why
-
-    def _step(self, trial: Trial, values: dict[str, Any], active: tuple[str, ...]) -> Step:
+    def _step(self, trial: Trial, values: dict[str, Any], active: tuple[str, ...], local: bool = False) -> Step:
         assert self._objective is not None
-        obj = self._objective
         trial.set_user_attr("active", list(active))
-        change = Change(knobs=values, diff=None)
-        self._pending = _Pending(trial, change.key(), active)
-        order = [s.name for s in self._space.ranking or []]
-        shown = sorted(values, key=lambda k: order.index(k) if k in order else len(order))
-        assignment = ", ".join(f"{k}={_show(values[k])}" for k in shown)
-        top = shown[0]
-        knob = self._workspace.knobs[top]
-        try:
-            locality = Location(component=knob.components[0] if knob.components else None, knob=top)
-        except ValueError:
-            locality = Location(knob=top)
-        verb = "raises" if obj.direction == "higher" else "lowers"
-        hypothesis = Hypothesis(
-            statement=f"{assignment} {verb} {obj.metric} ({self._why(active)})",
-            metric=obj.metric,
-            direction=obj.direction,
-            min_effect=self.min_effect,
-            scenario=obj.scenario,
-            locality=locality,
-        )
+        trial.set_user_attr("local", local)
+        self._pending = _Pending(trial, Change(knobs=values, diff=None).key(), active, local)
         space = self._space
-        stage = f"stage {space.stage + 1}/{len(space.stages)}: {', '.join(active)}"
-        widened = f"; {space.widenings[-1]}" if space.widenings else ""
-        rationale = (f"TPE trial {trial.number} ({stage}{widened}); objective {obj.metric} ({obj.direction} is better) "
-                     f"from {obj.source or 'the ledger'}; knobs outside the space stay at the best configuration's values")
-        return Step(hypothesis=hypothesis, change=Change(knobs=values, diff=None, description=f"search: {assignment}"),
-                    probe=None, rationale=rationale)
+        stage = Stage(space.ranking or [], space.stage, len(space.stages), space.widenings, self.blind)
+        return search_step(self._workspace, self._objective, values, active, stage, self._ranges, trial.number, local,
+                           self.min_effect)
 
 
-__all__ = ["Objective", "SearchProposer", "distribution", "is_calibration", "metric_value", "objective_for", "parse_gate"]
+__all__ = ["Objective", "SearchProposer", "distribution", "is_calibration", "metric_value", "objective_for", "paired_ratio",
+           "parse_gate"]

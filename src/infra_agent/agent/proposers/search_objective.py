@@ -1,5 +1,6 @@
-"""The search proposer's objective and space: which gate it optimises, how a metric is read
-from Feedback, and which Optuna distribution each knob gets."""
+"""The search proposer's objective and space: which gate it optimises, how a trial is scored
+(:class:`PairedScores`: the candidate against its interleaved parent, never a bare absolute
+value), how a metric is read from Feedback, and which Optuna distribution each knob gets."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from infra_agent.agent.experiment import Direction, GateResult
+from infra_agent.agent.experiment import Direction, Experiment, GateResult
 from infra_agent.feedback import Feedback, Measurement
-from infra_agent.workspace.knobs import Knob
+from infra_agent.judge.gates import side_values
+from infra_agent.workspace.knobs import LOG_RATIO, Knob  # noqa: F401  (LOG_RATIO: re-exported from its old home)
 from infra_agent.workspace.models import metric_direction
 
 CALIBRATION_PREFIX = "calibration only"
-LOG_RATIO = 64  # numeric knobs whose max/min reaches this are sampled log-uniformly
 _GATE = re.compile(r"^\s*([A-Za-z0-9_.]+)\s*(>=|<=|>|<)\s*([-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|inf))"
                    r"\s*(?:@\s*(\S+))?\s*(?:x\s+baseline)?\s*$")
 _STAT = re.compile(r"^(mean|median|std|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
@@ -152,6 +153,80 @@ def metric_value(feedback: Feedback | None, metric: str, scenario: str | None = 
     return _from_results(feedback, metric, scenario)
 
 
+# ---------------------------------------------------------------- the score of a trial
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def paired_ratio(candidate: Feedback | None, parent: Feedback | None, metric: str, scenario: str | None = None) -> float | None:
+    """candidate / parent for ``metric``, both sides of one interleaved execution.
+
+    The two Feedbacks hold one sample per measured window, index-paired (pair i ran side by
+    side): the ratio is the geometric mean of the per-pair ratios, the judge's statistic, so
+    drift shared by a pair (a quiet moment, a neighbour's burst) cancels.  Unequal counts give
+    the ratio of the sides' geometric means; a metric only the pooled samples give (a
+    percentile of per-request TTFTs) the ratio of the two sides' readings.  None without a
+    parent side (a check-only experiment) or a positive reading on both sides.
+    """
+    if candidate is None or parent is None:
+        return None
+    b = side_values([candidate], metric, scenario)
+    a = side_values([parent], metric, scenario)
+    if a and b and min(a + b) > 0:
+        if len(a) == len(b):
+            return _geomean([bi / ai for ai, bi in zip(a, b, strict=True)])
+        return _geomean(b) / _geomean(a)
+    va, vb = metric_value(parent, metric, scenario), metric_value(candidate, metric, scenario)
+    if va is not None and vb is not None and va > 0 and vb > 0:
+        return vb / va
+    return None
+
+
+class PairedScores:
+    """Each experiment's score on the objective, as the judge sees it: relative, paired, chained.
+
+    The baseline scores 1.0; an experiment scores its parent's score x its paired ratio against
+    the parent (:func:`paired_ratio`), so a trial run in a quiet moment, when both sides ran
+    fast, is no "new best".  A ratio of a minimised metric (latency) is below 1 when it
+    improves, and the study minimises it, as it would the raw metric.  An experiment without a
+    parent side (a check-only experiment) falls back to its own reading, over the baseline's.
+
+    :meth:`take` returns the value handed to Optuna: the score times the baseline's own reading
+    (when it has one), so trials stay in the metric's unit and the fallback readings share it;
+    a constant factor changes neither TPE's ranking nor what counts as an improvement.
+    """
+
+    def __init__(self, objective: Objective) -> None:
+        self.objective = objective
+        self.scale: float | None = None  # the baseline's reading of the metric
+        self._scores: dict[str, float] = {}
+
+    def score(self, exp_id: str) -> float | None:
+        """The relative score of an experiment taken (the baseline's is 1.0)."""
+        return self._scores.get(exp_id)
+
+    def take(self, exp: Experiment) -> float | None:
+        if exp.status != "done":
+            return None
+        metric, scenario = self.objective.metric, self.objective.scenario
+        reading = metric_value(exp.feedback, metric, scenario)
+        if exp.parent is None:
+            self._scores[exp.id] = 1.0
+            if self.scale is None and reading is not None and reading > 0:
+                self.scale = reading
+            return reading
+        ratio = paired_ratio(exp.feedback, exp.baseline_feedback, metric, scenario)
+        parent = self._scores.get(exp.parent)
+        if ratio is not None and parent is not None:
+            self._scores[exp.id] = parent * ratio
+            return parent * ratio * (self.scale or 1.0)
+        if reading is not None and self.scale:
+            self._scores[exp.id] = reading / self.scale
+        return reading
+
+
 # ---------------------------------------------------------------- the space
 
 
@@ -163,8 +238,10 @@ def distribution(knob: Knob) -> BaseDistribution | None:
     """The Optuna distribution of a knob's domain; None when it cannot be searched.
 
     Numeric knobs need both bounds; ``str`` knobs have no domain to search.  Ints and
-    floats spanning a ratio of ``LOG_RATIO`` or more (from a positive minimum; ints
-    from 1) are sampled log-uniformly.  A domain of one value is not searched.
+    floats are sampled log-uniformly by the knob's ``scale`` (by default when they span a
+    ratio of ``LOG_RATIO`` or more from a positive minimum).  A domain of one value is not
+    searched.  This is the whole domain; the search samples inside a knob's typical range and
+    machine bound first (``search_ranges.py``).
     """
     if knob.type == "bool":
         return CategoricalDistribution([False, True])
@@ -177,8 +254,8 @@ def distribution(knob: Knob) -> BaseDistribution | None:
         lo, hi = math.ceil(knob.min), math.floor(knob.max)
         if lo >= hi:
             return None
-        return IntDistribution(lo, hi, log=lo >= 1 and hi / lo >= LOG_RATIO)
+        return IntDistribution(lo, hi, log=knob.log_scale)
     lo_f, hi_f = float(knob.min), float(knob.max)
     if lo_f >= hi_f:
         return None
-    return FloatDistribution(lo_f, hi_f, log=lo_f > 0 and hi_f / lo_f >= LOG_RATIO)
+    return FloatDistribution(lo_f, hi_f, log=knob.log_scale)

@@ -29,13 +29,33 @@ MAX_ENUMERATE = 4096  # discrete spaces up to this size are enumerated to find a
 IMPROVEMENT = 0.01  # a value must beat the best by this relative margin to count as an improvement
 
 
+LOCAL_MISSES = 2  # local moves in a row without improving the best, before TPE takes over
+
+
 @dataclass
 class TrialRecord:
     """One finished experiment as the search sees it."""
 
     exp_id: str
-    value: float | None
+    value: float | None  # its score on the objective (search_objective.PairedScores)
     active: tuple[str, ...] | None  # the knobs searched in it, when it is the search proposer's trial
+    parent: str | None = None
+    local: bool = False  # a local move (one knob x2, /2 or the next choice) from its parent
+    changed: tuple[str, ...] = ()  # the knobs its change set
+
+
+def improvements(records: list[TrialRecord], objective: Objective) -> list[bool]:
+    """For each record, whether its value beat every earlier one by ``IMPROVEMENT``."""
+    best: float | None = None
+    out = []
+    for r in records:
+        improved = False
+        if r.value is not None:
+            improved = best is None or objective.better(r.value, best, IMPROVEMENT)
+            if best is None or objective.better(r.value, best):
+                best = r.value
+        out.append(improved)
+    return out
 
 
 class StagedSpace:
@@ -119,23 +139,43 @@ class StagedSpace:
         added = [k for k in self.stages[self.stage] if k not in before]
         self.widenings.append(f"added {', '.join(added)}: {reason}")
 
+    def _in_stage(self, records: list[TrialRecord], objective: Objective) -> list[tuple[TrialRecord, bool]]:
+        """This stage's own trials, each with whether it improved the best value."""
+        out = []
+        own_seen = 0
+        for r, improved in zip(records, improvements(records, objective), strict=True):
+            if r.active is None:
+                continue
+            if own_seen >= self.stage_start:
+                out.append((r, improved))
+            own_seen += 1
+        return out
+
     def stale_trials(self, records: list[TrialRecord], objective: Objective) -> int:
         """This stage's trials since the best value last improved (by ``IMPROVEMENT``)."""
-        best: float | None = None
-        own_seen = 0
         stale = 0
-        for r in records:
-            in_stage = r.active is not None and own_seen >= self.stage_start
-            if r.active is not None:
-                own_seen += 1
-            improved = False
-            if r.value is not None:
-                improved = best is None or objective.better(r.value, best, IMPROVEMENT)
-                if best is None or objective.better(r.value, best):
-                    best = r.value
-            if in_stage:
-                stale = 0 if improved else stale + 1
+        for _, improved in self._in_stage(records, objective):
+            stale = 0 if improved else stale + 1
         return stale
+
+    def local_moves_over(self, records: list[TrialRecord], objective: Objective, best_id: str) -> str | None:
+        """Why this stage's local moves from ``best_id`` stop paying (None while they may go on):
+        TPE already sampled from it, or ``LOCAL_MISSES`` local moves in a row did not improve."""
+        mine = [(r, imp) for r, imp in self._in_stage(records, objective) if r.parent == best_id]
+        if any(not r.local for r, _ in mine):
+            return "TPE sampled from it"
+        misses = 0
+        for _, improved in reversed(mine):
+            if improved:
+                break
+            misses += 1
+        return f"{misses} local moves in a row without improving the best" if misses >= LOCAL_MISSES else None
+
+    def moved_before(self, records: list[TrialRecord], best_id: str) -> set[str]:
+        """Knobs already moved locally from ``best_id`` in earlier stages: a widened stage moves
+        only the knobs it adds (the earlier ones have answered from this best)."""
+        own = [r for r in records if r.active is not None][:self.stage_start]
+        return {k for r in own if r.local and r.parent == best_id for k in r.changed}
 
 
 def untried_points(searchable: dict[str, BaseDistribution], active: tuple[str, ...],
