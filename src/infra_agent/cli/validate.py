@@ -77,8 +77,50 @@ def validate(
         "source": str(ws.source),
         "workspace": _masked_workspace(json.loads(ws.model_dump_json()), secrets),
         "knob_values": masked(values, secrets),
+        "search_space": search_space(ws),
     }
     emit(result, as_json, lambda console: _render(console, ws, values, secrets))
+
+
+def search_space(ws: Workspace) -> dict[str, Any]:
+    """What a search may sample: each numeric knob's scale, typical range and machine bound
+    (with where the bound comes from), the aliases, the constraints, and the machine."""
+    from infra_agent.workspace.machine import knob_bound
+
+    limits = ws.machine_limits()
+    knobs: dict[str, Any] = {}
+    for name, knob in ws.knobs.items():
+        entry: dict[str, Any] = {}
+        if knob.type in ("int", "float") and knob.min is not None and knob.max is not None:
+            entry["scale"] = "log" if knob.log_scale else "linear"
+        if knob.typical is not None:
+            entry["typical"] = knob.typical
+        bound = knob_bound(name, knob, limits)
+        if bound is not None:
+            entry.update(resource=knob.resource, per_process=knob.processes, bound=bound.limit, bound_from=bound.source)
+        if knob.aliases:
+            entry["aliases"] = {str(k): v for k, v in knob.aliases.items()}
+        if entry:
+            knobs[name] = entry
+    return {"machine": limits.to_dict(), "knobs": knobs,
+            "constraints": [{"constraint": c.text, "knobs": list(c.knobs)} for c in ws.parsed_constraints]}
+
+
+def _search_cell(entry: dict[str, Any] | None) -> str:
+    """``log; typical [4, 256]; <= 2 (threads x 1 process)`` for the knobs table."""
+    from infra_agent.workspace import render_value
+
+    if not entry:
+        return "-"
+    parts = [entry["scale"]] if "scale" in entry else []
+    if "typical" in entry:
+        parts.append("typical [{}, {}]".format(*entry["typical"]))
+    if "bound" in entry:
+        n = entry["per_process"]
+        parts.append(f"<= {entry['bound']:g} ({entry['resource']} x {n} process{'es' if n != 1 else ''})")
+    if "aliases" in entry:
+        parts.append(", ".join(f"{k} = {render_value(v)}" for k, v in entry["aliases"].items()))
+    return "; ".join(parts)
 
 
 def _render(console: Console, ws: Workspace, values: dict[str, Any], secrets: list[str] | None = None) -> None:
@@ -109,14 +151,21 @@ def _render(console: Console, ws: Workspace, values: dict[str, Any], secrets: li
             shown = "  ".join(f"{k}={MASK if secret_name(k) else masked(v, secrets)}" for k, v in named.items())
             console.print(f"  {f}: {escape(shown)}", highlight=False)
 
+    space = search_space(ws)
     knobs = Table(title="knobs", title_justify="left")
-    for col in ("knob", "domain", "default", "value", "components", "help"):
+    for col in ("knob", "domain", "search", "default", "value", "components", "help"):
         knobs.add_column(col)
     for name, knob in ws.knobs.items():
         default = "-" if knob.default is None else render_value(knob.default)
         value = "-" if name not in values else render_value(values[name])
-        knobs.add_row(*(show(c) for c in (name, knob.domain(), default, value, ", ".join(knob.components), knob.help)))
+        row = (name, knob.domain(), _search_cell(space["knobs"].get(name)), default, value, ", ".join(knob.components), knob.help)
+        knobs.add_row(*(show(c) for c in row))
     console.print(knobs)
+    m = space["machine"]
+    memory = "memory unknown" if m["memory_gib"] is None else f"{m['memory_gib']:g} GiB ({m['memory_from']})"
+    console.print(f"[bold]machine[/] {m['cores']} cores ({escape(m['cores_from'])}), {escape(memory)}", highlight=False)
+    if space["constraints"]:
+        console.print("[bold]constraints[/] " + "  ".join(escape(c["constraint"]) for c in space["constraints"]), highlight=False)
 
     scenarios = Table(title="scenarios", title_justify="left")
     for col in ("scenario", "dataset", "requests", "concurrency", "rate", "endpoint", "slo"):
