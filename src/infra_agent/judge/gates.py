@@ -10,7 +10,9 @@ interleaved A/B is two lists of such Feedback, index-paired (pair i ran side by 
 - An **absolute** criterion (``value``) is a gate on the candidate alone: the 95%
   bootstrap interval of its mean over runs must lie on its side.
 - A **check** (a kernel check, a unit test command) passes when its probe's Feedback
-  is ok.
+  is ok; a check that gates on a statistic (``meta["gate"]``: the kv_transfer on/off
+  ratio) is decided on that statistic's interval like any ratio, and every run of the
+  check in one experiment is pooled into one gate (judge/pooling.py).
 - A criterion with ``check:`` (the quality probe's ``kl_div <= 0.01``) is an absolute
   gate on that check's Feedback: the interval is over its samples (one per prompt for
   the quality probe), pooled over the check's runs.
@@ -47,6 +49,7 @@ from infra_agent.judge.bootstrap import (
     bootstrap_ratio,
     t_interval_log,
 )
+from infra_agent.judge.pooling import decide_statistic, hard_failure, statistic_of
 from infra_agent.judge.verdict import MIN_SAMPLES, Gate, decide
 
 _RUN_STAT = "mean"
@@ -196,12 +199,27 @@ def self_relative_gate(name: str, metric: str, op: str, ratio: float, scenario: 
 
 
 def check_gate(name: str, fb: Feedback, measured_in: str | None = None) -> GateResult:
+    """One check's gate from its (pooled) Feedback: ``fail`` when a run failed to measure;
+    a check that gates on a statistic (``meta["gate"]``) is decided on its interval, as
+    every ratio is (pass, fail or inconclusive with the samples it needs); any other check
+    passes when its Feedback is ok."""
+    label = f"check {name} ({fb.probe}/{fb.tier.value})"
+    stat = statistic_of(fb)
+    if stat is not None and not hard_failure(fb):
+        v = decide_statistic(stat)
+        runs = int(stat.get("runs") or fb.meta.get("runs") or 1)
+        n = len(stat["samples"])
+        unit = stat.get("unit") or "samples"
+        interval = f"95% t-interval of the geometric mean over {n} {unit}" + (f" ({runs} runs)" if runs > 1 else "")
+        return GateResult(name=name, gate=f"{label}: {stat['metric']}{stat.get('op', '>=')}{float(stat['threshold']):g}",
+                          kind="check", outcome=v.outcome, value=v.ratio, low=v.low, high=v.high, interval=interval,
+                          message=f"{stat['metric']} {v.message}", more_samples=v.more_samples, measured_in=measured_in)
     first = next((f for f in fb.findings if f.severity == "error"), None)
     detail = fb.error or ""
     if first is not None and first.message not in detail:
         detail = f"{detail}; first: {first.message}" if detail else first.message
-    return GateResult(name=name, gate=f"check {name} ({fb.probe}/{fb.tier.value})", kind="check",
-                      outcome="pass" if fb.ok else "fail", message=detail or "ok", measured_in=measured_in)
+    return GateResult(name=name, gate=label, kind="check", outcome="pass" if fb.ok else "fail", message=detail or "ok",
+                      measured_in=measured_in)
 
 
 def hypothesis_outcome(h: Hypothesis, candidate: Sequence[Feedback], baseline: Sequence[Feedback],

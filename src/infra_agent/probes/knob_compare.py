@@ -63,13 +63,18 @@ def pair_ratios(reference: list[dict[str, Any]], tested: list[dict[str, Any]], m
 
 def record_verdict(fb: Feedback, pair: KnobPair, ratios: list[float], scenario: str, min_ratio: float | None) -> None:
     """The ratio as the Feedback's first measurement, its interval and sentence in
-    ``meta["compare"]``, and, below ``min_ratio``, ``ok=False`` with ``meta["gate_failed"]``."""
+    ``meta["compare"]``, and with ``min_ratio`` the statistic the check gates on in
+    ``meta["gate"]`` (judge/pooling.py).  The gate is decided on the interval, as the judge
+    decides every ratio: ``ok=False`` with ``meta["gate_failed"]`` only when the whole
+    interval lies below ``min_ratio``; an interval that straddles it leaves the run ``ok``
+    with the gate ``inconclusive``, and the judge pools the samples of further runs."""
     if not ratios:
         raise InfraAgentError(f"no pair of windows measured {pair.metric!r} on both {pair.knob} values")
     # scipy loads when a comparison ends, not when the probes are imported
-    from infra_agent.judge.bootstrap import t_interval_log
+    from infra_agent.judge.intervals import log_ratio_interval
 
-    centre, low, high = t_interval_log(ratios) if len(ratios) >= 2 else (ratios[0],) * 3
+    ci = log_ratio_interval(ratios)
+    centre, low, high = ci.ratio, ci.low, ci.high
     fb.measurements.insert(0, Measurement.from_samples(pair.ratio_name, "ratio", ratios, "higher", scenario=scenario,
                                                        interval=pair.interval))
     compare = fb.meta.setdefault("compare", {})
@@ -78,9 +83,19 @@ def record_verdict(fb: Feedback, pair: KnobPair, ratios: list[float], scenario: 
     text = (f"{pair.metric} with {pair.arm(1)} is {centre:.3f}x that with {pair.arm(0)} "
             f"(95% interval {low:.3f}-{high:.3f}, {len(ratios)} interleaved pairs, scenario {scenario})")
     compare["message"] = text
-    if min_ratio is not None and centre < min_ratio:
+    if min_ratio is None:
+        return
+    from infra_agent.judge.pooling import GATE_FAILED, GATE_META, decide_statistic
+
+    stat: dict[str, Any] = {"metric": pair.ratio_name, "op": ">=", "threshold": min_ratio, "samples": list(ratios),
+                            "unit": "interleaved pairs", "runs": 1}
+    verdict = decide_statistic(stat)
+    stat.update(outcome=verdict.outcome, value=verdict.ratio, low=verdict.low, high=verdict.high,
+                message=verdict.message, more_samples=verdict.more_samples)
+    fb.meta[GATE_META] = stat
+    if verdict.outcome == "fail":
         fb.ok = False
         fb.error = f"{pair.ratio_name} {centre:.3f} < {min_ratio:g}: {text}"
         # A verdict on what was measured, not a failed measurement: the judge may still read
         # the windows (a hypothesis about throughput compares this side's with the other's).
-        fb.meta["gate_failed"] = pair.ratio_name
+        fb.meta[GATE_FAILED] = pair.ratio_name

@@ -27,11 +27,13 @@ trace as an artifact.
 the configuration under test that differ only in that knob (``compare_values``, for a
 bool ``[false, true]``), runs ``compare_pairs`` interleaved windows on them (A B, B A,
 ...), and reports the per-pair ratio ``metric(values[1]) / metric(values[0])`` as the
-measurement ``ratio_name`` (one sample per pair).  ``min_ratio`` turns it into a gate:
-below it the run is ``ok=False`` with the ratio named, which is how a workspace check
-expresses "prefill throughput with kv_transfer on >= 0.95 x with it off, same
-workload" (``meta.gate_failed`` names the ratio: the windows were measured, so the judge
-still reads them for a hypothesis about their throughput).  The sampled window then runs on the server with the configuration's own
+measurement ``ratio_name`` (one sample per pair).  ``min_ratio`` turns it into a gate,
+decided on the ratio's 95% interval as the judge decides every ratio: wholly below it the
+run is ``ok=False`` with the ratio named; straddling it, the gate is inconclusive and the
+judge pools the pairs of further runs (``meta.gate``, judge/pooling.py).  That is how a
+workspace check expresses "prefill throughput with kv_transfer on >= 0.95 x with it off,
+same workload" (``meta.gate_failed`` names the ratio: the windows were measured, so the
+judge still reads them for a hypothesis about their throughput).  The sampled window then runs on the server with the configuration's own
 value, so its findings describe the configuration under test.
 """
 
@@ -108,7 +110,7 @@ class TimelineConfig(ProbeConfig):
     compare_pairs: int = Field(3, ge=1, le=50)
     compare_metric: str = Field("input_throughput", description="result key (or input_throughput) the ratio is of")
     ratio_name: str | None = Field(None, description="measurement name of the ratio (default <knob>_ratio)")
-    min_ratio: float | None = Field(None, gt=0, description="ok=False when the ratio's geometric mean is below this")
+    min_ratio: float | None = Field(None, gt=0, description="a gate on the ratio: ok=False when its 95% interval lies wholly below this")
     # The serving probe's keys, so the executor's A/B job can pass them on.
     result_metrics: list[str] | None = None
     percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0])

@@ -62,7 +62,7 @@ def test_ratios_are_tested_over_reference_per_pair_and_a_pair_missing_the_metric
         pair_ratios(ref, tested[:2], "m")
 
 
-def test_the_verdict_is_the_geometric_mean_with_an_interval_and_gates_below_min_ratio(tmp_path: Path) -> None:
+def test_the_verdict_is_the_geometric_mean_with_an_interval_and_gates_on_it(tmp_path: Path) -> None:
     pair = resolve_pair(_ws(tmp_path), "kv_transfer", None, {}, "input_throughput", None)
     passed = _fb()
     record_verdict(passed, pair, [0.98, 1.02, 1.0], "prefill", min_ratio=0.95)
@@ -72,11 +72,22 @@ def test_the_verdict_is_the_geometric_mean_with_an_interval_and_gates_below_min_
     assert compare["low"] < compare["geomean"] < compare["high"]
     assert "3 interleaved pairs, scenario prefill" in compare["message"] and "gate_failed" not in passed.meta
 
+    # The gate is decided on the interval, as the judge decides every ratio: wholly below 0.95 fails ...
     failed = _fb()
-    record_verdict(failed, pair, [0.86], "prefill", min_ratio=0.95)
+    record_verdict(failed, pair, [0.86, 0.85, 0.87], "prefill", min_ratio=0.95)
     assert not failed.ok and failed.meta["gate_failed"] == "kv_transfer_ratio"
     assert failed.error is not None and failed.error.startswith("kv_transfer_ratio 0.860 < 0.95: input_throughput with")
-    assert failed.meta["compare"]["low"] == failed.meta["compare"]["high"] == 0.86  # one pair: no interval
+    assert failed.meta["gate"]["outcome"] == "fail" and failed.meta["gate"]["high"] < 0.95
+    # ... an interval that straddles it is undecided (the run stays ok; the judge pools further runs) ...
+    straddles = _fb()
+    record_verdict(straddles, pair, [0.90, 0.97, 1.01], "prefill", min_ratio=0.95)
+    assert straddles.ok and straddles.meta["gate"]["outcome"] == "inconclusive" and "gate_failed" not in straddles.meta
+    assert straddles.meta["gate"]["more_samples"] is None or straddles.meta["gate"]["more_samples"] >= 1
+    # ... and one pair has no interval: undecided, never a fail on a point estimate.
+    one = _fb()
+    record_verdict(one, pair, [0.86], "prefill", min_ratio=0.95)
+    assert one.ok and one.meta["gate"]["outcome"] == "inconclusive"
+    assert one.meta["compare"]["low"] == one.meta["compare"]["high"] == 0.86  # one pair: no interval
 
     with pytest.raises(InfraAgentError, match="no pair of windows measured 'input_throughput'"):
         record_verdict(_fb(), pair, [], "prefill", min_ratio=None)
