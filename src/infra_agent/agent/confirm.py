@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from infra_agent.agent.executors.base import Execution
 from infra_agent.agent.experiment import (
     Cost,
     Experiment,
@@ -21,26 +22,36 @@ from infra_agent.agent.experiment import (
 from infra_agent.agent.judging import gates_of, side_feedback
 from infra_agent.agent.planner import Plan
 from infra_agent.agent.top_up import run_top_up
+from infra_agent.feedback import Feedback
 from infra_agent.judge.gates import hypothesis_outcome
+from infra_agent.judge.pooling import pool_runs
 
 
-def confirm_best(loop: Any) -> None:
+def confirm_best(loop: Any) -> Experiment | None:
     """The run's *after* table: the confirmation of the best against the baseline (once per
     best; one a killed run left unfinished runs again under its id), or the gate table as
-    it stands when nothing was accepted or ``--no-confirm``."""
+    it stands when nothing was accepted or ``--no-confirm``.  Returns the confirmation.
+
+    A run resumed after its confirmation did not confirm (``top_up_confirmation``, set by
+    ``resume``) tops that confirmation up: one more round of pairs pooled with its own, and
+    the checks again, without measuring anything else anew."""
     best = loop._best()
     base = loop._by_id(loop.run.baseline)
     assert base is not None
     table = loop._table()
     if best.id == base.id or not loop.opts.get("confirm", True):
         loop.run.gates_after = list(table.values())
-        return
+        return None
     done = next((e for e in loop.history if e.role == "confirm" and e.finished and e.parent == best.id), None)
     if done is None:
         again = next((e for e in loop.history if e.role == "confirm" and not e.finished and e.parent == best.id), None)
         done = run_confirm(loop, base, best, again)
+    elif loop.opts.pop("top_up_confirmation", False) and done.verdict is not None \
+            and done.verdict.outcome == "not_confirmed":
+        done = top_up_confirmation(loop, base, best, done)
     loop.run.gates_after = [g for g in (done.verdict.gates if done.verdict else []) if g.kind != "hypothesis"] \
         or list(table.values())
+    return done
 
 
 def run_confirm(loop: Any, base: Experiment, best: Experiment, again: Experiment | None = None) -> Experiment:
@@ -59,9 +70,7 @@ def run_confirm(loop: Any, base: Experiment, best: Experiment, again: Experiment
     exp = Experiment(id=again.id if again is not None else f"e{seq}", run_id=loop.run.id, seq=seq,
                      parent=best.id, role="confirm", proposer="-", hypothesis=hyp, knobs=dict(best.knobs),
                      commit=best.commit)
-    plan = Plan(probe=loop.planner.plan(Step(hypothesis=hyp, probe="serving"), []).probe, mode="ab", scenarios=scenarios,
-                result_metrics=sorted({c.metric for c in loop.ws.criteria}))
-    plan.probe.reason = "confirmation: the best against the baseline, side by side"
+    plan = _plan(loop, hyp, scenarios)
     exp.probe, exp.status, exp.started_at = plan.probe, "running", time.time()
     loop._save(exp)
     loop.progress.experiment(exp, "serving/e2e: best vs baseline")
@@ -82,6 +91,20 @@ def run_confirm(loop: Any, base: Experiment, best: Experiment, again: Experiment
     gates = gates_of(loop.ws, ex, exp.id, plan) + unmeasured
     if ex.status == "done" and _undecided(gates) and loop.opts.get("top_up", True):
         gates = _top_up(loop, exp, plan, base, ex, gates, unmeasured)
+    _decide(loop, exp, best, plan, ex, gates)
+    return exp
+
+
+def _plan(loop: Any, hyp: Hypothesis, scenarios: list[str]) -> Plan:
+    plan = Plan(probe=loop.planner.plan(Step(hypothesis=hyp, probe="serving"), []).probe, mode="ab", scenarios=scenarios,
+                result_metrics=sorted({c.metric for c in loop.ws.criteria}))
+    plan.probe.reason = "confirmation: the best against the baseline, side by side"
+    return plan
+
+
+def _decide(loop: Any, exp: Experiment, best: Experiment, plan: Plan, ex: Execution, gates: list[GateResult]) -> None:
+    """The confirmation's verdict from its gate table; the experiment is saved and reported."""
+    hyp = exp.hypothesis
     _, hyp_gate = hypothesis_outcome(hyp, ex.candidate.get(hyp.scenario or "", []), ex.baseline.get(hyp.scenario or "", []), exp.id)
     ok = ex.status == "done" and all(g.outcome in ("pass", "skipped") for g in gates)
     exp.status, exp.error = ("done", None) if ex.status == "done" else (ex.status, ex.error)
@@ -91,22 +114,57 @@ def run_confirm(loop: Any, base: Experiment, best: Experiment, again: Experiment
     exp.finished_at = time.time()
     loop._save(exp)
     loop.progress.finished(exp, best, gates)
-    return exp
+
+
+def top_up_confirmation(loop: Any, base: Experiment, best: Experiment, done: Experiment) -> Experiment:
+    """One more round for a confirmation that did not confirm (``resume``): its recorded windows
+    and checks pooled with a new round of pairs and fresh runs of the checks."""
+    scenarios = sorted({s for fb in (done.feedback, done.baseline_feedback) if fb is not None
+                        for m in fb.measurements if (s := m.tags.get("scenario"))})
+    ex = Execution(status="done", candidate=_by_scenario(done.feedback, scenarios),
+                   baseline=_by_scenario(done.baseline_feedback, scenarios),
+                   checks=dict(done.checks), wall_s=done.cost.wall_s, e2e_runs=done.cost.e2e_runs,
+                   probe_runs=done.cost.probe_runs)
+    plan = _plan(loop, done.hypothesis, scenarios)
+    done.status, done.started_at = "running", time.time()
+    loop._save(done)
+    gates = [g for g in (done.verdict.gates if done.verdict else []) if g.kind != "hypothesis"]
+    gates = _top_up(loop, done, plan, base, ex, gates, [], why="resumed after it did not confirm")
+    _decide(loop, done, best, plan, ex, gates)
+    return done
+
+
+def _by_scenario(fb: Feedback | None, scenarios: list[str]) -> dict[str, list[Feedback]]:
+    """A side's recorded windows (pooled over scenarios) split back into one Feedback per scenario."""
+    if fb is None:
+        return {}
+    return {s: [fb.model_copy(update={"measurements": [m for m in fb.measurements if m.tags.get("scenario") == s]})]
+            for s in scenarios}
 
 
 def _undecided(gates: list[GateResult]) -> list[str]:
-    return [g.name for g in gates if g.kind in ("absolute", "relative") and g.outcome == "inconclusive"]
+    """Gates one more round could decide: criteria, and checks decided on a statistic's interval."""
+    return [g.name for g in gates if g.kind in ("absolute", "relative", "check") and g.outcome == "inconclusive"]
 
 
 def _top_up(loop: Any, exp: Experiment, plan: Plan, base: Experiment, ex: Any, gates: list[GateResult],
-            unmeasured: list[GateResult]) -> list[GateResult]:
-    """One more round of as many interleaved pairs when a criterion is left undecided
-    (``top_up``); the confirmation is the gate table the user reads, so it asks for the
-    samples before reporting. A failed top-up keeps the first table."""
-    loop.progress.experiment(exp, f"serving/e2e: more pairs, {', '.join(_undecided(gates))} undecided")
+            unmeasured: list[GateResult], why: str = "") -> list[GateResult]:
+    """One more round of as many interleaved pairs when a gate is left undecided (``top_up``),
+    and the checks again: the confirmation is the gate table the user reads, so it asks for
+    the samples before reporting.  Every run pools with the first round's.  A failed top-up
+    keeps the first table."""
+    undecided = _undecided(gates) or [g.name for g in gates if g.outcome != "pass"]
+    loop.progress.experiment(exp, f"serving/e2e: more pairs, {why or ', '.join(undecided) + ' undecided'}")
     done = run_top_up(loop.executor, exp, plan, base, ex, loop.progress.event)
+    for check in [c.name for c in loop.ws.checks if c.name in undecided]:
+        with loop.executor.fresh_checks():
+            got = loop.executor.measure(exp, [], 0, [check], loop.progress.event)
+        ex.wall_s, ex.probe_runs = ex.wall_s + got.wall_s, ex.probe_runs + got.probe_runs
+        if check in got.checks:
+            pooled = pool_runs([ex.checks[check], got.checks[check]]) if check in ex.checks else got.checks[check]
+            ex.checks[check] = pooled or got.checks[check]
     exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
     if not done:
         return gates
-    exp.feedback, exp.baseline_feedback = side_feedback(ex.candidate), side_feedback(ex.baseline)
+    exp.feedback, exp.baseline_feedback, exp.checks = side_feedback(ex.candidate), side_feedback(ex.baseline), dict(ex.checks)
     return gates_of(loop.ws, ex, exp.id, plan) + unmeasured

@@ -189,7 +189,9 @@ class Step(_Model):
     llm_tokens: int = 0
 
 
-RunStatus = Literal["running", "done", "interrupted", "error", "budget"]
+# done / budget: the run ended (its message says whether every gate passes); not_confirmed: the
+# confirmation of the best against the baseline did not confirm (agent/conclusion.py).
+RunStatus = Literal["running", "done", "interrupted", "error", "budget", "not_confirmed"]
 
 
 class RunRecord(_Model):

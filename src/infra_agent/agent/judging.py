@@ -1,8 +1,11 @@
 """From an execution to a verdict: the hypothesis, the gates, and whether to accept.
 
-An experiment is accepted when its hypothesis is supported and it breaks no gate that
-held on its parent (a criterion, a check).  A gate that failed on the parent may still
-fail: progress on one criterion is not blocked by another that was already red.  The
+An experiment is accepted when its hypothesis is supported and every gate that held on
+its parent (a criterion, a check: a guard) still passes.  A guard that fails breaks it; a
+guard left inconclusive holds it back as promising (one more round settles most).  A gate
+that failed on the parent may still fail: progress on one criterion is not blocked by
+another that was already red.  Each gate is evaluated once per experiment, on every run
+of it pooled.  The
 best configuration's gate table is the latest outcome of every gate, each labelled
 with the experiment that measured it.
 """
@@ -14,71 +17,48 @@ from typing import Any
 from infra_agent.agent.executors.base import Execution
 from infra_agent.agent.experiment import Experiment, GateResult, Verdict
 from infra_agent.agent.planner import Plan
-from infra_agent.feedback import Feedback, Measurement
+from infra_agent.feedback import Feedback
 from infra_agent.judge.gates import (
     check_gate,
     criteria_gates,
     holds_on_itself,
     hypothesis_outcome,
 )
+from infra_agent.judge.pooling import pool_runs, side_feedback
 
 
-def merge_feedback(feedbacks: list[Feedback]) -> Feedback | None:
-    """Runs of one probe as one Feedback: samples pooled per (name, tags), findings de-duplicated."""
-    if not feedbacks:
-        return None
-    first = feedbacks[0]
-    merged: dict[tuple[str, tuple[tuple[str, str], ...]], Measurement] = {}
-    for fb in feedbacks:
-        for m in fb.measurements:
-            key = (m.name, tuple(sorted(m.tags.items())))
-            if key in merged:
-                old = merged[key]
-                merged[key] = Measurement.from_samples(m.name, m.unit, old.samples + m.samples, old.better, **old.tags)
-            else:
-                merged[key] = m
-    seen: set[tuple[str, str]] = set()
-    findings = []
-    for fb in reversed(feedbacks):  # the latest run's wording of a recurring finding
-        for f in fb.findings:
-            fkey = (f.kind, str(f.location))
-            if fkey not in seen:
-                seen.add(fkey)
-                findings.append(f)
-    return Feedback(probe=first.probe, tier=first.tier, scope=first.scope, ok=all(fb.ok for fb in feedbacks),
-                    error=next((fb.error for fb in feedbacks if fb.error), None), measurements=list(merged.values()),
-                    findings=findings, artifacts=[a for fb in feedbacks for a in fb.artifacts],
-                    meta={**first.meta, "runs": len(feedbacks)})
-
-
-def side_feedback(side: dict[str, list[Feedback]]) -> Feedback | None:
-    """All runs of one side (every scenario, or the one check) as one Feedback."""
-    return merge_feedback([fb for runs in side.values() for fb in runs])
+def check_runs(ex: Execution, plan: Plan | None) -> dict[str, Feedback]:
+    """Every check run on the candidate, one pooled Feedback per check: the cheap gates, and in a
+    pair the check the experiment is about (all its rounds).  One gate per check comes from it."""
+    runs: dict[str, list[Feedback]] = {name: [fb] for name, fb in ex.checks.items()}
+    if plan is not None and plan.mode == "pair" and plan.check:
+        runs.setdefault(plan.check, []).extend(ex.candidate.get(plan.check, []))
+    pooled = {name: pool_runs(fbs) for name, fbs in runs.items()}
+    return {name: fb for name, fb in pooled.items() if fb is not None}
 
 
 def gates_of(workspace: Any, ex: Execution, exp_id: str, plan: Plan | None, relative: bool = True) -> list[GateResult]:
-    # The checks run on the candidate, for criteria that name one (the main probe's too, in a pair).
-    checks = dict(ex.checks)
-    if plan is not None and plan.mode == "pair" and plan.check and ex.candidate.get(plan.check):
-        checks[plan.check] = ex.candidate[plan.check][-1]
+    """Each criterion and each check evaluated once on the candidate, every run of it pooled."""
+    checks = check_runs(ex, plan)
     gates = criteria_gates(workspace, ex.candidate if (plan is None or plan.mode == "ab") else {},
                            ex.baseline if relative and (plan is None or plan.mode == "ab") else None, exp_id,
                            checks=checks)
-    for name, fb in ex.checks.items():
-        gates.append(check_gate(name, fb, exp_id))
-    if plan is not None and plan.mode == "pair" and plan.check:
-        gates += [check_gate(plan.check, fb, exp_id) for fb in ex.candidate.get(plan.check, [])]
-    return gates
+    return gates + [check_gate(name, fb, exp_id) for name, fb in checks.items()]
 
 
 def judge(workspace: Any, exp: Experiment, ex: Execution, plan: Plan, best_gates: dict[str, GateResult]) -> Verdict:
+    """Accepted when the hypothesis is supported and every gate that held on the parent (a guard)
+    still passes: a guard that fails breaks it; one left inconclusive (or unmeasurable) holds the
+    candidate back as promising, never accepted silently."""
     key = plan.check if plan.mode == "pair" else (exp.hypothesis.scenario or (plan.scenarios[0] if plan.scenarios else ""))
     outcome, hyp_gate = hypothesis_outcome(exp.hypothesis, ex.candidate.get(key or "", []), ex.baseline.get(key or "", []),
                                            exp.id)
     gates = gates_of(workspace, ex, exp.id, plan)
-    broken = [g for g in gates if g.outcome == "fail" and held_on_parent(workspace, g, best_gates)]
+    guards = [g for g in gates if held_on_parent(workspace, g, best_gates)]
+    broken = [g for g in guards if g.outcome == "fail"]
+    undecided = [g for g in guards if g.outcome in ("inconclusive", "error")]
     lost = failed_requests(ex.candidate) - failed_requests(ex.baseline)
-    accepted = outcome == "supported" and not broken and lost <= 0
+    accepted = outcome == "supported" and not broken and not undecided and lost <= 0
     if outcome != "supported":
         why = f"not accepted: the hypothesis is {outcome} ({hyp_gate.message})"
     elif lost > 0:
@@ -88,10 +68,21 @@ def judge(workspace: Any, exp: Experiment, ex: Execution, plan: Plan, best_gates
                "requests are not in the metrics, so the numbers would flatter the change")
     elif broken:
         why = "not accepted: it breaks " + ", ".join(f"{g.name} ({g.message})" for g in broken)
+    elif undecided:
+        why = ("not accepted (promising, a guard undecided): the hypothesis is supported but "
+               + ", ".join(f"{g.name} is {g.outcome} ({g.message})" for g in undecided))
     else:
         why = f"accepted: {hyp_gate.message}"
     return Verdict(outcome=outcome, effect=hyp_gate.value, low=hyp_gate.low, high=hyp_gate.high,
                    interval=hyp_gate.interval, gates=[hyp_gate, *gates], accepted=accepted, message=why)
+
+
+def undecided_guards(workspace: Any, verdict: Verdict, best_gates: dict[str, GateResult]) -> list[GateResult]:
+    """The guards a supported hypothesis left undecided: what one more round should settle."""
+    if verdict.outcome != "supported":
+        return []
+    return [g for g in verdict.gates if g.kind != "hypothesis" and g.outcome == "inconclusive"
+            and held_on_parent(workspace, g, best_gates)]
 
 
 def failed_requests(side: dict[str, list[Feedback]]) -> int:
@@ -149,3 +140,7 @@ def commit_message(exp: Experiment) -> str:
     if v:
         lines += [f"Gate {g.name}: {g.outcome}" for g in v.gates if g.kind != "hypothesis"]
     return "\n".join(lines)
+
+
+__all__ = ["check_runs", "commit_message", "failed_requests", "failure_finding", "gates_of", "held_on_parent", "judge",
+           "side_feedback", "undecided_guards", "update_table"]

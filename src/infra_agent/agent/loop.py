@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from infra_agent.agent.baseline import run_baseline
+from infra_agent.agent.conclusion import PASSING, StopKind, StopReason, conclude
 from infra_agent.agent.confirm import confirm_best
 from infra_agent.agent.executors.base import Executor
 from infra_agent.agent.experiment import (
@@ -31,10 +32,12 @@ from infra_agent.agent.experiment import (
 )
 from infra_agent.agent.history import accepted_path, by_id, gate_table, latest_feedback
 from infra_agent.agent.judging import (
+    check_runs,
     commit_message,
     failure_finding,
     judge,
     side_feedback,
+    undecided_guards,
 )
 from infra_agent.agent.look_again import look_again, looked_at
 from infra_agent.agent.planner import Plan, Planner
@@ -111,9 +114,13 @@ class Loop:
                 self.executor.restore(self._best())
             except InfraAgentError as exc:
                 self.progress.line(f"warning: could not restore the run's branch to {self._best().id}: {exc}")
-            self._iterate()
-            confirm_best(self)
-            self.run.status = "done" if self.run.status == "running" else self.run.status
+            stop = self._iterate()
+            confirmation = confirm_best(self)
+            # The conclusion comes from the final gate table, never from the stop reason alone.
+            ending = conclude(stop, self.run.gates_after, confirmation, self.run)
+            self.run.status, self.run.message = ending.status, ending.message
+            if ending.message != stop.detail:
+                self.progress.line(f"conclusion: {ending.message}")
         except KeyboardInterrupt:
             self.run.status, self.run.message = "interrupted", "interrupted (Ctrl-C): resume with `infra-agent resume`"
             raise
@@ -143,22 +150,23 @@ class Loop:
         self._run_experiment(exp, step)
         return exp
 
-    def _stop_reason(self) -> str | None:
+    def _stop_reason(self) -> StopReason | None:
         table = self._table()
-        if table and all(g.outcome in ("pass", "skipped") for g in table.values()) and not self.opts.get("keep_going"):
+        if table and all(g.outcome in PASSING for g in table.values()) and not self.opts.get("keep_going"):
             if not any(g.outcome == "pass" for g in table.values()):
-                return ("every gate holds: the only criteria are relative guards, which hold on the baseline by "
-                        "definition (add an absolute criterion or a target ratio, or use --keep-going)")
-            return "every gate passes"
+                return StopReason(StopKind.GUARDS_ONLY, "every gate holds: the only criteria are relative guards, which "
+                                  "hold on the baseline by definition (add an absolute criterion or a target ratio, or "
+                                  "use --keep-going)")
+            return StopReason(StopKind.GATES_PASS, "every gate passes")
         left = self._runs_left()
         if left is not None and left <= 0:
-            return "the experiment budget is spent"
+            return StopReason(StopKind.BUDGET_RUNS, "the experiment budget is spent")
         secs = self._seconds_left()
         if secs is not None and secs <= 0:
-            return "the time budget is spent"
+            return StopReason(StopKind.BUDGET_TIME, "the time budget is spent")
         return None
 
-    def _iterate(self) -> None:
+    def _iterate(self) -> StopReason:
         # An experiment that was in flight when the run died is run again, as it was proposed.
         for exp in [e for e in self.history if e.role == "experiment" and not e.finished]:
             self._run_experiment(exp, None)
@@ -170,24 +178,23 @@ class Loop:
             except InfraAgentError as exc:
                 # The proposer cannot go on (an endpoint gone, a bad playbook value): what was
                 # accepted so far is still confirmed.
-                reason, self.run.status = f"the {self.proposer.name} proposer failed: {exc}", "error"
+                reason = StopReason(StopKind.PROPOSER_FAILED, f"the {self.proposer.name} proposer failed: {exc}")
                 break
             if step is None:
-                reason = getattr(self.proposer, "stopped_reason", None) or f"the {self.proposer.name} proposer has nothing more to try"
-                if look_again(self, state.best, reason):
+                said = getattr(self.proposer, "stopped_reason", None)
+                reason = StopReason(StopKind.NOTHING_LEFT, said or f"the {self.proposer.name} proposer has nothing more to try")
+                if look_again(self, state.best, reason.detail):
                     continue
                 break
             exp = self._new_experiment(step, state.best)
             self._run_experiment(exp, step)
             screened = screened + 1 if exp.status in ("rejected", "error") and exp.probe is None else 0
             if screened >= _MAX_SCREENED:
-                reason = f"the {self.proposer.name} proposer made {screened} proposals in a row that could not run " \
-                         f"(last: {exp.error})"
+                reason = StopReason(StopKind.SCREENED_OUT, f"the {self.proposer.name} proposer made {screened} proposals "
+                                    f"in a row that could not run (last: {exp.error})")
                 break
-        self.run.message = reason
-        if reason.endswith("spent"):
-            self.run.status = "budget"
         self.progress.line(f"stopped: {reason}")
+        return reason
 
     def _new_experiment(self, step: Step, best: Experiment) -> Experiment:
         seq = self.ledger.next_seq(self.run.id)
@@ -231,13 +238,14 @@ class Loop:
         ex = self.executor.execute(exp, plan, best, self.progress.event)
         self._take(exp, ex, plan)
         if ex.status == "done":
-            exp.verdict = judge(self.ws, exp, ex, plan, self._table(decisive=True))
-            if exp.verdict.outcome == "inconclusive" and exp.verdict.low is not None and self.opts.get("top_up", True):
+            held = self._table(decisive=True)
+            exp.verdict = judge(self.ws, exp, ex, plan, held)
+            why = self._undecided(exp, held)
+            if why and self.opts.get("top_up", True):
                 # Undecided on an interval: one more round, the verdict on the pooled runs (agent/top_up.py).
-                self.progress.experiment(exp, f"{plan.probe.name}/{plan.probe.tier.value}: one more round, the "
-                                              f"hypothesis is undecided ({exp.verdict.message})")
+                self.progress.experiment(exp, f"{plan.probe.name}/{plan.probe.tier.value}: one more round, {why}")
                 if run_top_up(self.executor, exp, plan, best, ex, self.progress.event):
-                    exp.verdict = judge(self.ws, exp, ex, plan, self._table(decisive=True))
+                    exp.verdict = judge(self.ws, exp, ex, plan, held)
                 self._take(exp, ex, plan)
             exp.status = "done"
         else:
@@ -249,14 +257,25 @@ class Loop:
                 exp.feedback.findings.append(failure_finding(kind, ex.error or ex.status))
         self._finish(exp, best, plan)
 
+    def _undecided(self, exp: Experiment, held: dict[str, GateResult]) -> str | None:
+        """Why one more round could decide what this one left open (None: nothing to settle)."""
+        v = exp.verdict
+        if v is None:
+            return None
+        if v.outcome == "inconclusive" and v.low is not None:
+            return f"the hypothesis is undecided ({v.message})"
+        guards = undecided_guards(self.ws, v, held)
+        if guards:
+            return "the hypothesis is supported but " + ", ".join(f"guard {g.name} is undecided" for g in guards)
+        return None
+
     @staticmethod
     def _take(exp: Experiment, ex: Any, plan: Plan) -> None:
-        """What the execution measured, onto the experiment: both sides' Feedback, the checks, the cost."""
+        """What the execution measured, onto the experiment: both sides' Feedback, the checks (every
+        run of each pooled), the cost."""
         exp.feedback = side_feedback(ex.candidate)
         exp.baseline_feedback = side_feedback(ex.baseline)
-        exp.checks = dict(ex.checks)
-        if plan.mode == "pair" and plan.check and ex.candidate.get(plan.check):
-            exp.checks[plan.check] = ex.candidate[plan.check][-1]
+        exp.checks = check_runs(ex, plan)
         exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs,
                         llm_tokens=exp.cost.llm_tokens)
 

@@ -3,7 +3,8 @@
 ``start_run`` checks what can be checked before anything runs (the scenarios, the
 target's command, the proposer and its options, an LLM endpoint), then creates a run
 record (its options are everything ``resume`` needs) and drives the loop; a mistake
-found there leaves nothing in the ledger.  ``resume_run`` reloads the record, kills
+found there leaves nothing in the ledger.  ``resume_run`` reloads the record (a run
+whose confirmation did not confirm resumes to top that confirmation up), kills
 what the dead run left (its marked processes, its worktrees), rebuilds the proposer's
 state from the ledger and continues.  Ctrl-C and SIGTERM end a run cleanly: the
 current experiment's processes and worktrees go, the ledger keeps every finished
@@ -376,6 +377,9 @@ def resume_run(workspace: str | Path, run_id: str, console: Console | None = Non
             if not exp.finished:
                 exp.status = "interrupted"
                 ledger.save_experiment(exp)
+        if run.status == "not_confirmed":
+            # Its search is over; what it lacks is evidence: the confirmation gets one more round.
+            run.options["top_up_confirmation"] = True
         run.status, run.finished_at = "running", None
         ledger.save_run(run)
         return _drive(ws, ledger, run, console, progress, proposer)

@@ -17,6 +17,7 @@ from typing import Any
 from infra_agent.agent.executors.base import Execution
 from infra_agent.agent.experiment import Experiment
 from infra_agent.agent.planner import Plan
+from infra_agent.judge.pooling import pool_runs
 
 
 def run_top_up(executor: Any, exp: Experiment, plan: Plan, best: Experiment, ex: Execution,
@@ -35,5 +36,8 @@ def run_top_up(executor: Any, exp: Experiment, plan: Plan, best: Experiment, ex:
     for side, extra in ((ex.baseline, more.baseline), (ex.candidate, more.candidate)):
         for key, runs in extra.items():
             side.setdefault(key, []).extend(runs)
-    ex.checks.update(more.checks)
+    for name, fb in more.checks.items():
+        # The cheap gates ran again on the same candidate: their runs pool, as the windows do.
+        pooled = pool_runs([ex.checks[name], fb]) if name in ex.checks else fb
+        ex.checks[name] = pooled if pooled is not None else fb
     return True

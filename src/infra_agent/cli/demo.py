@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
                               e.verdict.outcome if e.verdict else e.status, "yes" if e.accepted and e.role == "experiment" else "",
                               f"{e.cost.wall_s:.1f}")
             con.print(table)
-            if result.run.status != "done":
+            if result.run.status != "done" or result.run.message != "every gate passes":
                 con.print(f"run {result.run.id}: {result.run.status} — ", end="", highlight=False)
                 con.print(result.run.message or "-", markup=False, highlight=False)
             if result.run.gates_before:
@@ -107,5 +107,8 @@ def register(app: typer.Typer) -> None:
             con.print(f"fixed: {fixed}\nreport: {result.report_html}\n        {result.report_markdown}", highlight=False)
 
         emit(result.as_dict(), as_json, render)
-        if result.run.status == "error":
-            raise typer.Exit(code=1)
+        from infra_agent.agent.conclusion import exit_code
+
+        code = exit_code(result.run)  # as `infra-agent run`: 0 only when every gate of the final table passes
+        if code:
+            raise typer.Exit(code=code)

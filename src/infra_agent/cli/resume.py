@@ -24,8 +24,10 @@ def register(app: typer.Typer) -> None:
 
         What the dead run left (its servers, worktrees and temporary branches) is removed
         first; the experiment that was in flight runs again as it was proposed.  A run
-        that finished (every gate passes, or its budget is spent) is not resumed.  Exit
-        status as for `infra-agent run`.
+        whose confirmation did not confirm (`not_confirmed`) resumes to top that
+        confirmation up: one more round of pairs pooled with its own, nothing else
+        measured again.  A run that finished (done, or its budget spent) is not resumed.
+        Exit status as for `infra-agent run`.
         """
         from infra_agent.agent.runner import resume_run
 

@@ -64,9 +64,12 @@ def register(app: typer.Typer) -> None:
         written to WORKSPACE/.infra-agent/reports/RUN/.
 
         Ctrl-C stops the run cleanly (its servers and worktrees go); continue it with
-        `infra-agent resume RUN -w WORKSPACE`.  Exit status: 0 when the run ended, 1 when
-        it failed (for instance the baseline could not be measured), 2 for a mistake in
-        the command or the workspace (nothing is run), 130 when interrupted.
+        `infra-agent resume RUN -w WORKSPACE`.  Exit status: 0 when every gate in the
+        final table passes (the confirmation's, where one ran), 3 when the run ended with
+        a gate that does not (failed, undecided, or not confirmed: the message names
+        it), 1 when the run itself failed (for instance the baseline could not be
+        measured), 2 for a mistake in the command or the workspace (nothing is run), 130
+        when interrupted.
         """
         with user_errors(as_json):
             from pydantic import ValidationError

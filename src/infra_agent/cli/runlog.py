@@ -37,7 +37,8 @@ def render_run(run: Any, report: Any | None, root: Path | None = None) -> Any:
     def render(con: Any) -> None:
         from infra_agent.agent.progress import gate_table
 
-        colour = {"done": "green", "budget": "yellow", "error": "red", "interrupted": "yellow"}.get(run.status, "")
+        colour = {"done": "green", "budget": "yellow", "error": "red", "interrupted": "yellow",
+                  "not_confirmed": "red"}.get(run.status, "")
         status = f"[{colour}]{run.status}[/]" if colour else run.status
         con.print(f"run {run.id}: {status} — ", end="", highlight=False)
         con.print(run.message or "-", markup=False, highlight=False)
@@ -73,6 +74,8 @@ def render_run(run: Any, report: Any | None, root: Path | None = None) -> Any:
                 con.print(gate_table(run.gates_after, "gates after (best vs baseline)"))
         if run.status == "interrupted":
             con.print(f"resume with: infra-agent resume {run.id} -w {where}", highlight=False, soft_wrap=True)
+        elif run.status == "not_confirmed":
+            con.print(f"top up the confirmation with: infra-agent resume {run.id} -w {where}", highlight=False, soft_wrap=True)
         elif run.status == "error":
             con.print(f"after fixing the cause, continue with: infra-agent resume {run.id} -w {where}", highlight=False, soft_wrap=True)
         if report is not None:
@@ -153,7 +156,9 @@ def exit_interrupted(exc: BaseException, as_json: bool) -> NoReturn:
 def drive_run(start: Callable[[], Any], workspace: Path, no_report: bool, as_json: bool) -> None:
     """Drive a run (``run`` or ``resume``), write its report and print it.
 
-    Exit status 1 when the run itself failed, 130 when interrupted, 2 for a mistake."""
+    Exit status (agent/conclusion.py): 0 when every gate in the final table passes, 3 when the run
+    ended with one that does not (failed, undecided, not confirmed), 1 when the run itself failed,
+    130 when interrupted, 2 for a mistake."""
     with user_errors(as_json):
         try:
             record = start()
@@ -162,5 +167,8 @@ def drive_run(start: Callable[[], Any], workspace: Path, no_report: bool, as_jso
         report = None if no_report else write_run_report(record.id, workspace)
         root = workspace_root(workspace)
     emit(run_summary(record, report), as_json, render_run(record, report, root))
-    if record.status == "error":
-        raise typer.Exit(code=1)
+    from infra_agent.agent.conclusion import exit_code
+
+    code = exit_code(record)
+    if code:
+        raise typer.Exit(code=code)

@@ -264,10 +264,13 @@ class McpSession:
         self.closed_reason = message
         if loop is None or run is None:
             return
-        run.status, run.message, run.finished_at = "done", message, time.time()
+        from infra_agent.agent.conclusion import StopKind, StopReason, conclude
+
         run.options["elapsed_s"] = run.options.get("elapsed_s", 0.0) + time.monotonic() - loop.started
-        table = loop.state().gates
-        run.gates_after = list(table)
+        run.gates_after = list(loop.state().gates)
+        # The session's message names the gates its final table does not pass, as a run's does.
+        ending = conclude(StopReason(StopKind.NOTHING_LEFT, message), run.gates_after, None, run)
+        run.status, run.message, run.finished_at = ending.status, ending.message, time.time()
         self.ledger.save_run(run)
 
     def _submit(self, step: Step) -> None:

@@ -15,8 +15,8 @@ from infra_agent.report.model import (
 from infra_agent.report.plot import render_svg
 from infra_agent.report.style import CSS
 
-_GREEN = {"pass", "supported", "done", "accepted"}
-_RED = {"fail", "refuted", "error", "rejected", "timeout"}
+_GREEN = {"pass", "supported", "done", "accepted", "confirmed"}
+_RED = {"fail", "refuted", "error", "rejected", "timeout", "not_confirmed"}
 _DASH = '<span class="muted">–</span>'
 _AMBER = {"inconclusive", "running", "interrupted", "budget", "warning", "proposed"}
 
@@ -200,6 +200,10 @@ def _header(m: ReportModel) -> str:
              ("baseline", m.baseline or "–"), ("best", m.best or "–"), ("branch", m.branch or "–")]
     dl = "".join(f"<div><dt>{e(k)}</dt><dd>{e(v)}</dd></div>" for k, v in facts)
     msg = f'<div class="message">{e(m.message)}</div>' if m.message else ""
+    if m.final_gates:
+        # The final gate table's verdict sits beside the status, so "done" never reads as "fixed".
+        msg = (f'<p class="final">{badge("pass" if m.final_gates_met else "fail")} final gates: '
+               f"{e(m.final_gates)}</p>{msg}")
     nav = ('<nav class="toc"><a href="#gates">Gates</a><a href="#plot">Plot</a><a href="#tree">Experiment tree</a>'
            '<a href="#changes">Accepted changes</a><a href="#experiments">Experiments</a></nav>')
     return (f'<header class="top"><h1>infra-agent report {badge(m.status)}</h1>'

@@ -63,7 +63,7 @@ def _gate_cell(c: GateCell | None) -> str:
 
 def _header(m: ReportModel) -> list[str]:
     lines = [f"# infra-agent report: run {code(m.run_id)}", "",
-             f"- **Status:** {outcome(m.status)}",
+             f"- **Status:** {outcome(m.status)}" + (f" · **Final gates:** {text(m.final_gates)}" if m.final_gates else ""),
              f"- **Workspace:** {code(m.workspace)}",
              f"- **Proposer:** {text(m.proposer)}",
              f"- **Started / finished:** {m.started} / {m.finished} (wall time {m.wall})",

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra_agent.agent.conclusion import describe_gate, not_passing
 from infra_agent.agent.experiment import Experiment, GateResult, RunRecord
 from infra_agent.report.fmt import fmt_duration, fmt_interval, fmt_num, fmt_time
 from infra_agent.report.series import Series, build_series
@@ -138,6 +139,10 @@ class ReportModel:
     path: list[str]  # baseline → best
     series: Series
     best_knobs: list[tuple[str, str]] = field(default_factory=list)
+    # The final gate table's verdict (agent/conclusion.py), beside the status: "every gate passes",
+    # or the gates that do not; empty while nothing was measured.
+    final_gates: str = ""
+    final_gates_met: bool = False
 
     @property
     def accepted(self) -> list[ExperimentView]:
@@ -275,4 +280,16 @@ def build_model(run: RunRecord, experiments: list[Experiment]) -> ReportModel:
         baseline=s.text(run.baseline), best=s.text(path[-1]) if path else "", branch=s.text(run.branch),
         gates=_gate_rows(run.gates_before, run.gates_after, s), experiments=views, path=[s.text(p) for p in path],
         series=build_series(run, experiments, s.text), best_knobs=_knob_list(best.knobs, s) if best else [],
+        final_gates=s.text(_final_gates(run)), final_gates_met=bool(run.gates_after) and not not_passing(run.gates_after)
+        and run.status != "not_confirmed",
     )
+
+
+def _final_gates(run: RunRecord) -> str:
+    if not run.gates_after:
+        return ""
+    missing = not_passing(run.gates_after)
+    passed = len(run.gates_after) - len(missing)
+    if not missing:
+        return f"every gate passes ({passed} of {len(run.gates_after)})"
+    return f"{passed} of {len(run.gates_after)} gates pass: " + "; ".join(describe_gate(g) for g in missing)

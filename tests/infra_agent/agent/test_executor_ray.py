@@ -86,9 +86,11 @@ def test_ray_run_gives_the_verdicts_of_the_scenario(cluster: str, tmp_path: Path
     proc = subprocess.run([sys.executable, "-m", "infra_agent.cli.main", "run", str(ray_ws), "--executor", "ray",
                            "--address", cluster, "--playbook", str(playbook), "--budget-runs", "2", "--no-confirm",
                            "--no-top-up", "--no-report", "--json"], capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Exit 3: the run ended with a gate of its final table not met (the workspace's throughput target).
+    assert proc.returncode == 3, proc.stderr[-3000:]
     run = json.loads(proc.stdout)
     assert run["options"]["executor"] == "ray" and run["status"] == "budget", run
+    assert "not every gate passes: chat-throughput fails" in run["message"], run["message"]
     expected = [({"max_running": 4}, "done", "supported", True), ({"max_running": 1}, "done", "refuted", False)]
     assert _verdicts(ray_ws, run["id"]) == expected
     with Ledger.for_workspace(ray_ws) as ledger:
