@@ -5,9 +5,12 @@
 view model (:mod:`infra_agent.report.model`) in which every string has been through
 :func:`infra_agent.safety.scrub`.
 
-The HTML has inline CSS and an inline SVG plot (:mod:`infra_agent.report.plot`), no
-scripts and no external resources, so it opens offline and can be mailed or archived
-as one file.
+The HTML has inline CSS and inline SVG plots, no scripts and no external resources, so
+it opens offline and can be mailed or archived as one file.  The headline plot
+(:mod:`infra_agent.report.ratio_plot`) draws what each verdict was decided on, each
+experiment's paired ratio against its parent (:mod:`infra_agent.report.decisions`); each
+card states the noise it was decided under (:mod:`infra_agent.report.noise`).  The
+absolute metric over experiments (:mod:`infra_agent.report.plot`) is context at the end.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from infra_agent.agent.experiment import Experiment, RunRecord
+from infra_agent.report.decisions import OUTCOME_LABELS
 from infra_agent.report.model import (
     ExperimentView,
     FindingView,
@@ -12,7 +13,9 @@ from infra_agent.report.model import (
     ReportModel,
     build_model,
 )
+from infra_agent.report.noise import NOT_RECORDED
 from infra_agent.report.plot import render_svg
+from infra_agent.report.ratio_plot import render_ratio_svg
 from infra_agent.report.style import CSS
 
 _GREEN = {"pass", "supported", "done", "accepted", "confirmed"}
@@ -107,15 +110,37 @@ def _tree(m: ReportModel) -> str:
     return f'<table class="tree"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
 
 
+def _decisions(m: ReportModel) -> str:
+    d = m.decisions
+    head = "<h2>Decisions: each experiment's ratio against its parent</h2>"
+    svg = render_ratio_svg(d)
+    if not svg:
+        return f'<section id="decisions">{head}<p class="note">{e(d.note or "Nothing to plot.")}</p></section>'
+    tally = [(label, sum(x.outcome == o for x in d.items)) for o, label in OUTCOME_LABELS.items()]
+    counts = " · ".join(f"{n} {label}" for label, n in tally if n)
+    sub = ('<p class="muted small">What each verdict was decided on: the ratio candidate / parent of the '
+           "hypothesis metric, from windows measured interleaved (A B A B), with its interval (hover a point for "
+           "what the interval is and the machine load). The dashed tick at each point is the line its hypothesis "
+           "needed (1 + min effect when higher is better, 1 / (1 + min effect) when lower is); the hypothesis is "
+           "supported when the whole interval lies on the shaded side, refuted when it lies wholly on the other. "
+           "The star (column \"confirm\") is the confirmation, the best against the baseline. A count (such as "
+           f"failed_checks) is decided exactly and shown in its own row.</p><p class=\"small\">{e(counts)}</p>")
+    return f'<section id="decisions">{head}{sub}<div class="plot-wrap">{svg}</div></section>'
+
+
 def _plot(m: ReportModel) -> str:
+    """The secondary view, at the end: the absolute metric per experiment, against an absolute criterion."""
     s = m.series
     svg = render_svg(s)
-    head = f"<h2>Best {e(s.metric) or 'metric'} over experiments</h2>"
+    head = (f"<h2>Best {e(s.metric) or 'metric'} over experiments "
+            '<span class="muted small">(absolute, context)</span></h2>')
     if not svg:
         return f'<section id="plot">{head}<p class="note">{e(s.note or "Nothing to plot.")}</p></section>'
     scen = f" in scenario <code>{e(s.scenario)}</code>" if s.scenario else ""
     sub = (f'<p class="muted small">The candidate\'s median <code>{e(s.metric)}</code>{scen} per experiment '
-           f"({e(s.direction)} is better); the step line is the best so far. Chosen as {e(s.source)}.</p>")
+           f"({e(s.direction)} is better); the step line is the best so far. Chosen as {e(s.source)}. Context for "
+           "the absolute criterion only: these medians come from windows measured at different times, so a point "
+           "above another is not a decision: the decisions plot at the top is.</p>")
     return f'<section id="plot">{head}{sub}<div class="plot-wrap">{svg}</div></section>'
 
 
@@ -164,6 +189,10 @@ def _card(x: ExperimentView) -> str:
                + "</p>"]
     if x.verdict_message:
         verdict.append(f'<p class="small">{e(x.verdict_message)}</p>')
+    if x.noise.measured:
+        verdict.append("<h4>Noise</h4>" + _kv([("interval width", e(x.noise.interval)),
+                                             ("foreign CPU", _not_recorded(x.noise.foreign_cpu)),
+                                             ("load (1 min)", _not_recorded(x.noise.load))]))
     if x.gates:
         verdict.append('<table class="small vgates"><thead><tr><th>Gate</th><th>Outcome</th></tr></thead><tbody>'
                        + "".join(f"<tr><td>{_code(name)}</td><td>{_cell(c)}</td></tr>" for name, c in x.gates)
@@ -190,6 +219,10 @@ def _card(x: ExperimentView) -> str:
             f"{findings}</article>")
 
 
+def _not_recorded(line: str) -> str:
+    return f'<span class="muted">{e(line)}</span>' if line == NOT_RECORDED else e(line)
+
+
 def _kv(items: list[tuple[str, str]]) -> str:
     return '<dl class="kv">' + "".join(f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
@@ -204,8 +237,9 @@ def _header(m: ReportModel) -> str:
         # The final gate table's verdict sits beside the status, so "done" never reads as "fixed".
         msg = (f'<p class="final">{badge("pass" if m.final_gates_met else "fail")} final gates: '
                f"{e(m.final_gates)}</p>{msg}")
-    nav = ('<nav class="toc"><a href="#gates">Gates</a><a href="#plot">Plot</a><a href="#tree">Experiment tree</a>'
-           '<a href="#changes">Accepted changes</a><a href="#experiments">Experiments</a></nav>')
+    nav = ('<nav class="toc"><a href="#gates">Gates</a><a href="#decisions">Decisions</a>'
+           '<a href="#tree">Experiment tree</a><a href="#changes">Accepted changes</a>'
+           '<a href="#experiments">Experiments</a><a href="#plot">Absolute metric</a></nav>')
     return (f'<header class="top"><h1>infra-agent report {badge(m.status)}</h1>'
             f'<p class="sub">run <code>{e(m.run_id)}</code> · workspace <code>{e(m.workspace)}</code></p>'
             f'<dl class="facts">{dl}</dl>{msg}{nav}</header>')
@@ -215,11 +249,12 @@ def render_model(m: ReportModel) -> str:
     body = [
         _header(m),
         f'<section id="gates"><h2>Gates: before → after</h2>{_gates(m)}</section>',
-        _plot(m),
+        _decisions(m),
         ('<section id="tree"><h2>Experiment tree</h2><p class="muted small">Green rows are the accepted path from '
          f"the baseline to the best; the others are evidence.</p>{_tree(m)}</section>"),
         _accepted(m),
         '<section id="experiments"><h2>Experiments</h2>' + "".join(_card(x) for x in m.experiments) + "</section>",
+        _plot(m),
     ]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             '<meta name="viewport" content="width=device-width, initial-scale=1">'

@@ -7,11 +7,14 @@ fences longer than any backtick run inside it.
 
 from __future__ import annotations
 
+import math
 import re
 
 from infra_agent.agent.experiment import Experiment, RunRecord
-from infra_agent.report.fmt import fmt_num
+from infra_agent.report.decisions import GLYPHS, OUTCOME_LABELS, Decision
+from infra_agent.report.fmt import fmt_interval, fmt_num
 from infra_agent.report.model import ExperimentView, GateCell, ReportModel, build_model
+from infra_agent.report.ratio_plot import half_range
 
 _TAG_START = re.compile(r"<(?=[A-Za-z/!?])")
 _MARK = {"pass": "✓", "supported": "✓", "fail": "✗", "refuted": "✗", "error": "✗", "inconclusive": "?",
@@ -88,15 +91,61 @@ def _gates(m: ReportModel) -> list[str]:
     return lines
 
 
+_STRIP = 41  # characters in a ratio strip; the middle one is 1.0
+
+
+def _strip(d: Decision, m: float) -> str:
+    """The decision on a log axis in text: ``│`` 1.0, ``┆`` the line it needed, ``─`` the interval, the marker."""
+    if d.effect is None:
+        return ""
+
+    def at(r: float) -> int:
+        v = max(-m, min(m, math.log(r)))
+        return round((v / m + 1) / 2 * (_STRIP - 1))
+
+    row = ["·"] * _STRIP
+    if d.low is not None and d.high is not None:
+        for i in range(at(d.low), at(d.high) + 1):
+            row[i] = "─"
+    row[at(1.0)] = "│"
+    if d.threshold is not None:
+        row[at(d.threshold)] = "┆"
+    row[at(d.effect)] = GLYPHS[d.outcome]
+    return "".join(row)
+
+
+def _decisions(m: ReportModel) -> list[str]:
+    d = m.decisions
+    lines = ["", "## Decisions: each experiment's ratio against its parent", ""]
+    if not d.items:
+        return [*lines, text(d.note or "Nothing to plot.")]
+    lines += [("What each verdict was decided on: the ratio candidate / parent of the hypothesis metric, from windows "
+               "measured interleaved (A B A B), with its interval, against the line the hypothesis needed. The "
+               "confirmation (★) is the best against the baseline; a count is decided exactly, not as a ratio. "
+               "In the strip (log scale, left lower, right higher): │ is 1.0, ┆ the line, ─ the interval."), ""]
+    half = half_range(d.ratios)
+    lines += ["| Seq | Experiment | Metric | Outcome | Effect | Interval | Needs | Strip | Load |",
+              "|---:|---|---|---|---:|---|---|---|---|"]
+    for x in d.items:
+        effect = {"ratio": f"{fmt_num(x.effect)}×", "count": x.count_text()}.get(x.kind, "–")
+        interval = (fmt_interval(x.low, x.high) or "–") if x.kind == "ratio" else "–"
+        strip = f"`{_strip(x, half)}`" if x.kind == "ratio" else cell(x.why) if x.kind == "none" else ""
+        outcome = f"{GLYPHS[x.outcome]} {OUTCOME_LABELS[x.outcome]}"
+        lines.append(f"| {x.seq} | {cell(x.label)} | {code(x.metric)} | {outcome} | {effect} | {interval} | "
+                     f"{cell(x.need) or '–'} | {strip} | {cell(x.load) or 'not recorded'} |")
+    return lines
+
+
 def _plot(m: ReportModel) -> list[str]:
     s = m.series
-    lines = ["", f"## Best {text(s.metric) or 'metric'} over experiments", ""]
+    lines = ["", f"## Best {text(s.metric) or 'metric'} over experiments (absolute, context)", ""]
     if not s.points:
         return [*lines, text(s.note or "Nothing to plot.")]
     unit = f" [{s.unit}]" if s.unit else ""
     scen = f" in scenario {code(s.scenario)}" if s.scenario else ""
     lines += [(f"The candidate's median {code(s.metric)}{scen} per experiment ({s.direction} is better); "
-              f"chosen as {text(s.source)}."), ""]
+              f"chosen as {text(s.source)}. Context for the absolute criterion only: these medians come from windows "
+              "measured at different times, so a higher row is not a decision (see Decisions)."), ""]
     if s.target is not None:
         lines += [f"{text(s.target_label).capitalize()}{' ' + s.unit if s.unit else ''}.", ""]
     lo, hi = min(p.value for p in s.points), max(p.value for p in s.points)
@@ -152,6 +201,10 @@ def _experiment(x: ExperimentView) -> list[str]:
                      + (f" — {text(x.verdict_message)}" if x.verdict_message else ""))
         for name, c in x.gates:
             lines.append(f"  - {code(name)}: {_gate_cell(c).replace(chr(92) + '|', '|')}")
+    if x.noise.measured:
+        n = x.noise
+        lines.append(f"- **Noise:** interval width {text(n.interval)}; foreign CPU {text(n.foreign_cpu)}; "
+                     f"load (1 min) {text(n.load)}")
     lines.append(f"- **Cost:** {x.wall}, tier {x.tier or '–'}, {x.e2e_runs} e2e runs, {x.probe_runs} probe runs, "
                  f"{x.llm_tokens:,} LLM tokens")
     if x.findings:
@@ -171,7 +224,7 @@ def _experiment(x: ExperimentView) -> list[str]:
 
 
 def render_model(m: ReportModel) -> str:
-    lines = _header(m) + _gates(m) + _plot(m)
+    lines = _header(m) + _gates(m) + _decisions(m)
     lines += ["", "## Experiment tree", "", *(_tree_line(x) for x in m.experiments)]
     lines += ["", "## Accepted changes"]
     if not m.accepted:
@@ -186,6 +239,7 @@ def render_model(m: ReportModel) -> str:
     lines += ["", "## Experiments"]
     for x in m.experiments:
         lines += _experiment(x)
+    lines += _plot(m)
     return "\n".join(lines) + "\n"
 
 

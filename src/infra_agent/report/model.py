@@ -13,7 +13,9 @@ from typing import Any
 
 from infra_agent.agent.conclusion import describe_gate, not_passing
 from infra_agent.agent.experiment import Experiment, GateResult, RunRecord
+from infra_agent.report.decisions import Decision, Decisions, decision_of
 from infra_agent.report.fmt import fmt_duration, fmt_interval, fmt_num, fmt_time
+from infra_agent.report.noise import Noise, load_note, noise_of
 from infra_agent.report.series import Series, build_series
 from infra_agent.safety import MASK, scrub, secret_name, secret_values
 
@@ -116,6 +118,7 @@ class ExperimentView:
     llm_tokens: int
     findings: list[FindingView]
     more_findings: int
+    noise: Noise  # the decision's interval width and the machine load during its windows
 
 
 @dataclass
@@ -137,7 +140,8 @@ class ReportModel:
     gates: list[GateRow]
     experiments: list[ExperimentView]  # in tree order (depth first, children by seq)
     path: list[str]  # baseline → best
-    series: Series
+    decisions: Decisions  # the headline plot: each decision's paired ratio against its parent
+    series: Series  # the secondary view: the absolute metric, best so far
     best_knobs: list[tuple[str, str]] = field(default_factory=list)
     # The final gate table's verdict (agent/conclusion.py), beside the status: "every gate passes",
     # or the gates that do not; empty while nothing was measured.
@@ -239,7 +243,8 @@ def _knob_value(v: Any) -> str:
     return fmt_num(v) if isinstance(v, float) else str(v)
 
 
-def _experiment_view(e: Experiment, depth: int, glyph: str, path: list[str], run: RunRecord, s: Scrubber) -> ExperimentView:
+def _experiment_view(e: Experiment, depth: int, glyph: str, path: list[str], run: RunRecord, s: Scrubber,
+                     decision: Decision | None) -> ExperimentView:
     h, v, c = e.hypothesis, e.verdict, e.cost
     findings, more = _findings(e, s)
     config = ""
@@ -261,13 +266,15 @@ def _experiment_view(e: Experiment, depth: int, glyph: str, path: list[str], run
         accepted=e.accepted, on_path=e.id in path, baseline=e.parent is None or e.id == run.baseline,
         best=bool(path) and e.id == path[-1],
         wall=fmt_duration(c.wall_s), tier=c.tier.value if c.tier else "", e2e_runs=c.e2e_runs,
-        probe_runs=c.probe_runs, llm_tokens=c.llm_tokens, findings=findings, more_findings=more)
+        probe_runs=c.probe_runs, llm_tokens=c.llm_tokens, findings=findings, more_findings=more,
+        noise=noise_of(e, decision))
 
 
 def build_model(run: RunRecord, experiments: list[Experiment]) -> ReportModel:
     s = Scrubber()
     path = accepted_path(run, experiments)
-    views = [_experiment_view(e, depth, glyph, path, run, s) for e, depth, glyph in _tree(experiments)]
+    decided = {e.id: decision_of(e, s.text, s.text(load_note(e))) for e in experiments}
+    views = [_experiment_view(e, depth, glyph, path, run, s, decided[e.id]) for e, depth, glyph in _tree(experiments)]
     wall = run.finished_at - run.started_at if run.finished_at is not None else None
     by_id = {e.id: e for e in experiments}
     best = by_id.get(path[-1]) if path else None
@@ -279,6 +286,7 @@ def build_model(run: RunRecord, experiments: list[Experiment]) -> ReportModel:
         llm_tokens=sum(e.cost.llm_tokens for e in experiments), message=s.text(run.message),
         baseline=s.text(run.baseline), best=s.text(path[-1]) if path else "", branch=s.text(run.branch),
         gates=_gate_rows(run.gates_before, run.gates_after, s), experiments=views, path=[s.text(p) for p in path],
+        decisions=Decisions.of(d for d in decided.values() if d is not None),
         series=build_series(run, experiments, s.text), best_knobs=_knob_list(best.knobs, s) if best else [],
         final_gates=s.text(_final_gates(run)), final_gates_met=bool(run.gates_after) and not not_passing(run.gates_after)
         and run.status != "not_confirmed",

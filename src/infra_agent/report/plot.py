@@ -1,4 +1,5 @@
-"""The metric-over-experiments plot as inline SVG (no plotting library)."""
+"""The absolute metric-over-experiments plot as inline SVG (no plotting library): the report's
+secondary view, beside the decisions plot (:mod:`infra_agent.report.ratio_plot`)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _y_range(values: list[float]) -> tuple[float, float, float]:
     return math.floor(lo / step) * step, math.ceil(hi / step) * step, step
 
 
-def _x_ticks(lo: int, hi: int) -> list[int]:
+def x_ticks(lo: int, hi: int) -> list[int]:
     step = max(1, int(nice_step(hi - lo, 10)))
     return list(range(lo - lo % step if lo % step else lo, hi + 1, step))
 
@@ -75,7 +76,7 @@ def render_svg(series: Series) -> str:
         out.append(f'<line x1="{_LEFT}" y1="{py:.1f}" x2="{WIDTH - _RIGHT}" y2="{py:.1f}" stroke="{GRID}" stroke-width="1"/>')
         out.append(f'<text x="{_LEFT - 8}" y="{py + 4:.1f}" text-anchor="end" fill="{INK}">{escape(fmt_num(y))}</text>')
     # X ticks.
-    for x in _x_ticks(pts[0].seq, pts[-1].seq):
+    for x in x_ticks(pts[0].seq, pts[-1].seq):
         px = sx(x)
         out.append(f'<line x1="{px:.1f}" y1="{_TOP + ph}" x2="{px:.1f}" y2="{_TOP + ph + 5}" stroke="{INK}"/>')
         out.append(f'<text x="{px:.1f}" y="{_TOP + ph + 19}" text-anchor="middle" fill="{INK}">{x}</text>')

@@ -1,4 +1,7 @@
-"""The best-metric-over-experiments series behind the report's plot.
+"""The best-metric-over-experiments series behind the report's secondary, absolute plot.
+
+Context only: each point is a median of windows measured at its own time, not what its
+verdict was decided on (that is the paired ratio, :mod:`infra_agent.report.decisions`).
 
 The metric is the one of the run's main failing criterion: the first criterion gate of
 ``run.gates_before`` that failed, else the most common hypothesis metric.  Each

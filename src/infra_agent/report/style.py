@@ -83,7 +83,7 @@ ul.findings li { padding: 6px 0; border-bottom: 1px dashed var(--line); }
 ul.findings li:last-child { border-bottom: 0; }
 .next { color: var(--muted); font-style: italic; }
 .plot-wrap { overflow-x: auto; }
-svg.plot { width: 100%; max-width: 1000px; height: auto; display: block; margin: 0 auto; }
+svg.plot, svg.ratios { width: 100%; max-width: 1000px; height: auto; display: block; margin: 0 auto; }
 .note { padding: 12px; background: var(--zebra); border: 1px dashed var(--line); border-radius: 6px; color: var(--muted); }
 footer { color: var(--muted); font-size: 12px; text-align: center; }
 @media print {

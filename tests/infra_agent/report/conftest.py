@@ -193,3 +193,65 @@ def run() -> RunRecord:
 @pytest.fixture
 def experiments() -> list[Experiment]:
     return build_experiments()
+
+
+def host_load(foreign: list[float], load: list[float]) -> list[Measurement]:
+    """What the serving probe records once per window: CPU used outside the experiment, and the load average."""
+    return [Measurement.from_samples("host_foreign_cpu", "cores", foreign),
+            Measurement.from_samples("host_load_1m", "load", load)]
+
+
+def build_decided_experiments() -> list[Experiment]:
+    """The run above plus every other way a decision ends: supported but held back by a guard, an
+    inconclusive ratio on a lower-is-better metric, a timeout, and the confirmation; e2 and e3
+    carry the machine load of their windows (e2 on both sides, e3 on the candidate's only)."""
+    exps = build_experiments()
+    e2, e3 = exps[1], exps[2]
+    assert e2.feedback is not None and e3.feedback is not None
+    e2.feedback.measurements += host_load([0.2, 1.8, 0.5], [2.0, 3.5, 2.5])
+    e2.baseline_feedback = Feedback(probe="serving", tier=Tier.e2e, measurements=[
+        Measurement.from_samples("output_throughput", "tok/s", [258.0, 262.0, 266.0], better="higher", scenario="chat"),
+        *host_load([0.1, 0.6, 0.3], [2.2, 2.4, 2.1])])
+    e3.feedback.measurements += host_load([3.0], [6.5])
+    # The kernel check on the parent's side: the count the candidate's is compared with.
+    exps[4].baseline_feedback = Feedback(probe="kernel", tier=Tier.check, measurements=[
+        Measurement.from_samples("failed_checks", "count", [4.0], better="lower")])
+    hyp = Hypothesis(statement="Caching the tokenizer output lifts throughput by 2%.", metric="output_throughput",
+                     direction="higher", min_effect=0.02, scenario="chat")
+    e7 = Experiment(
+        id="e7", run_id=exps[0].run_id, seq=7, parent="e6", proposer="rules", hypothesis=hyp,
+        change=Change(knobs={"tokenizer_cache": True}), probe=ProbeCall(name="serving", tier=Tier.e2e),
+        status="done", feedback=serving_feedback([330.0, 333.0, 336.0]),
+        verdict=Verdict(outcome="supported", effect=1.06, low=1.03, high=1.09, accepted=False, interval=CI_LABEL,
+                        message="not accepted (promising, a guard undecided): ttft-not-worse is inconclusive"),
+        cost=Cost(wall_s=190.0, tier=Tier.e2e, e2e_runs=6))
+    e8 = Experiment(
+        id="e8", run_id=exps[0].run_id, seq=8, parent="e6", proposer="rules",
+        hypothesis=Hypothesis(statement="A smaller first chunk cuts p99 TTFT by 5%.", metric="p99_ttft_ms",
+                              direction="lower", min_effect=0.05, scenario="chat"),
+        change=Change(knobs={"first_chunk": 64}), probe=ProbeCall(name="serving", tier=Tier.e2e),
+        status="done", feedback=serving_feedback([318.0, 320.0, 321.0]),
+        verdict=Verdict(outcome="inconclusive", effect=0.97, low=0.91, high=1.03, interval=CI_LABEL,
+                        message="the interval straddles 0.952"),
+        cost=Cost(wall_s=185.0, tier=Tier.e2e, e2e_runs=6))
+    e9 = Experiment(
+        id="e9", run_id=exps[0].run_id, seq=9, parent="e6", proposer="rules", hypothesis=hyp,
+        change=Change(knobs={"max_batch_tokens": 4096}), probe=ProbeCall(name="serving", tier=Tier.e2e),
+        status="timeout", error="the server did not answer within 600 s", cost=Cost(wall_s=600.0, tier=Tier.e2e))
+    confirm_hyp = Hypothesis(statement="the accepted changes together hold every gate against the baseline",
+                             metric="output_throughput", direction="higher", scenario="chat")
+    e10 = Experiment(
+        id="e10", run_id=exps[0].run_id, seq=10, parent="e6", role="confirm", proposer="-", hypothesis=confirm_hyp,
+        probe=ProbeCall(name="serving", tier=Tier.e2e, reason="confirmation: the best against the baseline"),
+        status="done", feedback=serving_feedback([316.0, 318.0, 321.0]),
+        baseline_feedback=serving_feedback([259.0, 262.0, 265.0]),
+        # A confirmation's verdict has no effect of its own: the ratio is in its hypothesis gate.
+        verdict=Verdict(outcome="confirmed", message="every gate holds against the baseline",
+                        gates=[gate("hypothesis", "output_throughput>=1", "hypothesis", "pass", 1.21, 1.17, 1.25)]),
+        cost=Cost(wall_s=200.0, tier=Tier.e2e, e2e_runs=6))
+    return [*exps, e7, e8, e9, e10]
+
+
+@pytest.fixture
+def decided() -> list[Experiment]:
+    return build_decided_experiments()
