@@ -21,10 +21,12 @@ from infra_agent.agent.experiment import (
 )
 from infra_agent.agent.judging import gates_of, side_feedback
 from infra_agent.agent.planner import Plan
+from infra_agent.agent.rounds import by_scenario
 from infra_agent.agent.top_up import run_top_up
 from infra_agent.feedback import Feedback
 from infra_agent.judge.gates import hypothesis_outcome
 from infra_agent.judge.pooling import pool_runs
+from infra_agent.judge.sequential import SequentialDesign
 
 
 def confirm_best(loop: Any) -> Experiment | None:
@@ -88,10 +90,11 @@ def run_confirm(loop: Any, base: Experiment, best: Experiment, again: Experiment
                                              message=f"the check could not run ({got.status}): {got.error}"))
     exp.feedback, exp.baseline_feedback, exp.checks = side_feedback(ex.candidate), side_feedback(ex.baseline), dict(ex.checks)
     exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
-    gates = gates_of(loop.ws, ex, exp.id, plan) + unmeasured
+    conf = _confidence(loop.opts)
+    gates = gates_of(loop.ws, ex, exp.id, plan, confidence=conf) + unmeasured
     if ex.status == "done" and _undecided(gates) and loop.opts.get("top_up", True):
-        gates = _top_up(loop, exp, plan, base, ex, gates, unmeasured)
-    _decide(loop, exp, best, plan, ex, gates)
+        gates = _top_up(loop, exp, plan, base, ex, gates, unmeasured, confidence=conf)
+    _decide(loop, exp, best, plan, ex, gates, conf)
     return exp
 
 
@@ -102,10 +105,19 @@ def _plan(loop: Any, hyp: Hypothesis, scenarios: list[str]) -> Plan:
     return plan
 
 
-def _decide(loop: Any, exp: Experiment, best: Experiment, plan: Plan, ex: Execution, gates: list[GateResult]) -> None:
+def _confidence(opts: dict[str, Any], looks: int | None = None) -> float:
+    """The confirmation's interval: two looks (the first round and one more) at Pocock's level,
+    or one look at 95% with ``--no-top-up`` (judge/sequential.py)."""
+    n = looks if looks is not None else (2 if opts.get("top_up", True) else 1)
+    return SequentialDesign(looks=n, batch=int(opts.get("pairs") or 3)).confidence
+
+
+def _decide(loop: Any, exp: Experiment, best: Experiment, plan: Plan, ex: Execution, gates: list[GateResult],
+            confidence: float) -> None:
     """The confirmation's verdict from its gate table; the experiment is saved and reported."""
     hyp = exp.hypothesis
-    _, hyp_gate = hypothesis_outcome(hyp, ex.candidate.get(hyp.scenario or "", []), ex.baseline.get(hyp.scenario or "", []), exp.id)
+    _, hyp_gate = hypothesis_outcome(hyp, ex.candidate.get(hyp.scenario or "", []), ex.baseline.get(hyp.scenario or "", []),
+                                     exp.id, confidence)
     ok = ex.status == "done" and all(g.outcome in ("pass", "skipped") for g in gates)
     exp.status, exp.error = ("done", None) if ex.status == "done" else (ex.status, ex.error)
     exp.verdict = Verdict(outcome="confirmed" if ok else "not_confirmed", gates=[hyp_gate, *gates],
@@ -121,25 +133,19 @@ def top_up_confirmation(loop: Any, base: Experiment, best: Experiment, done: Exp
     and checks pooled with a new round of pairs and fresh runs of the checks."""
     scenarios = sorted({s for fb in (done.feedback, done.baseline_feedback) if fb is not None
                         for m in fb.measurements if (s := m.tags.get("scenario"))})
-    ex = Execution(status="done", candidate=_by_scenario(done.feedback, scenarios),
-                   baseline=_by_scenario(done.baseline_feedback, scenarios),
+    ex = Execution(status="done", candidate=by_scenario(done.feedback, scenarios),
+                   baseline=by_scenario(done.baseline_feedback, scenarios),
                    checks=dict(done.checks), wall_s=done.cost.wall_s, e2e_runs=done.cost.e2e_runs,
                    probe_runs=done.cost.probe_runs)
     plan = _plan(loop, done.hypothesis, scenarios)
     done.status, done.started_at = "running", time.time()
     loop._save(done)
     gates = [g for g in (done.verdict.gates if done.verdict else []) if g.kind != "hypothesis"]
-    gates = _top_up(loop, done, plan, base, ex, gates, [], why="resumed after it did not confirm")
-    _decide(loop, done, best, plan, ex, gates)
+    # A third look at evidence planned for two: the interval is the three-look design's.
+    conf = _confidence(loop.opts, looks=3)
+    gates = _top_up(loop, done, plan, base, ex, gates, [], why="resumed after it did not confirm", confidence=conf)
+    _decide(loop, done, best, plan, ex, gates, conf)
     return done
-
-
-def _by_scenario(fb: Feedback | None, scenarios: list[str]) -> dict[str, list[Feedback]]:
-    """A side's recorded windows (pooled over scenarios) split back into one Feedback per scenario."""
-    if fb is None:
-        return {}
-    return {s: [fb.model_copy(update={"measurements": [m for m in fb.measurements if m.tags.get("scenario") == s]})]
-            for s in scenarios}
 
 
 def _undecided(gates: list[GateResult]) -> list[str]:
@@ -148,7 +154,7 @@ def _undecided(gates: list[GateResult]) -> list[str]:
 
 
 def _top_up(loop: Any, exp: Experiment, plan: Plan, base: Experiment, ex: Any, gates: list[GateResult],
-            unmeasured: list[GateResult], why: str = "") -> list[GateResult]:
+            unmeasured: list[GateResult], why: str = "", confidence: float = 0.95) -> list[GateResult]:
     """One more round of as many interleaved pairs when a gate is left undecided (``top_up``),
     and the checks again: the confirmation is the gate table the user reads, so it asks for
     the samples before reporting.  Every run pools with the first round's.  A failed top-up
@@ -167,4 +173,4 @@ def _top_up(loop: Any, exp: Experiment, plan: Plan, base: Experiment, ex: Any, g
     if not done:
         return gates
     exp.feedback, exp.baseline_feedback, exp.checks = side_feedback(ex.candidate), side_feedback(ex.baseline), dict(ex.checks)
-    return gates_of(loop.ws, ex, exp.id, plan) + unmeasured
+    return gates_of(loop.ws, ex, exp.id, plan, confidence=confidence) + unmeasured

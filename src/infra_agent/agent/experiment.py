@@ -119,12 +119,14 @@ class GateResult(_Model):
 
 class Verdict(_Model):
     outcome: RecordOutcome
-    effect: float | None = None  # candidate/baseline ratio of the hypothesis metric (or a difference for counts)
+    effect: float | None = None  # candidate/baseline ratio of the hypothesis metric (the candidate's count for counts)
     low: float | None = None
     high: float | None = None
     interval: str = ""
     gates: list[GateResult] = Field(default_factory=list)
     accepted: bool = False
+    # Supported, but a guard was left undecided: promising, not accepted (agent/judging.py).
+    held: bool = False
     message: str = ""
 
     @property
@@ -160,6 +162,9 @@ class Experiment(_Model):
     # experiment was about), by check name.
     checks: dict[str, Feedback] = Field(default_factory=dict)
     verdict: Verdict | None = None
+    # The sample-size plan stated before it ran (judge/sample_plan.py: noise, pairs needed,
+    # the sequential design), as JSON.
+    sample_plan: dict[str, Any] | None = None
     cost: Cost = Field(default_factory=Cost)
     # The knob values the candidate ran with (parent's config + this change), and the
     # code it ran: the parent's commit, and the commit made when it was accepted.
@@ -176,6 +181,21 @@ class Experiment(_Model):
     @property
     def finished(self) -> bool:
         return self.status in FINISHED
+
+    @property
+    def open(self) -> bool:
+        """Undecided and promising: it may be topped up with more pairs later (the same run, a
+        resumed one, an MCP client) instead of being refused as "already tried".  Inconclusive
+        is not refuted: an interval that straddles the line with its estimate on the side the
+        hypothesis predicts, or a supported hypothesis whose guard was left undecided."""
+        v = self.verdict
+        if self.role != "experiment" or self.status != "done" or v is None or v.accepted:
+            return False
+        if v.held:
+            return True
+        if v.outcome != "inconclusive" or v.effect is None or v.low is None or self.hypothesis.metric in COUNT_METRICS:
+            return False
+        return v.effect > 1.0 if self.hypothesis.direction == "higher" else v.effect < 1.0
 
 
 class Step(_Model):

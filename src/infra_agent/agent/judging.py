@@ -37,23 +37,27 @@ def check_runs(ex: Execution, plan: Plan | None) -> dict[str, Feedback]:
     return {name: fb for name, fb in pooled.items() if fb is not None}
 
 
-def gates_of(workspace: Any, ex: Execution, exp_id: str, plan: Plan | None, relative: bool = True) -> list[GateResult]:
-    """Each criterion and each check evaluated once on the candidate, every run of it pooled."""
+def gates_of(workspace: Any, ex: Execution, exp_id: str, plan: Plan | None, relative: bool = True,
+             confidence: float = 0.95) -> list[GateResult]:
+    """Each criterion and each check evaluated once on the candidate, every run of it pooled.
+
+    ``confidence``: of every interval; above 0.95 at a look of a sequential design."""
     checks = check_runs(ex, plan)
     gates = criteria_gates(workspace, ex.candidate if (plan is None or plan.mode == "ab") else {},
                            ex.baseline if relative and (plan is None or plan.mode == "ab") else None, exp_id,
-                           checks=checks)
-    return gates + [check_gate(name, fb, exp_id) for name, fb in checks.items()]
+                           checks=checks, confidence=confidence)
+    return gates + [check_gate(name, fb, exp_id, confidence) for name, fb in checks.items()]
 
 
-def judge(workspace: Any, exp: Experiment, ex: Execution, plan: Plan, best_gates: dict[str, GateResult]) -> Verdict:
+def judge(workspace: Any, exp: Experiment, ex: Execution, plan: Plan, best_gates: dict[str, GateResult],
+          confidence: float = 0.95) -> Verdict:
     """Accepted when the hypothesis is supported and every gate that held on the parent (a guard)
     still passes: a guard that fails breaks it; one left inconclusive (or unmeasurable) holds the
     candidate back as promising, never accepted silently."""
     key = plan.check if plan.mode == "pair" else (exp.hypothesis.scenario or (plan.scenarios[0] if plan.scenarios else ""))
     outcome, hyp_gate = hypothesis_outcome(exp.hypothesis, ex.candidate.get(key or "", []), ex.baseline.get(key or "", []),
-                                           exp.id)
-    gates = gates_of(workspace, ex, exp.id, plan)
+                                           exp.id, confidence)
+    gates = gates_of(workspace, ex, exp.id, plan, confidence=confidence)
     guards = [g for g in gates if held_on_parent(workspace, g, best_gates)]
     broken = [g for g in guards if g.outcome == "fail"]
     undecided = [g for g in guards if g.outcome in ("inconclusive", "error")]
@@ -74,7 +78,8 @@ def judge(workspace: Any, exp: Experiment, ex: Execution, plan: Plan, best_gates
     else:
         why = f"accepted: {hyp_gate.message}"
     return Verdict(outcome=outcome, effect=hyp_gate.value, low=hyp_gate.low, high=hyp_gate.high,
-                   interval=hyp_gate.interval, gates=[hyp_gate, *gates], accepted=accepted, message=why)
+                   interval=hyp_gate.interval, gates=[hyp_gate, *gates], accepted=accepted,
+                   held=outcome == "supported" and not broken and bool(undecided) and lost <= 0, message=why)
 
 
 def undecided_guards(workspace: Any, verdict: Verdict, best_gates: dict[str, GateResult]) -> list[GateResult]:

@@ -35,16 +35,14 @@ from infra_agent.agent.judging import (
     check_runs,
     commit_message,
     failure_finding,
-    judge,
     side_feedback,
-    undecided_guards,
 )
 from infra_agent.agent.look_again import look_again, looked_at
 from infra_agent.agent.planner import Plan, Planner
 from infra_agent.agent.progress import RunProgress
 from infra_agent.agent.proposers.base import LoopState, Proposer
-from infra_agent.agent.screening import screen
-from infra_agent.agent.top_up import run_top_up
+from infra_agent.agent.rounds import judge_in_rounds, most_promising_open, reopen, sample_plan
+from infra_agent.agent.screening import open_match, screen
 from infra_agent.errors import InfraAgentError
 from infra_agent.feedback import Feedback, Tier
 from infra_agent.vocabulary import FindingKind
@@ -146,9 +144,31 @@ class Loop:
 
     def run_step(self, step: Step) -> Experiment:
         """Screen, plan, execute, judge and record one step against the current best, as ``execute`` does."""
-        exp = self._new_experiment(step, self._best())
+        return self._take_step(step, self._best())
+
+    def _take_step(self, step: Step, best: Experiment) -> Experiment:
+        """A new experiment; or, for the same change on the same parent as an open one
+        (inconclusive, promising), one more batch of that experiment: inconclusive is not refuted."""
+        again = open_match(self.ws, self.history, best, step)
+        if again is not None and self._reopen(again):
+            return again
+        exp = self._new_experiment(step, best)
         self._run_experiment(exp, step)
         return exp
+
+    def _reopen(self, exp: Experiment) -> bool:
+        best = self._by_id(exp.parent) or self._best()
+        step = Step(hypothesis=exp.hypothesis, change=exp.change)
+        try:
+            plan = self.planner.plan(step, [c for k in exp.change.knobs if k in self.ws.knobs
+                                            for c in self.ws.knobs[k].components])
+        except InfraAgentError:
+            return False
+        plan.pre_checks = []  # they ran, and passed, in its first batches
+        ran = reopen(self.ws, self.executor, exp, plan, best, self._table(decisive=True),
+                     take=lambda ex: self._take(exp, ex, plan), say=self.progress.line, on_event=self.progress.event)
+        self._finish(exp, best, plan)
+        return ran
 
     def _stop_reason(self) -> StopReason | None:
         table = self._table()
@@ -183,11 +203,10 @@ class Loop:
             if step is None:
                 said = getattr(self.proposer, "stopped_reason", None)
                 reason = StopReason(StopKind.NOTHING_LEFT, said or f"the {self.proposer.name} proposer has nothing more to try")
-                if look_again(self, state.best, reason.detail):
+                if self._reopen_best_open(state.best) or look_again(self, state.best, reason.detail):
                     continue
                 break
-            exp = self._new_experiment(step, state.best)
-            self._run_experiment(exp, step)
+            exp = self._take_step(step, state.best)
             screened = screened + 1 if exp.status in ("rejected", "error") and exp.probe is None else 0
             if screened >= _MAX_SCREENED:
                 reason = StopReason(StopKind.SCREENED_OUT, f"the {self.proposer.name} proposer made {screened} proposals "
@@ -195,6 +214,15 @@ class Loop:
                 break
         self.progress.line(f"stopped: {reason}")
         return reason
+
+    def _reopen_best_open(self, best: Experiment) -> bool:
+        """Before giving up: the most promising open experiment on ``best`` gets one more batch
+        (once per run), so a right but undecided change is not dropped."""
+        left = self._runs_left()
+        if not self.opts.get("top_up", True) or (left is not None and left < 1):
+            return False  # --no-top-up: every experiment is judged on its first batch
+        exp = most_promising_open(self.history, best)
+        return exp is not None and self._reopen(exp)
 
     def _new_experiment(self, step: Step, best: Experiment) -> Experiment:
         seq = self.ledger.next_seq(self.run.id)
@@ -231,22 +259,21 @@ class Loop:
         # A cheap gate that already fails on the parent says nothing about this change.
         table = self._table()
         plan.pre_checks = [c for c in plan.pre_checks if table.get(c) is None or table[c].outcome == "pass"]
+        # The sample-size plan is said before the runs are spent (agent/rounds.py).
+        sp = sample_plan(exp, plan, self.history, self.opts)
+        exp.sample_plan = sp.as_dict()
         exp.probe, exp.status, exp.started_at = plan.probe, "running", time.time()
         self._save(exp)
         self.progress.experiment(exp, f"{plan.probe.name}/{plan.probe.tier.value}"
                                       + (f" after {len(plan.pre_checks)} cheap gate(s)" if plan.pre_checks else ""))
+        if plan.mode == "ab":
+            self.progress.line(f"{exp.id} {sp.text()}")
         ex = self.executor.execute(exp, plan, best, self.progress.event)
         self._take(exp, ex, plan)
         if ex.status == "done":
-            held = self._table(decisive=True)
-            exp.verdict = judge(self.ws, exp, ex, plan, held)
-            why = self._undecided(exp, held)
-            if why and self.opts.get("top_up", True):
-                # Undecided on an interval: one more round, the verdict on the pooled runs (agent/top_up.py).
-                self.progress.experiment(exp, f"{plan.probe.name}/{plan.probe.tier.value}: one more round, {why}")
-                if run_top_up(self.executor, exp, plan, best, ex, self.progress.event):
-                    exp.verdict = judge(self.ws, exp, ex, plan, held)
-                self._take(exp, ex, plan)
+            judge_in_rounds(self.ws, self.executor, exp, plan, best, ex, self._table(decisive=True), sp,
+                            take=lambda: self._take(exp, ex, plan), say=lambda text: self.progress.experiment(exp, text),
+                            on_event=self.progress.event)
             exp.status = "done"
         else:
             exp.status, exp.error = ex.status, ex.error
@@ -256,18 +283,6 @@ class Loop:
                                         findings=[])
                 exp.feedback.findings.append(failure_finding(kind, ex.error or ex.status))
         self._finish(exp, best, plan)
-
-    def _undecided(self, exp: Experiment, held: dict[str, GateResult]) -> str | None:
-        """Why one more round could decide what this one left open (None: nothing to settle)."""
-        v = exp.verdict
-        if v is None:
-            return None
-        if v.outcome == "inconclusive" and v.low is not None:
-            return f"the hypothesis is undecided ({v.message})"
-        guards = undecided_guards(self.ws, v, held)
-        if guards:
-            return "the hypothesis is supported but " + ", ".join(f"guard {g.name} is undecided" for g in guards)
-        return None
 
     @staticmethod
     def _take(exp: Experiment, ex: Any, plan: Plan) -> None:

@@ -47,7 +47,11 @@ class RunOptions(BaseModel):
     proposer: Literal["rules", "search", "llm"] = "rules"
     budget_runs: int | None = Field(8, ge=1, description="experiments after the baseline")
     budget_s: float | None = Field(None, gt=0)
-    pairs: int = Field(3, ge=3, le=50, description="interleaved A/B pairs per e2e comparison (>= 3 for an interval)")
+    pairs: int = Field(3, ge=3, le=50, description="interleaved A/B pairs per batch of an e2e comparison (>= 3 for an "
+                                                  "interval)")
+    # The sequential design's cap (agent/rounds.py): batches of ``pairs`` are looked at until one
+    # decides or this many pairs ran.  None: four batches.
+    max_pairs: int | None = Field(None, ge=3, le=200, description="most interleaved pairs one e2e comparison may run")
     probe_timeout_s: float = Field(900.0, gt=0)
     check_timeout_s: float = Field(300.0, gt=0)
     scenarios: list[str] | None = None

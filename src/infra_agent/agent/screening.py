@@ -15,7 +15,9 @@ the loop goes on:
 - a no-op: every changed knob at an alias of the parent's value (``kv_cache_dtype:
   bfloat16`` where ``auto`` is bfloat16), or a launch that renders exactly as the
   parent's (the command, env and cwd with ``{port}`` fixed, and every check's config);
-- the same change, on the same parent, as an experiment already tried.  Values are
+- the same change, on the same parent, as an experiment already tried and decided
+  (refuted, accepted, or failed); one left open (inconclusive, promising) is topped up
+  instead (:func:`open_match`, agent/rounds.py).  Values are
   compared as the knobs parse them, so ``"16"``, ``16`` and ``16.0`` for an int knob
   are one change.
 
@@ -125,3 +127,15 @@ def screen(workspace: Any, step: Step, best: Experiment, history: list[Experimen
             outcome = e.verdict.outcome if e.verdict else e.status
             return knobs, f"the same change was already tried on {best.id} in experiment {e.id} ({outcome})"
     return knobs, None
+
+
+def open_match(workspace: Any, history: list[Experiment], best: Experiment, step: Step) -> Experiment | None:
+    """An open experiment (inconclusive, promising) of the same change on the same parent: the
+    step tops it up instead of being refused as already tried (``Experiment.open``)."""
+    try:
+        knobs = dict(workspace.resolve_knobs({**best.knobs, **step.change.knobs}))
+    except InfraAgentError:
+        return None
+    key = canonical_key(step.change, knobs)
+    return next((e for e in reversed(history) if e.open and e.parent == best.id
+                 and canonical_key(e.change, e.knobs) == key), None)

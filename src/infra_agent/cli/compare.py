@@ -1,4 +1,4 @@
-"""``infra-agent compare A.json B.json``: B against A (baseline) with bootstrap intervals.
+"""``infra-agent compare A.json B.json``: B against A (baseline) with the judge's intervals.
 
 Each file may hold one result, a list of results, or ``{"runs": [...]}`` (what the
 interleaved A/B driver writes).  With several runs per side the interval comes from
@@ -28,7 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from infra_agent.cli.output import emit, err_console, user_errors
-from infra_agent.errors import BenchmarkError
+from infra_agent.errors import BenchmarkError, ConfigError
 
 if TYPE_CHECKING:
     from infra_agent.judge.verdict import Comparison
@@ -207,9 +207,18 @@ def register(app: typer.Typer) -> None:
                  "Ignores between-run variance: without it, one run per side decides nothing."),
         allow_mismatch: bool = typer.Option(
             False, "--allow-mismatch", help="Compare although A and B ran different workloads (warns with the differences)."),
+        interval: str = typer.Option(
+            "t", "--interval",
+            help="t (default): geometric mean of the per-pair ratios with a t-interval on their logs, the interval the "
+                 "loop decides on; bootstrap: a percentile bootstrap of the ratio of means (covers the truth less often "
+                 "than it claims with few runs)."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
-        """Per-metric ratio B/A with a bootstrap CI, and a verdict per criterion."""
+        """Per-metric ratio B/A with a confidence interval, and a verdict per criterion.
+
+        The interval is the judge's: the geometric mean of the per-pair ratios of
+        interleaved runs with a t-interval on their logs (--interval bootstrap opts in to a
+        percentile bootstrap).  Fewer than 3 runs per side decide nothing: inconclusive."""
         with user_errors(as_json):
             from infra_agent.judge.verdict import (
                 PER_REQUEST_LABEL,
@@ -219,6 +228,8 @@ def register(app: typer.Typer) -> None:
             )
 
             _check_options(confidence, n_boot)
+            if interval not in ("t", "bootstrap"):
+                raise ConfigError("--interval", None, "t or bootstrap", interval)
             gates = [parse_gate(c) for c in criterion]
             runs_a, runs_b = read_runs(a, "A"), read_runs(b, "B")
             mismatch = workload_mismatch(runs_a, runs_b) + measurement_mismatch(runs_a, runs_b)
@@ -230,7 +241,7 @@ def register(app: typer.Typer) -> None:
             _check_metrics(a, "A", runs_a, metrics)
             _check_metrics(b, "B", runs_b, metrics)
             comp = compare_runs(runs_a, runs_b, metrics, gates, confidence=confidence, n_boot=n_boot, seed=seed,
-                                process_noise=process_noise, per_request=per_request)
+                                process_noise=process_noise, per_request=per_request, interval=interval)
         warnings = []
         if mismatch:
             warnings.append("A and B ran different workloads (--allow-mismatch): " + "; ".join(mismatch))

@@ -24,7 +24,10 @@ def register(app: typer.Typer) -> None:
         budget_runs: int = typer.Option(8, "--budget-runs", help="Most experiments after the baseline (at least 1)."),
         budget_s: float | None = typer.Option(None, "--budget-s", help="Wall-time budget in seconds (no new experiment "
                                               "starts after it)."),
-        pairs: int = typer.Option(3, "--pairs", help="Interleaved A/B pairs per end-to-end comparison (3 to 50)."),
+        pairs: int = typer.Option(3, "--pairs", help="Interleaved A/B pairs per batch of an end-to-end comparison (3 to 50)."),
+        max_pairs: int | None = typer.Option(None, "--max-pairs", help="Most pairs one comparison may run: batches of "
+                                             "--pairs are looked at (sequential design) until one decides or this many "
+                                             "ran (default: 4 batches)."),
         scenario: list[str] = typer.Option([], "--scenario", help="Run only these scenarios (repeatable; default: those "
                                            "the criteria name)."),
         playbook: str | None = typer.Option(None, "--playbook", help="Rules playbook YAML (--proposer rules; default: "
@@ -78,7 +81,7 @@ def register(app: typer.Typer) -> None:
             from infra_agent.errors import ConfigError
 
             try:
-                opts = RunOptions(proposer=proposer, budget_runs=budget_runs, budget_s=budget_s, pairs=pairs,  # type: ignore[arg-type]
+                opts = RunOptions(proposer=proposer, budget_runs=budget_runs, budget_s=budget_s, pairs=pairs, max_pairs=max_pairs,  # type: ignore[arg-type]
                                   scenarios=list(scenario) or None, playbook=playbook, seed=seed, blind=blind, model=model,
                                   base_url=base_url, probe_timeout_s=probe_timeout_s, confirm=not no_confirm, top_up=not no_top_up, look_again=not no_look_again,
                                   keep_going=keep_going, executor=executor, address=address,  # type: ignore[arg-type]

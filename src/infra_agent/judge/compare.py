@@ -1,7 +1,9 @@
 """Comparing two sides' runs on a metric: the ratio B/A, its interval, and the verdict per gate.
 
 Several runs per side give one value of the metric per run (paired when the counts
-match, as an interleaved A B A B schedule produces).  One run per side gives no
+match, as an interleaved A B A B schedule produces); the interval is the judge's one
+family, a t-interval on the logs of the per-pair ratios (``interval="bootstrap"`` opts in
+to a percentile bootstrap).  One run per side gives no
 interval and an ``inconclusive`` verdict asking for repeated interleaved runs (the
 reason is in :mod:`infra_agent.judge.verdict`), unless ``per_request=True`` opts in to
 a per-request bootstrap of a latency metric.  A side whose every run failed is
@@ -23,6 +25,7 @@ from infra_agent.bench.metrics import request_samples
 from infra_agent.errors import BenchmarkError
 from infra_agent.judge.bootstrap import RatioCI, bootstrap_ratio
 from infra_agent.judge.decision import MIN_SAMPLES, Gate, Outcome, Verdict, decide
+from infra_agent.judge.intervals import paired_ratio_interval, unpaired_ratio_interval
 
 _LATENCY_KEY = re.compile(r"^(mean|median|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 
@@ -154,6 +157,7 @@ def compare_metric(
     seed: int = 0,
     process_noise: float = 0.0,
     per_request: bool = False,
+    interval: Literal["t", "bootstrap"] = "t",
 ) -> MetricComparison:
     """B/A for one metric.  ``process_noise``: the per-process offset's spread (see
     ``bootstrap_ratio``); the restarts it is averaged over are counted from the runs'
@@ -162,6 +166,11 @@ def compare_metric(
     ``per_request``: with one run per side, bootstrap a latency metric over the
     requests of those two runs (ignores between-run variance); without it, one run
     per side gives no interval and the verdict asks for repeated runs.
+
+    ``interval``: ``t`` (default), the judge's one family: the geometric mean of per-pair
+    ratios with a t-interval on their logs (the loop and the MCP tools decide on the same);
+    ``bootstrap``, opt-in: a percentile bootstrap of the ratio of ``run_stat``s, which with
+    few runs covers the truth less often than it claims (judge/intervals.py).
     """
     check_options(confidence, n_boot, process_noise)
     _check_runs(baseline_runs, "A")
@@ -195,13 +204,22 @@ def compare_metric(
     if len(base) >= 2 and len(cand) >= 2:
         paired = len(a) == len(b)
         restarts = _restarts(base, cand)
-        ci = bootstrap_ratio(b, a, stat=run_stat, confidence=confidence, n_boot=n_boot, seed=seed, paired=paired,
-                             process_noise=process_noise, restarts=restarts)
-        note = f"{run_stat} of {len(a)}+{len(b)} runs" + (", paired" if paired else "")
+        if interval == "bootstrap" or min(a + b) <= 0:
+            # Opt-in (or values with no logarithm): the percentile bootstrap of the ratio of ``run_stat``s.
+            ci = bootstrap_ratio(b, a, stat=run_stat, confidence=confidence, n_boot=n_boot, seed=seed, paired=paired,
+                                 process_noise=process_noise, restarts=restarts)
+            note = f"bootstrap of the {run_stat} of {len(a)}+{len(b)} runs" + (", paired" if paired else "")
+            shown = (float(np.mean(a)), float(np.mean(b))) if run_stat == "mean" else (float(np.median(a)), float(np.median(b)))
+        else:
+            # The judge's one family (judge/intervals.py): per-pair log ratios, t-interval.
+            how = paired_ratio_interval if paired else unpaired_ratio_interval
+            ci = how(b, a, confidence=confidence, process_noise=process_noise, restarts=restarts)
+            note = (f"geometric mean of {len(a)} per-pair ratios, t-interval" if paired
+                    else f"ratio of geometric means of {len(a)}+{len(b)} runs, Welch t-interval")
+            shown = (_geomean(a), _geomean(b))
         if process_noise > 0:
             note += f", process noise {process_noise:.2%} over {restarts} restart(s)"
-        return MetricComparison(metric, float(np.mean(a)) if run_stat == "mean" else float(np.median(a)),
-                                float(np.mean(b)) if run_stat == "mean" else float(np.median(b)), ci, "per-run", note)
+        return MetricComparison(metric, shown[0], shown[1], ci, "per-run", note)
     refusal, more = _single_run_refusal(len(base), len(cand))
     m = _LATENCY_KEY.match(metric)
     if len(base) == 1 and len(cand) == 1:
@@ -223,6 +241,10 @@ def compare_metric(
     else:
         note = f"{len(base)}+{len(cand)} runs: no interval (>= {MIN_SAMPLES} per side)"
     return MetricComparison(metric, float(np.mean(a)), float(np.mean(b)), None, "none", note, refusal=refusal, more_runs=more)
+
+
+def _geomean(values: Sequence[float]) -> float:
+    return float(np.exp(np.mean(np.log(np.asarray(values, dtype=np.float64)))))
 
 
 def _restarts(base: Sequence[dict[str, Any]], cand: Sequence[dict[str, Any]]) -> int:

@@ -5,10 +5,10 @@ Feedback whose measurements carry one sample per measured window for every resul
 key (``output_throughput``, ``p99_ttft_ms`` ...), tagged with the scenario.  An
 interleaved A/B is two lists of such Feedback, index-paired (pair i ran side by side).
 
-- A **relative** criterion (``ratio``) is a gate on candidate/baseline: the 95% paired
-  bootstrap interval of the ratio of means must lie on its side of the threshold.
-- An **absolute** criterion (``value``) is a gate on the candidate alone: the 95%
-  bootstrap interval of its mean over runs must lie on its side.
+- A **relative** criterion (``ratio``) is a gate on candidate/baseline: the interval of
+  the geometric mean of the per-pair ratios must lie on its side of the threshold.
+- An **absolute** criterion (``value``) is a gate on the candidate alone: the interval
+  of its geometric mean over runs must lie on its side.
 - A **check** (a kernel check, a unit test command) passes when its probe's Feedback
   is ok; a check that gates on a statistic (``meta["gate"]``: the kv_transfer on/off
   ratio) is decided on that statistic's interval like any ratio, and every run of the
@@ -21,12 +21,12 @@ interleaved A/B is two lists of such Feedback, index-paired (pair i ran side by 
   lies wholly on the other side, inconclusive otherwise.  Count metrics reported by a
   check (``failed_checks``) are exact, and compared exactly.
 
-Intervals come from ``infra_agent.judge.bootstrap`` and are labelled with what they
-are: with fewer than ``SMALL_N`` runs a t-interval on the logarithms (per-pair log
-ratios for an A/B), because a percentile bootstrap of 3 to 9 values cannot reach past
-their range and covers the truth far less often than it claims; with more, the
-bootstrap.  Fewer than 3 runs per side give no decision: inconclusive, with the number
-of runs that would decide.
+Intervals are the judge's one family (:mod:`infra_agent.judge.intervals`): t-intervals
+on the logarithms (per-pair log ratios for an A/B) at any sample size, labelled with
+what they are; a percentile bootstrap of 3 to 9 values cannot reach past their range and
+covers the truth far less often than it claims.  ``confidence`` is 0.95 for one look and
+higher per look of a sequential design (judge/sequential.py).  Fewer than 3 runs per
+side give no decision: inconclusive, with the number of runs that would decide.
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ from infra_agent.agent.experiment import (
     VerdictOutcome,
 )
 from infra_agent.feedback import Feedback
-from infra_agent.judge.bootstrap import (
-    SMALL_N,
-    RatioCI,
-    bootstrap_ci,
-    bootstrap_ratio,
-    t_interval_log,
+from infra_agent.judge.bootstrap import RatioCI, bootstrap_ci
+from infra_agent.judge.intervals import label as interval_label
+from infra_agent.judge.intervals import (
+    paired_ratio_interval,
+    t_interval_of_values,
+    unpaired_ratio_interval,
 )
 from infra_agent.judge.pooling import decide_statistic, hard_failure, statistic_of
 from infra_agent.judge.verdict import MIN_SAMPLES, Gate, decide
@@ -83,55 +83,52 @@ def _result(name: str, gate: str, kind: Any, ci: RatioCI | None, g: Gate, interv
     message = v.message
     if absolute and ci is not None:
         # decide() speaks of ratios; an absolute gate's interval is of the metric itself.
-        message = message.replace("CI", "CI of the mean")
+        message = message.replace("CI", "CI of the geometric mean" if "geometric" in interval else "CI of the mean")
     return GateResult(name=name, gate=gate, kind=kind, outcome=v.outcome, value=v.ratio, low=v.low, high=v.high,
                       interval=interval if ci is not None else "", message=message, more_samples=v.more_samples,
                       measured_in=measured_in)
 
 
 def absolute_gate(name: str, metric: str, op: str, value: float, scenario: str | None, candidate: Sequence[Feedback],
-                  measured_in: str | None = None, samples: str = "run(s)") -> GateResult:
+                  measured_in: str | None = None, samples: str = "run(s)", confidence: float = 0.95) -> GateResult:
     vals = side_values(candidate, metric, scenario)
     label = gate_label(metric, op, value, scenario)
     if not vals:
         return GateResult(name=name, gate=label, kind="absolute", outcome="error", measured_in=measured_in,
                           message=f"no run measured {metric}" + (f" in scenario {scenario}" if scenario else ""))
-    if len(vals) < SMALL_N and min(vals) > 0:
-        centre, low, high = t_interval_log(vals)
-        interval = f"95% t-interval of the geometric mean over {len(vals)} {samples}"
+    conf = f"{confidence:.1%}".replace(".0%", "%")
+    if min(vals) > 0:
+        centre, low, high = t_interval_of_values(vals, confidence=confidence)
+        interval = f"{conf} t-interval of the geometric mean over {len(vals)} {samples}"
     else:
-        ci = bootstrap_ci(vals, stat=_RUN_STAT)
+        # Zeros (a KL divergence of exactly 0 on some prompts) have no logarithm: the mean's bootstrap.
+        ci = bootstrap_ci(vals, stat=_RUN_STAT, confidence=confidence)
         centre, low, high = ci.value, ci.low, ci.high
-        interval = f"{ci.confidence:.0%} bootstrap CI of the mean over {ci.n} {samples}"
-    as_ratio = RatioCI(ratio=centre, low=low, high=high, confidence=0.95, stat=_RUN_STAT,
+        interval = f"{conf} bootstrap CI of the mean over {ci.n} {samples}"
+    as_ratio = RatioCI(ratio=centre, low=low, high=high, confidence=confidence, stat=_RUN_STAT,
                        n_candidate=len(vals), n_baseline=len(vals), paired=False, n_boot=0)
     return _result(name, label, "absolute", as_ratio, Gate(metric, op, value), interval, measured_in, absolute=True)  # type: ignore[arg-type]
 
 
 def ratio_ci(candidate: Sequence[Feedback], baseline: Sequence[Feedback], metric: str,
-             scenario: str | None) -> tuple[RatioCI | None, str]:
-    """Paired (when the run counts match) bootstrap CI of candidate/baseline, with its label."""
+             scenario: str | None, confidence: float = 0.95) -> tuple[RatioCI | None, str]:
+    """Candidate/baseline with its interval and label: per-pair ratios when the run counts match
+    (interleaved pairs), else the ratio of geometric means (judge/intervals.py)."""
     b = side_values(candidate, metric, scenario)
     a = side_values(baseline, metric, scenario)
     if not a or not b or min(a + b) <= 0:
         return None, ""
-    paired = len(a) == len(b)
-    how = f"{len(a)} interleaved pairs" if paired else f"{len(a)}+{len(b)} runs"
-    if paired and len(a) < SMALL_N:
-        # Per-pair log ratios: drift shared by a pair cancels, and the t quantile widens
-        # the interval as much as a handful of pairs needs.
-        centre, low, high = t_interval_log([bi / ai for ai, bi in zip(a, b, strict=True)])
-        ci = RatioCI(ratio=centre, low=low, high=high, confidence=0.95, stat="geomean", n_candidate=len(b),
-                     n_baseline=len(a), paired=True, n_boot=0)
-        return ci, f"95% t-interval of the geometric mean ratio over {how}"
-    ci = bootstrap_ratio(b, a, stat=_RUN_STAT, paired=paired, seed=0)
-    return ci, f"{ci.confidence:.0%} {'paired ' if paired else ''}bootstrap CI of the ratio of means over {how}"
+    if len(a) == len(b):
+        ci = paired_ratio_interval(b, a, confidence=confidence)
+        return ci, interval_label(ci, f"ratio over {len(a)} interleaved pairs")
+    ci = unpaired_ratio_interval(b, a, confidence=confidence)
+    return ci, interval_label(ci, f"ratio over {len(a)}+{len(b)} runs (unpaired, Welch)")
 
 
 def relative_gate(name: str, metric: str, op: str, ratio: float, scenario: str | None, candidate: Sequence[Feedback],
-                  baseline: Sequence[Feedback], measured_in: str | None = None) -> GateResult:
+                  baseline: Sequence[Feedback], measured_in: str | None = None, confidence: float = 0.95) -> GateResult:
     label = gate_label(metric, op, ratio, scenario) + " x baseline"
-    ci, interval = ratio_ci(candidate, baseline, metric, scenario)
+    ci, interval = ratio_ci(candidate, baseline, metric, scenario, confidence)
     if ci is None:
         return GateResult(name=name, gate=label, kind="relative", outcome="error", measured_in=measured_in,
                           message=f"{metric} was not measured on both sides")
@@ -139,7 +136,8 @@ def relative_gate(name: str, metric: str, op: str, ratio: float, scenario: str |
 
 
 def criteria_gates(workspace: Any, candidate: dict[str, list[Feedback]], baseline: dict[str, list[Feedback]] | None,
-                   measured_in: str | None = None, checks: Mapping[str, Feedback] | None = None) -> list[GateResult]:
+                   measured_in: str | None = None, checks: Mapping[str, Feedback] | None = None,
+                   confidence: float = 0.95) -> list[GateResult]:
     """Every workspace criterion whose scenario (or check) was measured; relative ones need a baseline side.
 
     ``checks``: the Feedback of the workspace checks run on the candidate, by check name,
@@ -149,22 +147,24 @@ def criteria_gates(workspace: Any, candidate: dict[str, list[Feedback]], baselin
         check = getattr(c, "check", None)
         if check is not None:
             if checks is not None and check in checks and c.value is not None:
-                out.append(check_criterion_gate(c.name, c.metric, c.op, float(c.value), checks[check], measured_in))
+                out.append(check_criterion_gate(c.name, c.metric, c.op, float(c.value), checks[check], measured_in,
+                                                confidence))
             continue
         if c.scenario not in candidate:
             continue
         if c.ratio is None:
-            out.append(absolute_gate(c.name, c.metric, c.op, float(c.value), c.scenario, candidate[c.scenario], measured_in))
+            out.append(absolute_gate(c.name, c.metric, c.op, float(c.value), c.scenario, candidate[c.scenario], measured_in,
+                                     confidence=confidence))
         elif baseline is not None and c.scenario in baseline:
             out.append(relative_gate(c.name, c.metric, c.op, float(c.ratio), c.scenario, candidate[c.scenario],
-                                     baseline[c.scenario], measured_in))
+                                     baseline[c.scenario], measured_in, confidence))
         else:
             out.append(self_relative_gate(c.name, c.metric, c.op, float(c.ratio), c.scenario, measured_in))
     return out
 
 
 def check_criterion_gate(name: str, metric: str, op: str, value: float, fb: Feedback,
-                         measured_in: str | None = None) -> GateResult:
+                         measured_in: str | None = None, confidence: float = 0.95) -> GateResult:
     """An absolute criterion on a check's Feedback (``kl_div <= 0.01`` on the quality check).
 
     A check that measured nothing (a server without logprobs) is an ``error`` gate naming
@@ -174,7 +174,8 @@ def check_criterion_gate(name: str, metric: str, op: str, value: float, fb: Feed
         return GateResult(name=name, gate=label, kind="absolute", outcome="error", measured_in=measured_in,
                           message=f"{metric} was not measured: {fb.error or 'the check failed'}")
     unit = "prompt(s)" if fb.probe == "quality" else "sample(s)"
-    return absolute_gate(name, metric, op, value, None, [fb.model_copy(update={"ok": True})], measured_in, samples=unit)
+    return absolute_gate(name, metric, op, value, None, [fb.model_copy(update={"ok": True})], measured_in, samples=unit,
+                         confidence=confidence)
 
 
 def holds_on_itself(op: str, ratio: float) -> bool:
@@ -198,7 +199,7 @@ def self_relative_gate(name: str, metric: str, op: str, ratio: float, scenario: 
                       message=f"relative to itself the ratio is 1 by definition, which does not meet {op} {ratio:g}")
 
 
-def check_gate(name: str, fb: Feedback, measured_in: str | None = None) -> GateResult:
+def check_gate(name: str, fb: Feedback, measured_in: str | None = None, confidence: float = 0.95) -> GateResult:
     """One check's gate from its (pooled) Feedback: ``fail`` when a run failed to measure;
     a check that gates on a statistic (``meta["gate"]``) is decided on its interval, as
     every ratio is (pass, fail or inconclusive with the samples it needs); any other check
@@ -206,11 +207,12 @@ def check_gate(name: str, fb: Feedback, measured_in: str | None = None) -> GateR
     label = f"check {name} ({fb.probe}/{fb.tier.value})"
     stat = statistic_of(fb)
     if stat is not None and not hard_failure(fb):
-        v = decide_statistic(stat)
+        v = decide_statistic(stat, confidence)
         runs = int(stat.get("runs") or fb.meta.get("runs") or 1)
         n = len(stat["samples"])
         unit = stat.get("unit") or "samples"
-        interval = f"95% t-interval of the geometric mean over {n} {unit}" + (f" ({runs} runs)" if runs > 1 else "")
+        conf = f"{confidence:.1%}".replace(".0%", "%")
+        interval = f"{conf} t-interval of the geometric mean over {n} {unit}" + (f" ({runs} runs)" if runs > 1 else "")
         return GateResult(name=name, gate=f"{label}: {stat['metric']}{stat.get('op', '>=')}{float(stat['threshold']):g}",
                           kind="check", outcome=v.outcome, value=v.ratio, low=v.low, high=v.high, interval=interval,
                           message=f"{stat['metric']} {v.message}", more_samples=v.more_samples, measured_in=measured_in)
@@ -223,12 +225,12 @@ def check_gate(name: str, fb: Feedback, measured_in: str | None = None) -> GateR
 
 
 def hypothesis_outcome(h: Hypothesis, candidate: Sequence[Feedback], baseline: Sequence[Feedback],
-                       measured_in: str | None = None) -> tuple[VerdictOutcome, GateResult]:
+                       measured_in: str | None = None, confidence: float = 0.95) -> tuple[VerdictOutcome, GateResult]:
     """Supported / refuted / inconclusive for the hypothesis, with its gate."""
     if h.metric in COUNT_METRICS:
         return _count_outcome(h, candidate, baseline, measured_in)
     label = h.gate_text()
-    ci, interval = ratio_ci(candidate, baseline, h.metric, h.scenario)
+    ci, interval = ratio_ci(candidate, baseline, h.metric, h.scenario, confidence)
     # The threshold as the gate text prints it (6 significant digits); not parsed back
     # from the text, which breaks on a metric name holding '='.
     gate = Gate(h.metric, ">=" if h.direction == "higher" else "<=", float(f"{h.ratio_threshold():.6g}"))

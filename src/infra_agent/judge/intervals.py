@@ -1,12 +1,29 @@
-"""The judge's interval for a ratio: a t-interval on the logarithms of paired ratios.
+"""The judge's one interval family: t-intervals on the logarithms of ratios.
 
-Every decision the judge makes about "is B at least x times A" comes down to per-pair
-ratios ``b_i / a_i`` from interleaved runs (drift shared by a pair cancels in the
-ratio).  Their logarithms are close to normal on a shared machine (the noise is
-multiplicative), and with a handful of pairs the spread itself is uncertain: the
-t quantile with ``n - 1`` degrees of freedom widens the interval exactly as much as
+Every decision the judge makes about "is B at least x times A" comes down to ratios.
+With interleaved runs these are per-pair ratios ``b_i / a_i`` (drift shared by a pair
+cancels in the ratio).  Their logarithms are close to normal on a shared machine (the
+noise is multiplicative), and with a handful of pairs the spread itself is uncertain:
+the t quantile with ``n - 1`` degrees of freedom widens the interval exactly as much as
 that needs.  A percentile bootstrap of 3 to 9 ratios cannot reach past their range and
-covers the truth far less often than it claims (tests/infra_agent/judge).
+covers the truth far less often than it claims (with 3 pairs the bootstrap interval is
+the range of the 3 ratios: in 12 identical back-to-back A/A pairs resampled 3 at a time
+it excluded 1.0 in 24-28% of the draws).  So ``compare``, the loop, the checks'
+statistics and the MCP tools all use these functions; the bootstrap stays available in
+``compare --interval bootstrap``, labelled, for users who ask for it.
+
+- :func:`log_ratio_interval`: per-pair ratios (already divided) -> geometric mean and
+  its interval;
+- :func:`paired_ratio_interval`: the two sides' per-run values, index-paired;
+- :func:`unpaired_ratio_interval`: two sides of different run counts (Welch's t on the
+  logs: the ratio of geometric means);
+- ``process_noise``/``restarts``: the spread of the per-process offset between two
+  fresh, identically configured server processes (``bench/ab_power.py`` calibrates it)
+  added in quadrature, divided over the restarts behind the runs.
+
+``confidence`` may be above 0.95: a sequential design (judge/sequential.py) looks at the
+data after every batch and uses a wider interval per look so that the chance of a false
+decision over all looks stays at 5%.
 """
 
 from __future__ import annotations
@@ -14,17 +31,83 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from infra_agent.judge.bootstrap import RatioCI, t_interval_log
+import numpy as np
+from scipy import stats as sstats
+
+from infra_agent.judge.bootstrap import RatioCI
 
 
-def log_ratio_interval(ratios: Sequence[float], *, confidence: float = 0.95) -> RatioCI:
-    """The geometric mean of ``ratios`` with its t-interval on the logs (one sample: no width)."""
-    values = [float(r) for r in ratios]
-    if not values or min(values) <= 0 or not all(math.isfinite(v) for v in values):
-        raise ValueError(f"ratios must be positive and finite, got {values}")
-    centre, low, high = t_interval_log(values, confidence=confidence)
-    return RatioCI(ratio=centre, low=low, high=high, confidence=confidence, stat="geomean", n_candidate=len(values),
-                   n_baseline=len(values), paired=True, n_boot=0)
+def _check(values: Sequence[float], what: str) -> np.ndarray:
+    arr = np.asarray([float(v) for v in values], dtype=np.float64)
+    if arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"{what} must be positive and finite, got {list(arr)}")
+    return arr
 
 
-__all__ = ["log_ratio_interval"]
+def _t_half(sd: float, n: int, confidence: float, extra_var: float = 0.0, df: float | None = None) -> float:
+    if n < 2 and extra_var <= 0:
+        return 0.0
+    dof = df if df is not None else max(n - 1, 1)
+    return float(sstats.t.ppf(0.5 + confidence / 2, dof) * math.sqrt(sd * sd / n + extra_var))
+
+
+def log_ratio_interval(ratios: Sequence[float], *, confidence: float = 0.95, process_noise: float = 0.0,
+                       restarts: int = 1) -> RatioCI:
+    """The geometric mean of ``ratios`` with its t-interval on the logs (one ratio: no width)."""
+    logs = np.log(_check(ratios, "ratios"))
+    n = int(logs.size)
+    centre = float(logs.mean())
+    sd = float(logs.std(ddof=1)) if n > 1 else 0.0
+    half = _t_half(sd, n, confidence, process_noise ** 2 / max(restarts, 1)) if n > 1 else 0.0
+    return RatioCI(ratio=math.exp(centre), low=math.exp(centre - half), high=math.exp(centre + half),
+                   confidence=confidence, stat="geomean", n_candidate=n, n_baseline=n, paired=True, n_boot=0,
+                   process_noise=process_noise, restarts=restarts)
+
+
+def paired_ratio_interval(candidate: Sequence[float], baseline: Sequence[float], *, confidence: float = 0.95,
+                          process_noise: float = 0.0, restarts: int = 1) -> RatioCI:
+    """B/A from index-paired runs: the geometric mean of the per-pair ratios, t-interval on their logs."""
+    b, a = _check(candidate, "candidate values"), _check(baseline, "baseline values")
+    if b.size != a.size:
+        raise ValueError(f"paired values need equal counts, got {b.size} and {a.size}")
+    return log_ratio_interval(list(b / a), confidence=confidence, process_noise=process_noise, restarts=restarts)
+
+
+def unpaired_ratio_interval(candidate: Sequence[float], baseline: Sequence[float], *, confidence: float = 0.95,
+                            process_noise: float = 0.0, restarts: int = 1) -> RatioCI:
+    """B/A from two unpaired sets of runs: the ratio of geometric means, Welch's t-interval on the logs."""
+    lb, la = np.log(_check(candidate, "candidate values")), np.log(_check(baseline, "baseline values"))
+    centre = float(lb.mean() - la.mean())
+    vb = float(lb.var(ddof=1)) / lb.size if lb.size > 1 else 0.0
+    va = float(la.var(ddof=1)) / la.size if la.size > 1 else 0.0
+    extra = process_noise ** 2 / max(restarts, 1)
+    var = vb + va + extra
+    if var <= 0 or lb.size < 2 or la.size < 2:
+        half = 0.0
+    else:
+        # Welch-Satterthwaite degrees of freedom
+        denom = (vb * vb / (lb.size - 1) if lb.size > 1 else 0.0) + (va * va / (la.size - 1) if la.size > 1 else 0.0)
+        dof = (vb + va) ** 2 / denom if denom > 0 else float(min(lb.size, la.size) - 1)
+        half = float(sstats.t.ppf(0.5 + confidence / 2, max(dof, 1.0)) * math.sqrt(var))
+    return RatioCI(ratio=math.exp(centre), low=math.exp(centre - half), high=math.exp(centre + half),
+                   confidence=confidence, stat="geomean", n_candidate=int(lb.size), n_baseline=int(la.size),
+                   paired=False, n_boot=0, process_noise=process_noise, restarts=restarts)
+
+
+def t_interval_of_values(values: Sequence[float], *, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(geometric mean, low, high) of positive values: the absolute gates' interval (the same family)."""
+    logs = np.log(_check(values, "values"))
+    n = int(logs.size)
+    centre = float(logs.mean())
+    half = _t_half(float(logs.std(ddof=1)), n, confidence) if n > 1 else 0.0
+    return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
+
+
+def label(ci: RatioCI, what: str) -> str:
+    """What an interval is, in words: ``95% t-interval of the geometric mean ratio over 6 interleaved pairs``."""
+    conf = f"{ci.confidence:.1%}".replace(".0%", "%")
+    noise = f", process noise {ci.process_noise:.2%} over {ci.restarts} restart(s)" if ci.process_noise > 0 else ""
+    return f"{conf} t-interval of the geometric mean {what}{noise}"
+
+
+__all__ = ["label", "log_ratio_interval", "paired_ratio_interval", "t_interval_of_values", "unpaired_ratio_interval"]

@@ -41,11 +41,11 @@ def statistic_of(fb: Feedback) -> dict[str, Any] | None:
     return None
 
 
-def decide_statistic(stat: Mapping[str, Any]) -> Verdict:
+def decide_statistic(stat: Mapping[str, Any], confidence: float = 0.95) -> Verdict:
     """pass / fail / inconclusive for a check's statistic, from the interval of its samples."""
     samples = [float(s) for s in stat["samples"] if isinstance(s, (int, float)) and s > 0]
     gate = Gate(str(stat["metric"]), stat.get("op", ">="), float(stat["threshold"]))
-    return decide(gate, log_ratio_interval(samples) if samples else None)
+    return decide(gate, log_ratio_interval(samples, confidence=confidence) if samples else None)
 
 
 def hard_failure(fb: Feedback) -> bool:

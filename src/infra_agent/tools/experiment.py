@@ -91,7 +91,9 @@ def run_experiment(ctx: ToolContext, args: RunExperimentArgs) -> ToolResult:
                                "call set_knobs and/or propose_diff first")
     if ctx.state is not None:
         for e in ctx.state.history:
-            if e.parent is not None and e.change.key() == change.key():
+            # An open experiment (inconclusive, promising) is topped up with one more batch
+            # instead: inconclusive is not refuted.
+            if e.parent is not None and e.change.key() == change.key() and not (e.open and e.parent == ctx.state.best.id):
                 return ToolResult.fail(f"run_experiment: this change was already tried in experiment {e.id} "
                                        f"({_outcome(e)}); change something else")
     step = Step(hypothesis=hypothesis, change=change, probe=None, rationale=args.rationale)

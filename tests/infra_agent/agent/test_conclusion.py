@@ -147,7 +147,7 @@ def test_a_confirmation_that_fails_a_check_the_candidate_passed_says_not_confirm
 def test_resume_tops_up_a_confirmation_that_did_not_confirm_without_measuring_the_baseline_again(tmp_path: Path) -> None:
     # The confirmation's check straddles 0.95 at first and is still undecided after its own
     # second round: not confirmed.  Resumed, the confirmation gets one more round, pooled.
-    fake = CheckRatios(confirm=[[0.90, 0.99, 1.04], [0.93, 1.02, 0.99], [1.0, 1.01, 0.99]])
+    fake = CheckRatios(confirm=[[0.94, 0.99, 1.02], [0.96, 1.0, 0.99], [1.0, 1.01, 0.99]])
     ws, run, exps = _run(tmp_path, fake)
     confirm = exps[-1]
     assert run.status == "not_confirmed", run.message

@@ -30,9 +30,12 @@ def test_absolute_gate_pass_fail_inconclusive() -> None:
     mid = absolute_gate("g", "output_throughput", ">=", 150, "chat", _runs([100, 160, 220]))
     assert mid.outcome == "inconclusive" and mid.more_samples
     assert mid.interval == "95% t-interval of the geometric mean over 3 run(s)"
-    # Ten runs or more: the bootstrap.
-    assert "bootstrap CI of the mean over 12 run(s)" in absolute_gate("g", "output_throughput", ">=", 150, "chat",
-                                                                       _runs([240 + i for i in range(12)])).interval
+    # One interval family at any sample size (judge/intervals.py) ...
+    assert absolute_gate("g", "output_throughput", ">=", 150, "chat",
+                         _runs([240 + i for i in range(12)])).interval == "95% t-interval of the geometric mean over 12 run(s)"
+    # ... except for values with no logarithm (a zero), where the mean's bootstrap is labelled as such.
+    zeros = absolute_gate("g", "output_throughput", "<=", 5, "chat", _runs([0, 1, 2, 1]))
+    assert zeros.interval == "95% bootstrap CI of the mean over 4 run(s)" and zeros.outcome == "pass"
     missing = absolute_gate("g", "p99_ttft_ms", "<=", 100, "chat", _runs([1, 2, 3]))
     assert missing.outcome == "error" and "no run measured p99_ttft_ms" in missing.message
 

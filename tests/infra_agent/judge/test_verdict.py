@@ -79,8 +79,15 @@ def test_compare_runs_per_run_and_per_request() -> None:
                         [parse_gate("output_throughput>=0.95")])
     mc = comp.metrics[0]
     assert mc.source == "per-run" and mc.ci is not None and mc.ci.paired
-    assert mc.ci.ratio == pytest.approx(0.9)
+    # The judge's one family: the geometric mean of the per-pair ratios, t-interval on their logs.
+    per_pair = np.log(np.array([90, 91, 89, 90]) / np.array([100, 101, 99, 100]))
+    assert mc.ci.stat == "geomean" and mc.ci.ratio == pytest.approx(float(np.exp(per_pair.mean())), rel=1e-12)
+    assert "per-pair ratios, t-interval" in mc.note
     assert comp.verdicts[0].outcome == "fail"
+    # The bootstrap of the ratio of means is there when asked for, and says so.
+    boot = compare_runs(_runs([100, 101, 99, 100]), _runs([90, 91, 89, 90]), ["output_throughput"], interval="bootstrap")
+    assert boot.metrics[0].ci is not None and boot.metrics[0].ci.ratio == pytest.approx(0.9)
+    assert boot.metrics[0].note.startswith("bootstrap of the mean")
 
     # One run per side: throughput has no interval -> inconclusive, asking for runs.
     one = compare_runs(_runs([100]), _runs([90]), ["output_throughput"], [parse_gate("output_throughput>=0.95")])

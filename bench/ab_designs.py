@@ -1,0 +1,136 @@
+"""False positives and power of the judge's designs: fixed looks against sequential looks.
+
+    python bench/ab_designs.py --from-raw runs.json [--pairs 3 6 12] [--batch 3] [--effect 0.05]
+    python bench/ab_designs.py --synthetic 0.05 [--comparisons 20000] [--process-noise 0.01]
+
+The judge decides on the geometric mean of per-pair ratios with a t-interval on their logs
+(judge/intervals.py).  An experiment is either one look at ``n`` pairs (the fixed design,
+95%), or batches of ``--batch`` pairs looked at after each one, up to ``n``, with Pocock's
+per-look level (judge/sequential.py), stopping at the first look whose interval decides.
+
+**Protocol** (``--from-raw``): the runs ``bench/ab_power.py --raw`` stored, real refstack
+servers on this machine.  Every trial ran cycles of A, A2 (the same configuration as A in
+a second process) and B.  Each trial's cycles are cut into disjoint blocks of ``n`` pairs;
+each block is one comparison:
+
+- A/A: A against A2.  A false positive is a look whose interval excludes 1 (for the
+  sequential design: any look before it stops).  Goal: at most 5%.
+- power at an exact effect: A against A2's runs times ``1 - effect``, i.e. a side exactly
+  ``effect`` slower carrying the real noise; detected when a look's interval lies wholly
+  below 1.  Reported with the mean pairs each design spent.
+
+**Simulation** (``--synthetic SD``): the same on log-normal pairs of spread ``SD`` (per-pair
+log ratio), plus a per-comparison offset of ``--process-noise`` (two processes differ), so
+that the rates are known to a fraction of a percent.
+
+It prints one table: per design and pairs, the false-positive rate with its Wilson 95%
+interval, the power, and the mean pairs used; the ratio against the 5% goal is the
+false-positive column itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from infra_agent.judge.intervals import log_ratio_interval
+from infra_agent.judge.sequential import SequentialDesign
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def judge(ratios: np.ndarray, design: SequentialDesign, direction: str) -> tuple[bool, int]:
+    """(decided at some look, pairs used): ``direction`` 'excludes1' (A/A) or 'below1' (a slower side)."""
+    for look in range(1, design.looks + 1):
+        n = min(look * design.batch, ratios.size)
+        ci = log_ratio_interval(ratios[:n].tolist(), confidence=design.confidence)
+        hit = ci.high < 1.0 if direction == "below1" else not (ci.low <= 1.0 <= ci.high)
+        if hit:
+            return True, n
+        if n == ratios.size:
+            break
+    return False, min(design.max_pairs, ratios.size)
+
+
+def blocks_from_raw(path: Path, n: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Disjoint blocks of ``n`` consecutive cycles of each trial: (A, A2) throughputs."""
+    stored = json.loads(path.read_text())
+    for trial in stored["trials"]:
+        pairs = [(a["output_throughput"], b["output_throughput"]) for a, b in zip(trial["A"], trial["A2"], strict=False)
+                 if a.get("output_throughput") and b.get("output_throughput") and not a.get("failed") and not b.get("failed")]
+        for start in range(0, len(pairs) - n + 1, n):
+            block = np.asarray(pairs[start:start + n], dtype=np.float64)
+            yield block[:, 0], block[:, 1]
+
+
+def synthetic_blocks(sd: float, tau: float, n: int, count: int, seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        a = np.exp(rng.normal(0.0, sd / math.sqrt(2), n))
+        b = np.exp(rng.normal(rng.normal(0.0, tau), sd / math.sqrt(2), n))
+        yield 100 * a, 100 * b
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-raw", type=Path, help="runs stored by bench/ab_power.py --raw")
+    src.add_argument("--synthetic", type=float, help="per-pair log-ratio spread of simulated comparisons")
+    ap.add_argument("--pairs", type=int, nargs="+", default=[3, 6, 12], help="pairs per comparison (the cap)")
+    ap.add_argument("--batch", type=int, default=3, help="pairs per look of the sequential design")
+    ap.add_argument("--effect", type=float, default=0.05, help="the exact slowdown of the power rows")
+    ap.add_argument("--comparisons", type=int, default=20000, help="simulated comparisons per row (--synthetic)")
+    ap.add_argument("--process-noise", type=float, default=0.0, help="per-comparison offset sd (--synthetic)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    rows = []
+    for n in args.pairs:
+        designs = [("fixed, one look", SequentialDesign(looks=1, batch=n))]
+        if n > args.batch:
+            designs.append((f"sequential, looks of {args.batch}", SequentialDesign(looks=math.ceil(n / args.batch),
+                                                                                  batch=args.batch)))
+        for name, design in designs:
+            blocks = list(blocks_from_raw(args.from_raw, n) if args.from_raw else
+                          synthetic_blocks(args.synthetic, args.process_noise, n, args.comparisons, args.seed + n))
+            fp = det = 0
+            used_aa: list[int] = []
+            used_ab: list[int] = []
+            for a, a2 in blocks:
+                hit, used = judge(a2 / a, design, "excludes1")
+                fp += hit
+                used_aa.append(used)
+                hit, used = judge((1 - args.effect) * a2 / a, design, "below1")
+                det += hit
+                used_ab.append(used)
+            m = len(blocks)
+            lo, hi = wilson(fp, m)
+            plo, phi = wilson(det, m)
+            rows.append((n, name, f"{design.confidence:.1%}", m, f"{fp / m:.1%} [{lo:.1%}, {hi:.1%}]" if m else "-",
+                         f"{det / m:.0%} [{plo:.0%}, {phi:.0%}]" if m else "-",
+                         f"{np.mean(used_aa):.1f} / {np.mean(used_ab):.1f}" if m else "-"))
+    source = f"runs of {args.from_raw}" if args.from_raw else \
+        f"simulated: per-pair sd {args.synthetic:.1%}, process noise {args.process_noise:.1%}"
+    print(f"source: {source}; effect for power: exact {args.effect:.0%} slower; goal: false positives <= 5%\n")
+    print("| pairs (cap) | design | per-look interval | comparisons | A/A false positives [Wilson 95%] "
+          f"| power at {args.effect:.0%} | mean pairs used (A/A / {args.effect:.0%}) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(str(x) for x in r) + " |")
+
+
+if __name__ == "__main__":
+    main()

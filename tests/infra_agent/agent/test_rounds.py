@@ -1,0 +1,119 @@
+"""An experiment judged in rounds: the plan said first, batches until a look decides, and an
+open (inconclusive, promising) experiment topped up instead of refused as "already tried"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from infra_agent.agent.executors.base import Execution, OnEvent
+from infra_agent.agent.experiment import Change, Experiment, Hypothesis, Step
+from infra_agent.agent.planner import Plan
+from infra_agent.agent.progress import RunProgress
+from infra_agent.ledger import Ledger
+
+from .fake_executor import FakeExecutor, Script, loop_for, new_run, serving, workspace
+
+GATE = [{"name": "chat-throughput", "metric": "output_throughput", "scenario": "chat", "op": ">=", "value": 1e6}]
+
+
+class Batches(FakeExecutor):
+    """The candidate's windows of each experiment batch come from ``rounds`` in turn; the parent's are ~100."""
+
+    def __init__(self, rounds: list[list[float]]) -> None:
+        super().__init__()
+        self.rounds = rounds
+        self.batches = 0
+        self.measured: list[str] = []
+
+    def measure(self, exp: Experiment, scenarios: list[str], repeats: int, checks: list[str],
+                on_event: OnEvent | None = None, result_metrics: list[str] | None = None) -> Execution:
+        self.measured.append(exp.id)
+        return Execution(status="done", candidate={s: serving([100.0, 103.0, 97.0], s) for s in scenarios}, e2e_runs=3)
+
+    def execute(self, exp: Experiment, plan: Plan, best: Experiment, on_event: OnEvent | None = None) -> Execution:
+        self.plans.append((exp.id, plan))
+        values = self.rounds[min(self.batches, len(self.rounds) - 1)]
+        self.batches += 1
+        return Execution(status="done", candidate={"chat": serving(values)},
+                         baseline={"chat": serving([100.0, 101.0, 99.0])}, e2e_runs=6)
+
+
+def _step() -> Step:
+    return Step(hypothesis=Hypothesis(statement="more slots", metric="output_throughput", direction="higher",
+                                      min_effect=0.05, scenario="chat"), change=Change(knobs={"max_running": 16}))
+
+
+class Lines(RunProgress):
+    def __init__(self) -> None:
+        super().__init__(None, enabled=False)
+        self.lines: list[str] = []
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def _run(tmp_path: Path, fake: Batches, steps: list[Any], **opts: Any) -> tuple[Any, list[Experiment], list[str]]:
+    ws = workspace(tmp_path, criteria=GATE)
+    with Ledger.for_workspace(ws.root) as ledger:
+        run = new_run(tmp_path, ledger, **{"budget_runs": 3, **opts})
+        loop = loop_for(ws, ledger, run, Script(steps), fake)
+        loop.progress = Lines()
+        loop.execute()
+        return run, ledger.experiments(run.id), loop.progress.lines
+
+
+def test_the_plan_is_said_first_and_batches_run_until_a_look_decides(tmp_path: Path) -> None:
+    # Noisy first batches leave the +5% line undecided; the third batch's look decides it.
+    fake = Batches([[130.0, 100.0, 112.0], [125.0, 104.0, 110.0], [120.0, 121.0, 120.0]])
+    run, exps, lines = _run(tmp_path, fake, [_step()], max_pairs=12)
+    e1 = exps[1]
+    assert e1.sample_plan is not None and e1.sample_plan["design"]["looks"] == 4, e1.sample_plan
+    assert e1.sample_plan["noise"]["source"] == "3 baseline windows x sqrt(2)"
+    said = next(i for i, text in enumerate(lines) if text.startswith("e1 sample plan:"))
+    assert "needs ~" in lines[said] and "up to 4 looks of 3 pairs" in lines[said]
+    assert fake.batches == 3 and e1.cost.e2e_runs == 18
+    assert e1.verdict is not None and e1.verdict.outcome == "supported" and e1.accepted
+    assert "18 interleaved pairs" not in e1.verdict.interval and "9 interleaved pairs" in e1.verdict.interval
+    assert "look 3 of 4 (Pocock)" in e1.verdict.interval and e1.sample_plan["looks_taken"] == 3
+
+
+def test_without_top_up_one_look_at_95_percent_decides(tmp_path: Path) -> None:
+    fake = Batches([[130.0, 100.0, 112.0]])
+    _, exps, _ = _run(tmp_path, fake, [_step()], top_up=False)
+    e1 = exps[1]
+    assert fake.batches == 1 and e1.sample_plan is not None and e1.sample_plan["design"]["looks"] == 1
+    assert e1.verdict is not None and e1.verdict.outcome == "inconclusive" and e1.verdict.interval.startswith("95% ")
+
+
+def test_an_open_experiment_is_topped_up_not_refused_and_its_parent_not_measured_again(tmp_path: Path) -> None:
+    # Cap of one batch: the first proposal ends inconclusive but promising (open).  The same
+    # change proposed again is one more batch of that experiment, pooled: no new experiment,
+    # no new baseline.
+    fake = Batches([[125.0, 105.0, 112.0], [114.0, 115.0, 116.0]])
+    run, exps, lines = _run(tmp_path, fake, [_step(), _step()], max_pairs=3, look_again=False)
+    assert [e.role for e in exps] == ["baseline", "experiment"], [(e.id, e.role, e.status, e.error) for e in exps]
+    e1 = exps[1]
+    assert fake.measured == ["e0"] and fake.batches == 2 and e1.cost.e2e_runs == 12
+    assert e1.verdict is not None and "6 interleaved pairs" in e1.verdict.interval
+    assert "look 2 of 2 (reopened)" in e1.verdict.interval and e1.sample_plan and e1.sample_plan["reopened"]
+    assert any("e1 is open" in text for text in lines)
+    assert e1.accepted and run.best == "e1"
+
+
+def test_before_giving_up_the_loop_tops_up_its_most_promising_open_experiment_once(tmp_path: Path) -> None:
+    fake = Batches([[130.0, 100.0, 112.0], [95.0, 130.0, 105.0]])
+    run, exps, _ = _run(tmp_path, fake, [_step()], max_pairs=3, look_again=False)
+    e1 = exps[1]
+    assert fake.batches == 2, "the open experiment got one more batch when the proposer had nothing left"
+    assert e1.verdict is not None and e1.verdict.outcome == "inconclusive" and e1.open
+    assert e1.sample_plan and e1.sample_plan["reopened"] and not e1.accepted
+    assert run.message.startswith("the script proposer has nothing more to try; not every gate passes")
+
+
+def test_a_refuted_change_is_still_refused_as_already_tried(tmp_path: Path) -> None:
+    fake = Batches([[80.0, 81.0, 79.0]])
+    _, exps, _ = _run(tmp_path, fake, [_step(), _step()], look_again=False)
+    assert [e.status for e in exps] == ["done", "done", "rejected"]
+    assert exps[1].verdict is not None and exps[1].verdict.outcome == "refuted" and not exps[1].open
+    assert "already tried" in (exps[2].error or "")
