@@ -7,7 +7,9 @@ knobs for this run.
 
 Client metrics and the server's per-phase histogram deltas go side by side, each tagged
 with the scenario and the knob values, so a finding can point at the phase (queue,
-prefill, decode) that moved.
+prefill, decode) that moved.  Each window also records the machine's load while it ran
+(``target/host_load.py``): ``result["host"]``, ``meta["host"]`` and the
+``host_foreign_cpu`` / ``host_load_1m`` measurements.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from infra_agent.feedback import (
 )
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
 from infra_agent.target import open_target
+from infra_agent.target.host_load import HostSampler, host_summary, target_processes
 from infra_agent.vocabulary import FindingKind
 from infra_agent.workspace.models import Scenario, metric_direction
 
@@ -103,6 +106,17 @@ def summarise_windows(fb: Feedback, name: str, runs: list[dict[str, Any]], knobs
     same measurements from them."""
     ServingProbe._summarise(fb, name, runs, _changed(knobs, ws), queue_share)
     ServingProbe._per_window(fb, name, runs, result_metrics)
+    _host_measurements(fb, name, runs)
+
+
+def _host_measurements(fb: Feedback, name: str, runs: list[dict[str, Any]]) -> None:
+    """The machine's load, one sample per window (``result["host"]``), pooled like every other
+    measurement, so a verdict shows the noise it was made under."""
+    ok = [r["host"] for r in runs if r.get("ok", True) and isinstance(r.get("host"), dict)]
+    for metric, key, unit in (("host_foreign_cpu", "foreign_cpu", "cores"), ("host_load_1m", "loadavg_end", "load")):
+        vals = [float(h[key]) for h in ok if isinstance(h.get(key), (int, float))]
+        if vals:
+            fb.measurements.append(_measure(metric, unit, vals, "lower", component="runtime", scenario=name))
 
 
 class ServingConfig(ProbeConfig):
@@ -133,7 +147,7 @@ class ServingProbe(Probe):
     @classmethod
     def measures(cls, metric: str) -> bool:
         return (metric_direction(metric) is not None or metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
-                or (metric.startswith("server_") and metric.endswith("_ms")))
+                or (metric.startswith("server_") and metric.endswith("_ms")) or metric in ("host_foreign_cpu", "host_load_1m"))
 
     def run(self, config: Any, ctx: ProbeContext) -> Feedback:
         cfg: ServingConfig = self.parse_config(config)  # type: ignore[assignment]
@@ -148,6 +162,7 @@ class ServingProbe(Probe):
         repeats = cfg.repeats
         pcts = list(cfg.percentiles)
         ctx.workdir.mkdir(parents=True, exist_ok=True)
+        windows: list[dict[str, Any]] = []  # the machine's load per window, for meta["host"]
         try:
             if ctx.target is not None:
                 values: dict[str, Any] = knobs
@@ -163,11 +178,16 @@ class ServingProbe(Probe):
             with opener as target:
                 if target.log_path:
                     fb.artifacts.append(Artifact(kind="log", path=str(target.log_path), description="server log"))
+                own = target_processes(target)
                 for name, sc in plan:
                     runs: list[dict[str, Any]] = []
                     try:
                         for i in range(repeats):
+                            sampler = HostSampler(*own)
+                            sampler.start()
                             result = run_on_target(target, sc, scenario_name=name, knobs=values, progress=ctx.progress, percentiles=pcts)
+                            result["host"] = sampler.stop().as_dict()
+                            windows.append({"scenario": name, "index": i, **result["host"]})
                             path = ctx.workdir / f"serving-{name}-{i}.json"
                             path.write_text(json.dumps(result, indent=1))
                             fb.artifacts.append(Artifact(kind="result", path=str(path), description=f"{name} run {i}"))
@@ -182,6 +202,9 @@ class ServingProbe(Probe):
         except InfraAgentError as exc:
             fb.ok, fb.error = False, str(exc)
             return fb
+        finally:
+            if windows:
+                fb.meta["host"] = host_summary(windows)
         if not any(m.name == "output_throughput" for m in fb.measurements):
             fb.ok = False
             fb.error = fb.error or "no run produced a result"
