@@ -11,8 +11,20 @@ result atomically, so a result file is either whole or absent.
 Jobs:
 - ``probe``: ``{probe, config, workspace, knobs, workdir}`` -> ``{"feedback": ...}``
 - ``ab``: ``{workspace_a, workspace_b, knobs_a, knobs_b, scenarios, pairs, workdir,
-  result_metrics, percentiles}`` -> ``{"a": {scenario: [feedback per run]}, "b": ...}``.
-  Both servers stay up for the whole job; runs alternate A B, B A, ... per scenario.
+  result_metrics, percentiles, max_foreign_cpu}`` -> ``{"a": {scenario: [feedback per run]}, "b": ...,
+  "discarded": [...], "max_foreign_cpu": ...}``.  Both servers stay up for the whole job;
+  runs alternate A B, B A, ... per scenario.
+- ``repeat``: ``{workspace, knobs, scenarios, repeats, workdir, result_metrics, percentiles,
+  max_foreign_cpu}`` -> ``{"b": {scenario: [...]}, "discarded": [...], "max_foreign_cpu": ...}``.
+
+**Windows under foreign load.**  A serving window records the machine's load
+(``meta["host"]``, ``target/host_load.py``).  A window whose ``foreign_cpu`` (cores used
+by processes outside the experiment) exceeds ``max_foreign_cpu`` (default 0.5; None never
+re-runs) is run again, an A/B's whole pair in the same order so the pairing holds, at most
+twice; then the last one is kept with ``meta["host"]["loaded"] = True``.  Every kept
+window's ``meta["host"]`` gets ``reruns`` and ``discarded_foreign_cpu``; the discarded
+windows go to ``discarded`` (side, scenario, pair, attempt, foreign_cpu, reason, host,
+feedback), and each re-run prints ``{"event": "rerun", ...}``.
 """
 
 from __future__ import annotations
@@ -20,9 +32,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from infra_agent.feedback import Feedback
 
 
 def _event(**data: Any) -> None:
@@ -60,6 +76,8 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
     probe = get_probe(job.get("probe") or "serving")()
     base_cfg = {**(job.get("config") or {}), "result_metrics": job.get("result_metrics"),
                 "percentiles": job.get("percentiles") or [50, 90, 99]}
+    limit = _limit(job)
+    discarded: list[dict[str, Any]] = []
     with ExitStack() as stack:
         targets = {}
         for side in ("a", "b"):
@@ -67,19 +85,21 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
             targets[side] = stack.enter_context(open_target(ws[side], knobs[side], default_log_dir(ws[side])))
         for scenario in job["scenarios"]:
             for i in range(int(job["pairs"])):
+
+                def window(side: str, attempt: int, scenario: str = scenario, i: int = i) -> Feedback:
+                    ctx = ProbeContext(workdir=workdir / _folder(f"{side}-{scenario}-{i}", attempt), workspace=ws[side],
+                                       knobs=knobs[side], progress=False, target=targets[side])
+                    return probe.execute({**base_cfg, "scenarios": [scenario]}, ctx)
+
                 order = ("a", "b") if i % 2 == 0 else ("b", "a")
-                for side in order:
-                    ctx = ProbeContext(workdir=workdir / f"{side}-{scenario}-{i}", workspace=ws[side], knobs=knobs[side],
-                                       progress=False, target=targets[side])
-                    fb = probe.execute({**base_cfg, "scenarios": [scenario]}, ctx)
+                fbs = _measure_slot(window, order, scenario, i, limit, discarded)
+                for side, fb in fbs.items():
                     out[side].setdefault(scenario, []).append(fb.model_dump(mode="json"))
-                    thr = next((m.value for m in fb.measurements if m.name == "output_throughput" and m.summary), None)
-                    _event(event="run", side=side, scenario=scenario, pair=i, ok=fb.ok, output_throughput=thr,
-                           error=fb.error)
                     if not fb.ok:
                         # A dead server fails every later run the same way: stop, keep what finished.
-                        return {**out, "error": f"side {side.upper()} failed in scenario {scenario}: {fb.error}"}
-    return out
+                        return {**out, "discarded": discarded, "max_foreign_cpu": limit,
+                                "error": f"side {side.upper()} failed in scenario {scenario}: {fb.error}"}
+    return {**out, "discarded": discarded, "max_foreign_cpu": limit}
 
 
 def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -94,19 +114,108 @@ def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
     knobs = ws.resolve_knobs(job.get("knobs") or {})
     out: dict[str, list[Any]] = {}
     cfg = {"result_metrics": job.get("result_metrics"), "percentiles": job.get("percentiles") or [50, 90, 99]}
+    limit = _limit(job)
+    discarded: list[dict[str, Any]] = []
     _event(event="start", side="b")
     with open_target(ws, knobs, default_log_dir(ws)) as target:
         for scenario in job["scenarios"]:
             for i in range(int(job["repeats"])):
-                ctx = ProbeContext(workdir=Path(job["workdir"]) / f"{scenario}-{i}", workspace=ws, knobs=knobs,
-                                   progress=False, target=target)
-                fb = ServingProbe().execute({**cfg, "scenarios": [scenario]}, ctx)
+
+                def window(side: str, attempt: int, scenario: str = scenario, i: int = i) -> Feedback:
+                    ctx = ProbeContext(workdir=Path(job["workdir"]) / _folder(f"{scenario}-{i}", attempt), workspace=ws,
+                                       knobs=knobs, progress=False, target=target)
+                    return ServingProbe().execute({**cfg, "scenarios": [scenario]}, ctx)
+
+                fb = _measure_slot(window, ("b",), scenario, i, limit, discarded)["b"]
                 out.setdefault(scenario, []).append(fb.model_dump(mode="json"))
-                thr = next((m.value for m in fb.measurements if m.name == "output_throughput" and m.summary), None)
-                _event(event="run", side="b", scenario=scenario, pair=i, ok=fb.ok, output_throughput=thr, error=fb.error)
                 if not fb.ok:
-                    return {"b": out, "error": f"scenario {scenario} failed: {fb.error}"}
-    return {"b": out}
+                    return {"b": out, "discarded": discarded, "max_foreign_cpu": limit,
+                            "error": f"scenario {scenario} failed: {fb.error}"}
+    return {"b": out, "discarded": discarded, "max_foreign_cpu": limit}
+
+
+# ------------------------------------------------------------ windows under foreign load
+
+DEFAULT_MAX_FOREIGN_CPU = 0.5  # cores: another process took half a core on average
+_MAX_RERUNS = 2  # per window (per pair in an A/B); then the last one is kept, marked loaded
+
+
+def _limit(job: dict[str, Any]) -> float | None:
+    """``max_foreign_cpu`` from the job (absent: the default; None: never re-run)."""
+    value = job.get("max_foreign_cpu", DEFAULT_MAX_FOREIGN_CPU)
+    return None if value is None else float(value)
+
+
+def _foreign(fb: Feedback) -> float | None:
+    value = (fb.meta.get("host") or {}).get("foreign_cpu")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _over(fb: Feedback, limit: float | None) -> float | None:
+    """The window's foreign CPU when it exceeds ``limit``, else None (also when unmeasured)."""
+    foreign = _foreign(fb)
+    return foreign if limit is not None and foreign is not None and foreign > limit else None
+
+
+def _reason(foreign: float, limit: float | None) -> str:
+    return f"foreign_cpu {foreign:.2f} cores > max_foreign_cpu {limit:g}"
+
+
+def _folder(name: str, attempt: int) -> str:
+    return f"{name}-rerun{attempt}" if attempt else name
+
+
+def _measure_slot(window: Callable[[str, int], Feedback], order: tuple[str, ...], scenario: str, slot: int,
+                  limit: float | None, discarded: list[dict[str, Any]]) -> dict[str, Feedback]:
+    """One slot's windows (an A/B pair's two sides in ``order``, or one repeat), run again,
+    whole, while any of them ran under more foreign CPU than ``limit``, at most
+    ``_MAX_RERUNS`` times; then the last ones are kept, the loaded ones marked.  Discarded
+    windows go to ``discarded``.  Stops at a failed window (the caller reports it)."""
+    for attempt in range(_MAX_RERUNS + 1):
+        fbs: dict[str, Feedback] = {}
+        for side in order:
+            fbs[side] = fb = window(side, attempt)
+            _run_event(fb, side, scenario, slot, attempt)
+            if not fb.ok:
+                return fbs
+        loaded = {side: f for side, fb in fbs.items() if (f := _over(fb, limit)) is not None}
+        if not loaded or attempt == _MAX_RERUNS:
+            break
+        worst = max(loaded, key=lambda k: loaded[k])
+        why = _reason(loaded[worst], limit)
+        for side, fb in fbs.items():
+            reason = _reason(loaded[side], limit) if side in loaded else f"re-run with its pair: side {worst.upper()} {why}"
+            discarded.append(_discard(fb, side, scenario, slot, attempt, reason))
+        _event(event="rerun", scenario=scenario, pair=slot, attempt=attempt + 1, max_foreign_cpu=limit,
+               foreign_cpu={k: _foreign(fb) for k, fb in fbs.items()}, reason=why)
+    for side, fb in fbs.items():
+        _keep(fb, attempt, side in loaded, [d["foreign_cpu"] for d in discarded
+                                            if (d["side"], d["scenario"], d["pair"]) == (side, scenario, slot)])
+    return fbs
+
+
+def _run_event(fb: Feedback, side: str, scenario: str, pair: int, attempt: int) -> None:
+    thr = next((m.value for m in fb.measurements if m.name == "output_throughput" and m.summary), None)
+    _event(event="run", side=side, scenario=scenario, pair=pair, attempt=attempt, ok=fb.ok, output_throughput=thr,
+           foreign_cpu=_foreign(fb), error=fb.error)
+
+
+def _discard(fb: Feedback, side: str, scenario: str, pair: int, attempt: int, reason: str) -> dict[str, Any]:
+    """A window measured under foreign load and run again: kept as evidence, not as a sample."""
+    return {"side": side, "scenario": scenario, "pair": pair, "attempt": attempt, "foreign_cpu": _foreign(fb),
+            "reason": reason, "host": fb.meta.get("host"), "feedback": fb.model_dump(mode="json")}
+
+
+def _keep(fb: Feedback, reruns: int, loaded: bool, gone: list[float | None]) -> None:
+    """Mark the window kept: how often its slot was re-run, the discarded windows' foreign
+    CPU, and ``loaded`` when the re-runs ran out under load."""
+    host = fb.meta.get("host")
+    if not isinstance(host, dict):
+        return  # a probe that does not sample the machine (the timeline probe)
+    host["reruns"] = reruns
+    host["discarded_foreign_cpu"] = gone
+    if loaded:
+        host["loaded"] = True
 
 
 _JOBS = {"ab": run_ab_job, "repeat": run_repeat_job, "probe": run_probe_job}
