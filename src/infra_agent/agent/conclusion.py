@@ -10,6 +10,9 @@ table it reports says otherwise:
 - "every gate passes" only when every gate in that table passes (or is a guard that
   holds by definition);
 - otherwise the message names each gate that does not, with its outcome and interval;
+- when nothing was accepted, the message says so honestly (:func:`no_gain`): the best
+  configuration tried, its ratio to the baseline with the interval, how many were tried,
+  and the smallest effect the noise let the run detect;
 - a confirmation that did not confirm leaves the run ``not_confirmed``, says what failed
   against the baseline, that the accepted changes stay on the run's branch, and what to do
   next (``resume`` tops up the confirmation).
@@ -26,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from infra_agent.agent.experiment import Experiment, GateResult, RunRecord, RunStatus
+from infra_agent.agent.experiment import COUNT_METRICS, Experiment, GateResult, RunRecord, RunStatus
 
 PASSING = frozenset({"pass", "skipped"})
 GATES_NOT_MET_EXIT = 3
@@ -84,12 +87,52 @@ def not_passing(gates: Sequence[GateResult]) -> tuple[GateResult, ...]:
     return tuple(g for g in gates if g.kind != "hypothesis" and g.outcome not in PASSING)
 
 
-def conclude(stop: StopReason, final: Sequence[GateResult], confirmation: Experiment | None, run: RunRecord) -> Conclusion:
+def no_gain(history: Sequence[Experiment], run: RunRecord) -> str | None:
+    """The honest stop, when nothing was accepted: how close the best configuration tried came
+    to the baseline (its paired ratio and interval), what was tried, and the smallest effect the
+    noise let the run detect.  None when something was accepted or nothing was measured."""
+    if run.best not in (None, run.baseline):
+        return None
+    tried = [e for e in history if e.role == "experiment" and e.status == "done" and e.verdict is not None
+             and e.verdict.effect is not None and e.verdict.low is not None and e.verdict.high is not None
+             and e.hypothesis.metric not in COUNT_METRICS]
+    if not tried:
+        return None
+
+    def gain(e: Experiment) -> float:
+        assert e.verdict is not None and e.verdict.effect is not None
+        return e.verdict.effect if e.hypothesis.direction == "higher" else 1 / e.verdict.effect
+
+    best = max(tried, key=gain)
+    v = best.verdict
+    assert v is not None and v.effect is not None and v.low is not None and v.high is not None
+    h = best.hypothesis
+    change = ", ".join(f"{k}={val}" for k, val in best.change.knobs.items()) + (" + code" if best.change.diff else "")
+    where = f"{h.metric}" + (f" @{h.scenario}" if h.scenario else "")
+    text = (f"no gain found: the best configuration tried, {best.id} ({change or 'a change'}), is {v.effect:.3f}x the "
+            f"baseline on {where} [{v.low:.3f}, {v.high:.3f}], short of its {h.min_effect:.0%} minimum effect; "
+            f"{len(tried)} configuration(s) tried")
+    plans = [e.sample_plan for e in tried if e.sample_plan and e.sample_plan.get("detectable") is not None]
+    if plans:
+        last = plans[-1]
+        noise = last.get("noise") or {}
+        sd = f" (noise {noise['sd']:.1%} per pair)" if noise.get("sd") is not None else ""
+        text += (f"; at this noise{sd} {last.get('max_pairs')} pairs detect changes of {last['detectable']:.1%} "
+                 "or more at 90% power")
+    return text
+
+
+def conclude(stop: StopReason, final: Sequence[GateResult], confirmation: Experiment | None, run: RunRecord,
+             history: Sequence[Experiment] = ()) -> Conclusion:
     """The run's status and message from why it stopped and its final gate table.
 
-    ``confirmation``: the confirmation of the best against the baseline, when one ran."""
+    ``confirmation``: the confirmation of the best against the baseline, when one ran;
+    ``history``: the run's experiments, for the honest stop when nothing was accepted."""
     missing = not_passing(final)
     listed = "; ".join(describe_gate(g) for g in missing)
+    honest = no_gain(history, run) if stop.kind not in (StopKind.GATES_PASS, StopKind.GUARDS_ONLY) else None
+    if honest is not None:
+        stop = StopReason(stop.kind, f"{stop.detail}; {honest}")
     if stop.kind is StopKind.PROPOSER_FAILED:
         return Conclusion("error", f"{stop.detail}" + (f"; {listed}" if listed else ""), missing)
     confirmed = confirmation is not None and confirmation.verdict is not None \
@@ -124,4 +167,4 @@ def exit_code(run: RunRecord) -> int:
 
 
 __all__ = ["GATES_NOT_MET_EXIT", "Conclusion", "StopKind", "StopReason", "conclude", "describe_gate", "exit_code",
-           "not_passing"]
+           "no_gain", "not_passing"]

@@ -115,7 +115,7 @@ class Loop:
             stop = self._iterate()
             confirmation = confirm_best(self)
             # The conclusion comes from the final gate table, never from the stop reason alone.
-            ending = conclude(stop, self.run.gates_after, confirmation, self.run)
+            ending = conclude(stop, self.run.gates_after, confirmation, self.run, self.history)
             self.run.status, self.run.message = ending.status, ending.message
             if ending.message != stop.detail:
                 self.progress.line(f"conclusion: {ending.message}")

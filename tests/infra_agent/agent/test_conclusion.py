@@ -223,3 +223,22 @@ def test_repeated_runs_of_a_check_in_one_experiment_are_one_pooled_gate(tmp_path
     rows = [g for g in e1.verdict.gates if g.name == "kv-ratio"]
     assert len(rows) == 1 and "6 interleaved pairs (2 runs)" in rows[0].interval, rows
     assert sorted(e1.checks["kv-ratio"].meta["gate"]["samples"]) == sorted([0.80, 1.3, 1.1, 1.0, 1.02, 0.99])
+
+
+def test_a_workspace_whose_knobs_do_nothing_ends_with_an_honest_no_gain(tmp_path: Path) -> None:
+    # Throughput does not depend on the knob: every change is refuted against its 5% line.
+    ws = workspace(tmp_path)
+    steps = [Step(hypothesis=Hypothesis(statement=f"{n} slots", metric="output_throughput", direction="higher",
+                                        min_effect=0.05, scenario="chat"), change=Change(knobs={"max_running": n}))
+             for n in (8, 16)]
+    with Ledger.for_workspace(ws.root) as ledger:
+        run = new_run(tmp_path, ledger, budget_runs=4, look_again=False)
+        loop_for(ws, ledger, run, Script(steps), FakeExecutor(throughput=lambda k: 100.0)).execute()
+        exps = ledger.experiments(run.id)
+    assert [e.verdict.outcome for e in exps[1:] if e.verdict] == ["refuted", "refuted"]
+    assert run.status == "done" and run.best == run.baseline
+    assert "no gain found: the best configuration tried, e1 (max_running=8), is 1.000x the baseline on " \
+           "output_throughput @chat [1.000, 1.000], short of its 5% minimum effect; 2 configuration(s) tried" in run.message
+    assert "pairs detect changes of" in run.message and "at 90% power" in run.message
+    assert "not every gate passes: chat-throughput fails" in run.message
+    assert exit_code(run) == GATES_NOT_MET_EXIT
