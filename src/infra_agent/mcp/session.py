@@ -269,7 +269,7 @@ class McpSession:
         run.options["elapsed_s"] = run.options.get("elapsed_s", 0.0) + time.monotonic() - loop.started
         run.gates_after = list(loop.state().gates)
         # The session's message names the gates its final table does not pass, as a run's does.
-        ending = conclude(StopReason(StopKind.NOTHING_LEFT, message), run.gates_after, None, run)
+        ending = conclude(StopReason(StopKind.NOTHING_LEFT, message), run.gates_after, None, run, loop.history)
         run.status, run.message, run.finished_at = ending.status, ending.message, time.time()
         self.ledger.save_run(run)
 

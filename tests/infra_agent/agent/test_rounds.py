@@ -108,7 +108,9 @@ def test_before_giving_up_the_loop_tops_up_its_most_promising_open_experiment_on
     assert fake.batches == 2, "the open experiment got one more batch when the proposer had nothing left"
     assert e1.verdict is not None and e1.verdict.outcome == "inconclusive" and e1.open
     assert e1.sample_plan and e1.sample_plan["reopened"] and not e1.accepted
-    assert run.message.startswith("the script proposer has nothing more to try; not every gate passes")
+    assert run.message.startswith("the script proposer has nothing more to try; no gain found: the best configuration "
+                                  "tried, e1 (max_running=16)"), run.message
+    assert "not every gate passes" in run.message
 
 
 def test_a_refuted_change_is_still_refused_as_already_tried(tmp_path: Path) -> None:
