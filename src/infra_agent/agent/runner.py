@@ -38,6 +38,7 @@ from infra_agent.agent.planner import Planner
 from infra_agent.agent.progress import RunProgress
 from infra_agent.agent.proposers.base import Proposer
 from infra_agent.errors import ConfigError, InfraAgentError
+from infra_agent.target.host_load import default_max_foreign_cpu
 from infra_agent.workspace import load_workspace
 
 
@@ -52,6 +53,9 @@ class RunOptions(BaseModel):
     # The sequential design's cap (agent/rounds.py): batches of ``pairs`` are looked at until one
     # decides or this many pairs ran.  None: four batches.
     max_pairs: int | None = Field(None, ge=3, le=200, description="most interleaved pairs one e2e comparison may run")
+    # A serving window taken while other processes used more than this many cores is run
+    # again (agent/executors/worker.py); None: never.  Default: INFRA_AGENT_MAX_FOREIGN_CPU, else 0.5.
+    max_foreign_cpu: float | None = Field(default_factory=default_max_foreign_cpu, ge=0)
     probe_timeout_s: float = Field(900.0, gt=0)
     check_timeout_s: float = Field(300.0, gt=0)
     scenarios: list[str] | None = None

@@ -28,6 +28,10 @@ def register(app: typer.Typer) -> None:
         max_pairs: int | None = typer.Option(None, "--max-pairs", help="Most pairs one comparison may run: batches of "
                                              "--pairs are looked at (sequential design) until one decides or this many "
                                              "ran (default: 4 batches)."),
+        max_foreign_cpu: str | None = typer.Option(None, "--max-foreign-cpu", help="Run a serving window again when "
+                                                   "processes outside the experiment used more than this many cores "
+                                                   "during it; 'off' never (default: 0.5, or "
+                                                   "INFRA_AGENT_MAX_FOREIGN_CPU)."),
         scenario: list[str] = typer.Option([], "--scenario", help="Run only these scenarios (repeatable; default: those "
                                            "the criteria name)."),
         playbook: str | None = typer.Option(None, "--playbook", help="Rules playbook YAML (--proposer rules; default: "
@@ -80,12 +84,20 @@ def register(app: typer.Typer) -> None:
             from infra_agent.agent.runner import RunOptions, start_run
             from infra_agent.errors import ConfigError
 
+            from infra_agent.target.host_load import parse_max_foreign_cpu
+
+            load_opt: dict[str, float | None] = {}
+            if max_foreign_cpu is not None:
+                try:
+                    load_opt["max_foreign_cpu"] = parse_max_foreign_cpu(max_foreign_cpu)
+                except ValueError:
+                    raise ConfigError("--max-foreign-cpu", None, "a number of cores >= 0, or off", max_foreign_cpu) from None
             try:
                 opts = RunOptions(proposer=proposer, budget_runs=budget_runs, budget_s=budget_s, pairs=pairs, max_pairs=max_pairs,  # type: ignore[arg-type]
                                   scenarios=list(scenario) or None, playbook=playbook, seed=seed, blind=blind, model=model,
                                   base_url=base_url, probe_timeout_s=probe_timeout_s, confirm=not no_confirm, top_up=not no_top_up, look_again=not no_look_again,
                                   keep_going=keep_going, executor=executor, address=address,  # type: ignore[arg-type]
-                                  task_cpus=task_cpus, task_gpus=task_gpus)
+                                  task_cpus=task_cpus, task_gpus=task_gpus, **load_opt)
             except ValidationError as exc:
                 err = exc.errors()[0]
                 raise ConfigError(f"--{str(err['loc'][0]).replace('_', '-')}", None, err["msg"].removeprefix("Input should be "),

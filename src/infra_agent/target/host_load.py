@@ -173,6 +173,36 @@ class HostSampler:
         return total
 
 
+MAX_FOREIGN_CPU_ENV = "INFRA_AGENT_MAX_FOREIGN_CPU"
+DEFAULT_MAX_FOREIGN_CPU = 0.5  # cores: another process took half a core on average
+
+
+def parse_max_foreign_cpu(text: str | float | None) -> float | None:
+    """``off`` (never re-run a window for load) or a number of cores; ValueError otherwise."""
+    if text is None or isinstance(text, (int, float)):
+        return None if text is None else float(text)
+    if text.strip().lower() in ("off", "none", "no"):
+        return None
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"expected a number of cores >= 0 or 'off', got {text!r}")
+    return value
+
+
+def default_max_foreign_cpu() -> float | None:
+    """The re-run threshold when none is given: ``INFRA_AGENT_MAX_FOREIGN_CPU`` (``off`` or cores), else 0.5.
+
+    A test suite that runs servers side by side on purpose sets it ``off``: there every
+    window shares the machine with the other workers' servers by design."""
+    raw = os.environ.get(MAX_FOREIGN_CPU_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_MAX_FOREIGN_CPU
+    try:
+        return parse_max_foreign_cpu(raw)
+    except ValueError:
+        return DEFAULT_MAX_FOREIGN_CPU
+
+
 def listener_pids(port: int, *, proc: Path = _PROC) -> list[int]:
     """PIDs of this machine's processes holding a socket that listens on TCP ``port``.
 

@@ -143,3 +143,17 @@ def test_a_loopback_url_target_counts_its_listening_server(refstack_server) -> N
     assert refstack_server.proc.pid in pids and refstack_server.proc.pid in groups  # it leads its own session
     Url.url = "http://192.0.2.1:8000"  # not on this machine: nothing of ours
     assert target_processes(Url()) == ([], [])
+
+
+def test_the_rerun_threshold_default_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra_agent.target.host_load import default_max_foreign_cpu, parse_max_foreign_cpu
+
+    monkeypatch.delenv("INFRA_AGENT_MAX_FOREIGN_CPU", raising=False)
+    assert default_max_foreign_cpu() == 0.5
+    monkeypatch.setenv("INFRA_AGENT_MAX_FOREIGN_CPU", "off")
+    assert default_max_foreign_cpu() is None
+    monkeypatch.setenv("INFRA_AGENT_MAX_FOREIGN_CPU", "1.25")
+    assert default_max_foreign_cpu() == 1.25
+    assert parse_max_foreign_cpu("OFF") is None and parse_max_foreign_cpu("0.3") == 0.3
+    with pytest.raises(ValueError):
+        parse_max_foreign_cpu("-1")

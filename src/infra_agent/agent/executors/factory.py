@@ -16,7 +16,8 @@ from infra_agent.workspace.models import Workspace
 
 def make_executor(ws: Workspace, run_id: str, opts: Any, ledger: Any | None = None) -> LocalExecutor:
     """The executor ``opts`` names; ``ledger`` (driver side) receives what the executor records."""
-    common: dict[str, Any] = {"pairs": opts.pairs, "timeout_s": opts.probe_timeout_s, "check_timeout_s": opts.check_timeout_s}
+    common: dict[str, Any] = {"pairs": opts.pairs, "timeout_s": opts.probe_timeout_s, "check_timeout_s": opts.check_timeout_s,
+                              "max_foreign_cpu": getattr(opts, "max_foreign_cpu", "default")}
     if getattr(opts, "executor", "local") != "ray":
         return LocalExecutor(ws, run_id, **common)
     from infra_agent.agent.executors.ray_executor import (

@@ -43,13 +43,17 @@ class LocalExecutor(Executor):
     name = "local"
 
     def __init__(self, workspace: Workspace, run_id: str, *, pairs: int = 3, timeout_s: float = 900.0,
-                 check_timeout_s: float = 300.0, percentiles: list[float] | None = None) -> None:
+                 check_timeout_s: float = 300.0, percentiles: list[float] | None = None,
+                 max_foreign_cpu: float | None | str = "default") -> None:
         self.ws = workspace
         self.run_id = run_id
         self.pairs = pairs
         self.timeout_s = timeout_s
         self.check_timeout_s = check_timeout_s
         self.percentiles = percentiles or [50.0, 90.0, 99.0]
+        # A serving window measured while other processes took more than this many cores is
+        # run again (executors/worker.py); None never; "default": target/host_load.py's.
+        self.max_foreign_cpu = max_foreign_cpu
         self.jobs_dir = workspace.root / ".infra-agent" / "runs" / run_id
         self._wt: Worktrees | None = None
         self._open: dict[str, list[str]] = {}  # experiment id -> worktree names
@@ -145,6 +149,10 @@ class LocalExecutor(Executor):
         key = self._check_key(check_name, check.probe, check.render(knobs), knobs, self.ws.root)
         self._check_cache.setdefault(key, (exp_id, fb))
 
+    def _load_key(self) -> dict[str, Any]:
+        """The job's re-run threshold for loaded windows (absent: the worker's default)."""
+        return {} if self.max_foreign_cpu == "default" else {"max_foreign_cpu": self.max_foreign_cpu}
+
     # ------------------------------------------------------------ the interface
 
     def measure(self, exp: Experiment, scenarios: list[str], repeats: int, checks: list[str],
@@ -162,6 +170,7 @@ class LocalExecutor(Executor):
                 source = self.ws.source if ws_dir == self.ws.root and self.ws.source else ws_dir / self._yaml_name
                 out = self._job(exp.id, {"kind": "repeat", "workspace": str(source), "knobs": exp.knobs,
                                          "scenarios": scenarios, "repeats": repeats, "percentiles": self.percentiles,
+                                         **self._load_key(),
                                          "result_metrics": result_metrics}, self.timeout_s, on_event,
                                 "serving windows")
                 ex.candidate = _feedbacks(out.get("b", {}))
@@ -203,7 +212,8 @@ class LocalExecutor(Executor):
                 out = self._job(exp.id, {"kind": "ab", "probe": plan.probe.name, "config": plan.probe.config, "workspace_a": str(a_dir / self._yaml_name),
                                          "workspace_b": str(b_dir / self._yaml_name), "knobs_a": best.knobs,
                                          "knobs_b": exp.knobs, "scenarios": plan.scenarios, "pairs": self.pairs,
-                                         "percentiles": self.percentiles, "result_metrics": plan.result_metrics},
+                                         "percentiles": self.percentiles, "result_metrics": plan.result_metrics,
+                                         **self._load_key()},
                                 self.timeout_s, on_event, f"interleaved A/B on {', '.join(plan.scenarios)}")
                 ex.baseline, ex.candidate = _feedbacks(out.get("a", {})), _feedbacks(out.get("b", {}))
                 ex.e2e_runs = sum(len(v) for v in ex.baseline.values()) + sum(len(v) for v in ex.candidate.values())

@@ -104,7 +104,7 @@ class RayExecutor(LocalExecutor):
 
     def _options(self) -> dict[str, Any]:
         return {"pairs": self.pairs, "timeout_s": self.timeout_s, "check_timeout_s": self.check_timeout_s,
-                "percentiles": self.percentiles}
+                "percentiles": self.percentiles, "max_foreign_cpu": self.max_foreign_cpu}
 
     # ------------------------------------------------------------ the interface
 

@@ -136,13 +136,14 @@ def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------ windows under foreign load
 
-DEFAULT_MAX_FOREIGN_CPU = 0.5  # cores: another process took half a core on average
 _MAX_RERUNS = 2  # per window (per pair in an A/B); then the last one is kept, marked loaded
 
 
 def _limit(job: dict[str, Any]) -> float | None:
-    """``max_foreign_cpu`` from the job (absent: the default; None: never re-run)."""
-    value = job.get("max_foreign_cpu", DEFAULT_MAX_FOREIGN_CPU)
+    """``max_foreign_cpu`` from the job (absent: the default, target/host_load.py; None: never re-run)."""
+    from infra_agent.target.host_load import default_max_foreign_cpu
+
+    value = job["max_foreign_cpu"] if "max_foreign_cpu" in job else default_max_foreign_cpu()
     return None if value is None else float(value)
 
 
