@@ -1,7 +1,8 @@
 """The live view of a run: the current experiment, its probe and tier, the best so far, the gates.
 
 On a terminal it is a rich ``Live`` panel; in CI logs and files (no TTY) it is plain
-lines, one per event, so a long run is never silent.
+lines, one per event, so a long run is never silent.  What it shows (a hypothesis the
+model wrote, a probe's error with a server's log in it) is masked of secrets first.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from infra_agent.agent.experiment import Experiment, GateResult
+from infra_agent.safety import scrub_text
 
 _COLOUR = {"pass": "green", "fail": "red", "inconclusive": "yellow", "error": "red", "skipped": "dim",
            "supported": "green", "refuted": "red", "baseline": "cyan", "confirmed": "green", "not_confirmed": "red"}
@@ -57,8 +59,9 @@ class RunProgress:
             self._live = None
 
     def _render(self) -> Group:
-        head = Text.assemble(("experiment ", "bold"), self.current or "-", "\n", ("probe ", "bold"), self.detail or "-",
-                             "\n", ("best ", "bold"), self.best, f"   ({time.monotonic() - self.started:.0f} s)")
+        head = Text.assemble(("experiment ", "bold"), scrub_text(self.current or "-"), "\n", ("probe ", "bold"),
+                             scrub_text(self.detail or "-"), "\n", ("best ", "bold"), scrub_text(self.best),
+                             f"   ({time.monotonic() - self.started:.0f} s)")
         return Group(head, gate_table(self.gates, "gate table (best so far)"))
 
     def _update(self) -> None:
@@ -68,6 +71,7 @@ class RunProgress:
     def line(self, text: str) -> None:
         if not self.enabled:
             return
+        text = scrub_text(text)
         if self._live is not None:
             self._live.console.print(text, markup=False, highlight=False)
         else:

@@ -3,8 +3,9 @@
 Secrets never reach the output: the value of a ``target.env`` (or ``target.headers``)
 entry whose name looks secret (``HF_TOKEN``, ``*_KEY``, ``*PASSWORD*``:
 ``infra_agent.safety.secret_name``) is shown as ``***``, in the human summary and in
-``--json``, and so is any place where such a value, or a secret of the environment
-infra-agent runs in, recurs (a command line that repeats the token).
+``--json``, and so is any place where such a value, the value after a secret flag of
+the command (``--api-key VALUE``), a URL's password (``postgres://user:***@host/db``),
+or a secret of the environment infra-agent runs in recurs.
 
 The workspace models (pydantic) are imported inside the command: see ``infra_agent.cli.main``.
 """
@@ -34,28 +35,27 @@ _NAMED_VALUES = ("env", "headers")
 
 
 def _secrets(ws: Workspace) -> list[str]:
-    """The values to mask: the target's secret-named env (and header) values, and the process's."""
-    from infra_agent.safety import secret_name, secret_values
+    """The values to mask: the target's (env, command flags, headers, URL passwords) and the process's."""
+    from infra_agent.safety import workspace_secrets
 
-    named = [v for f in _NAMED_VALUES for k, v in (getattr(ws.target, f, None) or {}).items() if secret_name(k)]
-    return secret_values(extra=named)
+    return workspace_secrets(ws)
 
 
 def masked(value: Any, secrets: list[str]) -> Any:
-    """``value`` with every recurrence of a secret value replaced by ``***``."""
-    from infra_agent.safety import replace_values
+    """``value`` with every recurrence of a secret value, and every secret known by its form, masked."""
+    from infra_agent.safety import scrub
 
-    return replace_values(value, secrets)  # longest first (secret_values sorts them)
+    return scrub(value, secrets)
 
 
 def _masked_workspace(data: dict[str, Any], secrets: list[str]) -> dict[str, Any]:
-    from infra_agent.safety import scrub
+    from infra_agent.safety import MASK, secret_name
 
     target = dict(data.get("target") or {})
     for f in _NAMED_VALUES:
         if isinstance(target.get(f), dict):
-            # scrub masks the values under secret-looking names, whatever they are
-            target[f] = scrub(target[f], secrets)
+            # a value under a secret-looking name is masked whatever it is, as in the human summary
+            target[f] = {k: MASK if secret_name(k) and v else v for k, v in target[f].items()}
     return masked({**data, "target": target}, secrets)
 
 

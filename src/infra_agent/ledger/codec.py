@@ -12,38 +12,20 @@ import json
 from typing import Any
 
 from infra_agent.agent.experiment import Experiment
-from infra_agent.safety import scrub, scrub_text, secret_values
+from infra_agent.safety import scrub, secret_values
 
 Row = tuple[Any, ...]
 SIDES: tuple[tuple[str, str], ...] = (("candidate", "feedback"), ("baseline", "baseline_feedback"))
 
 
 def clean(value: Any) -> Any:
-    """``value`` (JSON-like data) passed through :func:`scrub`, numbers kept.
-
-    ``scrub`` masks any value under a secret-looking key, and its pattern matches
-    ``*TOKEN*``: ``llm_tokens`` or a knob ``max_num_batched_tokens`` would turn from a
-    number into ``"***"``, which fails validation (the record could never be read back)
-    or silently changes a knob value on resume.  A number is not a credential, so
-    numbers are restored; strings stay masked.  Mapping keys are scrubbed too, since
-    free-form dicts (evidence, state) may be keyed by anything.
+    """``value`` (JSON-like data) passed through :func:`scrub`: every occurrence of a secret of
+    the environment masked by value (mapping keys included, since free-form dicts such as
+    evidence or state may be keyed by anything), and the secrets known by their form (a URL's
+    password, a bearer token, a credential under a secret key).  Numbers are never touched: a
+    knob ``max_num_batched_tokens`` stays 8192, so the record reads back and resumes as it was.
     """
-    values = secret_values()
-    return _restore_numbers(value, scrub(value, values), values)
-
-
-def _restore_numbers(orig: Any, cleaned: Any, values: list[str]) -> Any:
-    if isinstance(orig, (int, float)) and not isinstance(orig, bool):
-        return orig
-    if isinstance(orig, dict) and isinstance(cleaned, dict):
-        return {_key(k, values): _restore_numbers(orig[k], v, values) for k, v in cleaned.items()}
-    if isinstance(orig, (list, tuple)) and isinstance(cleaned, (list, tuple)):
-        return [_restore_numbers(o, c, values) for o, c in zip(orig, cleaned)]
-    return cleaned
-
-
-def _key(key: Any, values: list[str]) -> Any:
-    return scrub_text(key, values) if isinstance(key, str) else key
+    return scrub(value, secret_values())
 
 
 def to_json(value: Any) -> str:

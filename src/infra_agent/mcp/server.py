@@ -31,6 +31,7 @@ from mcp.server.lowlevel import Server
 
 from infra_agent import __version__
 from infra_agent.mcp.session import McpSession
+from infra_agent.safety import scrub, scrub_text, workspace_secrets
 from infra_agent.tools.registry import ToolResult
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,12 @@ def _tools(session: McpSession) -> list[types.Tool]:
             for s in session.specs()]
 
 
-def _result(res: ToolResult) -> types.CallToolResult:
-    structured = json.loads(json.dumps(res.data, default=str)) if res.data else None
-    return types.CallToolResult(content=[types.TextContent(type="text", text=res.text)], isError=res.error,
-                                structuredContent=structured)
+def _result(res: ToolResult, secrets: list[str]) -> types.CallToolResult:
+    """The call's result for the client; masked again, as everything leaving the server is (the
+    registry masked it already: this covers data that ``default=str`` turns into text)."""
+    structured = scrub(json.loads(json.dumps(res.data, default=str)), secrets) if res.data else None
+    return types.CallToolResult(content=[types.TextContent(type="text", text=scrub_text(res.text, secrets))],
+                                isError=res.error, structuredContent=structured)
 
 
 async def _call(session: McpSession, name: str, arguments: Any, send_progress: Any) -> types.CallToolResult:
@@ -62,17 +65,18 @@ async def _call(session: McpSession, name: str, arguments: Any, send_progress: A
     loop_token = anyio.lowlevel.current_token()
     lock = threading.Lock()
     count = 0
+    secrets = workspace_secrets(session.ws)
 
     def progress(message: str) -> None:
         nonlocal count
         with lock:
             count += 1
             n = count
-        anyio.from_thread.run(send_progress, float(n), message, token=loop_token)
+        anyio.from_thread.run(send_progress, float(n), scrub_text(message, secrets), token=loop_token)
 
     res = await anyio.to_thread.run_sync(functools.partial(session.call, name, arguments, progress if send_progress else None),
                                          abandon_on_cancel=True)
-    return _result(res)
+    return _result(res, secrets)
 
 
 def _progress_token(meta: Any) -> Any:

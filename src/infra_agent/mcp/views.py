@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from infra_agent.errors import InfraAgentError
+from infra_agent.safety import scrub, scrub_text, workspace_secrets
 from infra_agent.tools import experiment as exp_tools
 from infra_agent.tools.registry import ToolContext, ToolResult
 
@@ -74,7 +75,9 @@ def validate_workspace(session: McpSession, ctx: ToolContext, args: NoArgs) -> T
     lines += [f"problem: {p}" for p in problems]
     if ws.model_dump() != session.ws.model_dump():
         lines.append("note: the file changed since this session loaded it; the session keeps the workspace it loaded")
-    return ToolResult(text="\n".join(lines), data=data, error=bool(problems))
+    # The file as it is now may hold secrets the session's workspace does not (the registry masks those).
+    secrets = workspace_secrets(ws)
+    return ToolResult(text=scrub_text("\n".join(lines), secrets), data=scrub(data, secrets), error=bool(problems))
 
 
 def list_knobs(session: McpSession, ctx: ToolContext, args: NoArgs) -> ToolResult:

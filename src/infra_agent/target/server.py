@@ -44,6 +44,12 @@ from urllib.parse import urlsplit
 import httpx
 
 from infra_agent.errors import ServerStartError
+from infra_agent.safety import (
+    command_secrets,
+    header_secrets,
+    scrub_text,
+    secret_values,
+)
 from infra_agent.target.auth import request_headers
 from infra_agent.target.launch import LaunchPlan, plan_launch
 from infra_agent.target.ports import LOOPBACK, free_port
@@ -192,14 +198,30 @@ class ServerProcess:
         return self.pid
 
     def log_tail(self, n: int = 40) -> str:
-        """The last ``n`` lines of the server log ("" if there is none yet)."""
+        """The last ``n`` lines of the server log ("" if there is none yet), secrets masked.
+
+        A server that fails to start may print its environment or its arguments (vLLM
+        lists its non-default args, ``--api-key`` included): the tail goes into error
+        messages, results and the ledger, so it is masked here, where the launch's
+        environment and argv are known."""
         if self._log_path is None or not self._log_path.exists():
             return ""
         with self._log_path.open("rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - 64 * 1024))
             data = f.read().decode("utf-8", errors="replace")
-        return "\n".join(data.splitlines()[-n:])
+        return self._masked("\n".join(data.splitlines()[-n:]))
+
+    def _masked(self, text: str) -> str:
+        """``text`` without the launch's secrets: its environment's (the target's ``env`` included),
+        the values after secret flags of its argv, and its secret header values."""
+        if self._plan is None:
+            return scrub_text(text)
+        headers = dict(self.spec.headers)
+        if self.spec.api_key_env and os.environ.get(self.spec.api_key_env):
+            headers["Authorization"] = f"Bearer {os.environ[self.spec.api_key_env]}"
+        extra = command_secrets(self._plan.argv) + header_secrets(headers)
+        return scrub_text(text, secret_values(self._plan.env, extra=extra))
 
     def check_alive(self) -> None:
         """Raise ``ServerStartError`` with the log tail if the server has exited."""
@@ -273,8 +295,9 @@ class ServerProcess:
         except OSError:
             return  # nothing listens: free
         raise ServerStartError(
-            f"port {parts.port} is already in use: {self._plan.ready_url} answers before {self.name} was started, "
-            "so readiness would be read from another process; stop it, or use {port} in the command and ready_url",
+            self._masked(f"port {parts.port} is already in use: {self._plan.ready_url} answers before {self.name} was "
+                         "started, so readiness would be read from another process; stop it, or use {port} in the "
+                         "command and ready_url"),
             None, "",
         )
 
@@ -290,7 +313,7 @@ class ServerProcess:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self._log_path = self.log_dir / f"{self.name}-{stamp}-{port}.log"
         with self._log_path.open("wb") as log:
-            log.write(f"# argv: {self._plan.argv}\n# cwd: {self._plan.cwd}\n".encode())
+            log.write(self._masked(f"# argv: {self._plan.argv}\n# cwd: {self._plan.cwd}\n").encode())
             log.flush()
             self._proc, self._stopped = None, False
             try:
@@ -306,7 +329,8 @@ class ServerProcess:
                     preexec_fn=preexec,  # noqa: PLW1509 -- one prctl call, nothing imported or locked (see _parent_death_preexec)
                 )
             except OSError as exc:
-                raise ServerStartError(f"cannot launch {self._plan.argv[0]!r}: {exc.strerror}", None, "", str(self._log_path)) from None
+                raise ServerStartError(self._masked(f"cannot launch {self._plan.argv[0]!r}: {exc.strerror}"), None, "",
+                                       str(self._log_path)) from None
             if self.lifeline:
                 self._start_lifeline(self._proc.pid, log)
 
@@ -363,7 +387,8 @@ class ServerProcess:
                     last = type(exc).__name__
                 if time.monotonic() >= deadline:
                     raise ServerStartError(
-                        f"{self.name} not ready after {self.ready_timeout_s:g}s (GET {self._plan.ready_url}: {last}); stopped it",
+                        self._masked(f"{self.name} not ready after {self.ready_timeout_s:g}s (GET {self._plan.ready_url}: "
+                                     f"{last}); stopped it"),
                         None,
                         self.log_tail(),
                         str(self._log_path),

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from infra_agent.agent.experiment import Change, Step
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.errors import InfraAgentError
-from infra_agent.safety import MASK, bound, scrub_text, secret_name, secret_values
+from infra_agent.safety import bound, scrub, scrub_text, secret_values, target_secrets
 
 log = logging.getLogger(__name__)
 
@@ -171,21 +171,16 @@ class ToolRegistry:
             return ToolResult.fail(f"{name} failed: {type(exc).__name__}: {exc}", tool=name, problem="tool_failed")
 
     def _finish(self, result: ToolResult, ctx: ToolContext) -> ToolResult:
-        values = secret_values(extra=ctx.secrets)
+        values = context_secrets(ctx)
         text = bound(scrub_text(result.text, values), self.max_result_chars)
-        return ToolResult(text=text, data=_scrub_data(result.data, values), error=result.error)
+        return ToolResult(text=text, data=scrub(result.data, values), error=result.error)
 
 
-def _scrub_data(value: Any, values: list[str]) -> Any:
-    """Like ``safety.scrub`` for text, but numbers stay (a count named ``llm_tokens`` is no secret)."""
-    if isinstance(value, str):
-        return scrub_text(value, values)
-    if isinstance(value, Mapping):
-        return {k: MASK if isinstance(k, str) and secret_name(k) and isinstance(v, str) else _scrub_data(v, values)
-                for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_scrub_data(v, values) for v in value]
-    return value
+def context_secrets(ctx: ToolContext) -> list[str]:
+    """What a result must not show: the environment's secrets, ``ctx.secrets``, and the secrets of
+    the workspace's target (its env, its command's secret flags, its headers), by value."""
+    workspace = ctx.workspace if ctx.workspace is not None else getattr(ctx.state, "workspace", None)
+    return secret_values(extra=[*ctx.secrets, *target_secrets(getattr(workspace, "target", None))])
 
 
 def _short(value: Any) -> str:

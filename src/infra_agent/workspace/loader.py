@@ -162,7 +162,24 @@ def _one(err: Any, file: Path, text: str, root: type[BaseModel] = Workspace, pre
     else:
         expected = expected_text(err)
     field = ".".join(str(p) for p in path) or None
+    if path[:1] == ("target",):
+        got = _shown(path, got)
     return ConfigError(_where(file, text, path) if text else str(file), field, expected, got)
+
+
+def _shown(path: Loc, got: object) -> object:
+    """What came under ``target``, as an error shows it: a ``target.env`` (or ``headers``) value
+    whose name looks secret is ``***``, and so are URL passwords and secret flags' values anywhere."""
+    from infra_agent.safety import MASK, scrub, secret_name
+
+    if got is MISSING:
+        return got
+    named = len(path) >= 2 and path[1] in ("env", "headers")
+    if named and len(path) >= 3 and secret_name(str(path[2])):
+        return MASK
+    if named and len(path) == 2 and isinstance(got, dict):
+        got = {k: MASK if isinstance(k, str) and secret_name(k) else v for k, v in got.items()}
+    return scrub(got)
 
 
 # Bounds as pydantic reports them (``ctx`` key, words); pydantic's own text lacks the noun.
