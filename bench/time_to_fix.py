@@ -23,6 +23,13 @@ so machine drift hits them alike.
 
     python bench/time_to_fix.py --seeds 5
     python bench/time_to_fix.py --scenario kv-transfer --seeds 1 --budget-runs 4
+    python bench/time_to_fix.py --noisy --methods attributed,rules --seeds 5
+
+``--noisy``: a background process takes one core (a busy loop) for the whole benchmark,
+as another job on a shared machine would; the loop must still decide.  Every run's
+launches are checked against the machine: the column "over cores" counts experiments
+whose thread knobs (knobs with ``resource: threads``) asked for more than the cores
+(should be 0: screening refuses them).
 
 Reported per method: the e2e runs (serving windows, both sides, baseline included)
 and the wall time until the gate first passed, as medians over seeds; a run that
@@ -36,11 +43,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -105,13 +115,40 @@ def run_method(method: str, seed: int, workdir: Path, args: argparse.Namespace) 
         if e.role != "baseline" and e.accepted and gates.get(gate) == "pass":
             fixed_at, fixed_s = runs, (e.finished_at or time.time()) - run.started_at
             break
-    return {"method": method, "seed": seed, "scenario": args.scenario, "fixed": fixed_at is not None, "e2e_runs": fixed_at if fixed_at is not None else runs,
+    over = _over_cores(ws, exps)
+    return {"method": method, "seed": seed, "scenario": args.scenario, "fixed": fixed_at is not None, "over_cores": over,
+            "e2e_runs": fixed_at if fixed_at is not None else runs,
             "wall_s": fixed_s if fixed_s is not None else wall, "experiments": sum(e.role == "experiment" for e in exps),
             "baseline_passed": bool(exps) and all(g.outcome in ("pass", "skipped") for g in
                                                    (exps[0].verdict.gates if exps[0].verdict else [])),
             "run": run.id, "status": run.status, "message": run.message,
             "trail": [(e.id, e.change.knobs, e.status, e.verdict.outcome if e.verdict else None, e.cost.e2e_runs,
                        e.accepted and e.role == "experiment") for e in exps]}
+
+
+def _over_cores(ws: Path, exps: list[Any]) -> int:
+    """Experiments that launched (not refused) with thread knobs over the cores the target may use."""
+    from infra_agent.workspace import load_workspace
+    from infra_agent.workspace.machine import machine_limits, oversubscriptions
+
+    workspace = load_workspace(ws)
+    limits = machine_limits(getattr(workspace, "machine", None))
+    return sum(1 for e in exps if e.probe is not None and e.status != "rejected"
+               and oversubscriptions(workspace.knobs, e.knobs, limits))
+
+
+@contextmanager
+def busy_core(enabled: bool) -> Iterator[None]:
+    """A busy loop in another process for the whole block: one core taken by someone else."""
+    if not enabled:
+        yield
+        return
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -123,6 +160,7 @@ def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({"method": m, "seeds": len(rs), "fixed": sum(r["fixed"] for r in rs),
                      "median_e2e_runs": statistics.median(r["e2e_runs"] for r in rs),
                      "median_wall_s": statistics.median(r["wall_s"] for r in rs),
+                     "over_cores": sum(r.get("over_cores", 0) for r in rs),
                      "e2e_runs": [(">" if not r["fixed"] else "") + str(r["e2e_runs"]) for r in rs]})
     return rows
 
@@ -138,12 +176,15 @@ def main() -> int:
                     help="per probe run (default: 90 s; 600 s for kv-transfer, whose check runs 9 windows)")
     ap.add_argument("--out", type=Path, default=None, help="write the raw results here (JSON)")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--noisy", action="store_true", help="a busy loop takes one core for the whole benchmark")
     args = ap.parse_args()
     if args.probe_timeout_s is None:
         args.probe_timeout_s = 600.0 if args.scenario == "kv-transfer" else 90.0
     methods = [m for m in args.methods.split(",") if m]
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="time-to-fix-") as tmp:
+    print(f"scenario {args.scenario}, {'noisy: a busy loop takes one core' if args.noisy else 'quiet'}; "
+          f"load average at start {os.getloadavg()[0]:.2f}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="time-to-fix-") as tmp, busy_core(args.noisy):
         for seed in range(args.seeds):
             for method in methods:
                 r = run_method(method, seed, Path(tmp), args)
@@ -155,10 +196,11 @@ def main() -> int:
                 if args.out:
                     args.out.write_text(json.dumps(results, indent=1, default=str))
     rows = summarise(results)
-    print(f"\n{'method':>10} | seeds | fixed | median e2e runs | median wall s | e2e runs per seed")
+    print(f"\nload average at end {os.getloadavg()[0]:.2f}")
+    print(f"\n{'method':>10} | seeds | fixed | median e2e runs | median wall s | over cores | e2e runs per seed")
     for row in rows:
         print(f"{row['method']:>10} | {row['seeds']:>5} | {row['fixed']:>5} | {row['median_e2e_runs']:>15} | "
-              f"{row['median_wall_s']:>13.0f} | {' '.join(row['e2e_runs'])}")
+              f"{row['median_wall_s']:>13.0f} | {row['over_cores']:>10} | {' '.join(row['e2e_runs'])}")
     by = {r["method"]: r for r in rows}
     if "attributed" in by and "blind" in by:
         ratio = by["blind"]["median_e2e_runs"] / by["attributed"]["median_e2e_runs"]
