@@ -44,7 +44,7 @@ _VERB_MODULES: dict[str, str] = {
     "trace": "Timeline analysis: overlap, GIL attribution, critical path, trends and diffs of traces.",
     "validate": "Check infra-agent.yaml: target, knobs, scenarios, criteria. Exit 2 on any problem.",
     "bench": "Run one serving benchmark and print vLLM-style metrics (+ server phases).",
-    "compare": "Per-metric ratio B/A with a bootstrap CI, and a verdict per criterion.",
+    "compare": "Per-metric ratio B/A with a confidence interval, and a verdict per criterion.",
     "kernel": "Kernel lab: correctness across variants and precisions, microbenchmarks, roofline.",
 }
 

@@ -244,7 +244,8 @@ def compare_metric(
 
 
 def _geomean(values: Sequence[float]) -> float:
-    return float(np.exp(np.mean(np.log(np.asarray(values, dtype=np.float64)))))
+    with np.errstate(over="ignore"):
+        return float(np.exp(np.mean(np.log(np.asarray(values, dtype=np.float64)))))
 
 
 def _restarts(base: Sequence[dict[str, Any]], cand: Sequence[dict[str, Any]]) -> int:

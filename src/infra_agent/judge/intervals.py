@@ -44,6 +44,11 @@ def _check(values: Sequence[float], what: str) -> np.ndarray:
     return arr
 
 
+def _exp(x: float) -> float:
+    """exp that saturates to inf instead of raising (a ratio of 1e308 to 1e-300 in a malformed file)."""
+    return math.exp(x) if x < 709.0 else math.inf
+
+
 def _t_half(sd: float, n: int, confidence: float, extra_var: float = 0.0, df: float | None = None) -> float:
     if n < 2 and extra_var <= 0:
         return 0.0
@@ -59,7 +64,7 @@ def log_ratio_interval(ratios: Sequence[float], *, confidence: float = 0.95, pro
     centre = float(logs.mean())
     sd = float(logs.std(ddof=1)) if n > 1 else 0.0
     half = _t_half(sd, n, confidence, process_noise ** 2 / max(restarts, 1)) if n > 1 else 0.0
-    return RatioCI(ratio=math.exp(centre), low=math.exp(centre - half), high=math.exp(centre + half),
+    return RatioCI(ratio=_exp(centre), low=_exp(centre - half), high=_exp(centre + half),
                    confidence=confidence, stat="geomean", n_candidate=n, n_baseline=n, paired=True, n_boot=0,
                    process_noise=process_noise, restarts=restarts)
 
@@ -89,7 +94,7 @@ def unpaired_ratio_interval(candidate: Sequence[float], baseline: Sequence[float
         denom = (vb * vb / (lb.size - 1) if lb.size > 1 else 0.0) + (va * va / (la.size - 1) if la.size > 1 else 0.0)
         dof = (vb + va) ** 2 / denom if denom > 0 else float(min(lb.size, la.size) - 1)
         half = float(sstats.t.ppf(0.5 + confidence / 2, max(dof, 1.0)) * math.sqrt(var))
-    return RatioCI(ratio=math.exp(centre), low=math.exp(centre - half), high=math.exp(centre + half),
+    return RatioCI(ratio=_exp(centre), low=_exp(centre - half), high=_exp(centre + half),
                    confidence=confidence, stat="geomean", n_candidate=int(lb.size), n_baseline=int(la.size),
                    paired=False, n_boot=0, process_noise=process_noise, restarts=restarts)
 
@@ -100,7 +105,7 @@ def t_interval_of_values(values: Sequence[float], *, confidence: float = 0.95) -
     n = int(logs.size)
     centre = float(logs.mean())
     half = _t_half(float(logs.std(ddof=1)), n, confidence) if n > 1 else 0.0
-    return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
+    return _exp(centre), _exp(centre - half), _exp(centre + half)
 
 
 def label(ci: RatioCI, what: str) -> str:
