@@ -193,6 +193,10 @@ class Loop:
         screened = 0  # rejected before running, in a row
         while (reason := self._stop_reason()) is None:
             state = self._state()
+            # An open experiment on the best (inconclusive, promising) gets its one more batch
+            # before anything new is tried: a right but undecided change is not dropped.
+            if self._reopen_best_open(state.best):
+                continue
             try:
                 step = self.proposer.propose(state)
             except InfraAgentError as exc:
@@ -203,7 +207,7 @@ class Loop:
             if step is None:
                 said = getattr(self.proposer, "stopped_reason", None)
                 reason = StopReason(StopKind.NOTHING_LEFT, said or f"the {self.proposer.name} proposer has nothing more to try")
-                if self._reopen_best_open(state.best) or look_again(self, state.best, reason.detail):
+                if look_again(self, state.best, reason.detail):
                     continue
                 break
             exp = self._take_step(step, state.best)
@@ -216,8 +220,7 @@ class Loop:
         return reason
 
     def _reopen_best_open(self, best: Experiment) -> bool:
-        """Before giving up: the most promising open experiment on ``best`` gets one more batch
-        (once per run), so a right but undecided change is not dropped."""
+        """The most promising open experiment on ``best`` gets one more batch (once per run)."""
         left = self._runs_left()
         if not self.opts.get("top_up", True) or (left is not None and left < 1):
             return False  # --no-top-up: every experiment is judged on its first batch

@@ -87,25 +87,48 @@ def test_without_top_up_one_look_at_95_percent_decides(tmp_path: Path) -> None:
 
 
 def test_an_open_experiment_is_topped_up_not_refused_and_its_parent_not_measured_again(tmp_path: Path) -> None:
-    # Cap of one batch: the first proposal ends inconclusive but promising (open).  The same
-    # change proposed again is one more batch of that experiment, pooled: no new experiment,
-    # no new baseline.
+    # What an MCP client does: run_experiment on a change, then the same change again.  Cap of one
+    # batch: the first call ends inconclusive but promising (open); the second is one more batch
+    # of that experiment, pooled: no new experiment, no new baseline.
     fake = Batches([[125.0, 105.0, 112.0], [114.0, 115.0, 116.0]])
-    run, exps, lines = _run(tmp_path, fake, [_step(), _step()], max_pairs=3, look_again=False)
-    assert [e.role for e in exps] == ["baseline", "experiment"], [(e.id, e.role, e.status, e.error) for e in exps]
+    ws = workspace(tmp_path, criteria=GATE)
+    with Ledger.for_workspace(ws.root) as ledger:
+        run = new_run(tmp_path, ledger, max_pairs=3, look_again=False)
+        loop = loop_for(ws, ledger, run, Script([]), fake)
+        loop.progress = Lines()
+        assert loop.ensure_baseline()
+        first = loop.run_step(_step())
+        assert first.open and first.verdict is not None and first.verdict.outcome == "inconclusive"
+        again = loop.run_step(_step())
+        exps = ledger.experiments(run.id)
+    assert again.id == first.id == "e1" and [e.role for e in exps] == ["baseline", "experiment"]
     e1 = exps[1]
     assert fake.measured == ["e0"] and fake.batches == 2 and e1.cost.e2e_runs == 12
     assert e1.verdict is not None and "6 interleaved pairs" in e1.verdict.interval
     assert "look 2 of 2 (reopened)" in e1.verdict.interval and e1.sample_plan and e1.sample_plan["reopened"]
-    assert any("e1 is open" in text for text in lines)
+    assert any("e1 is open" in text for text in loop.progress.lines)
     assert e1.accepted and run.best == "e1"
 
 
-def test_before_giving_up_the_loop_tops_up_its_most_promising_open_experiment_once(tmp_path: Path) -> None:
+def test_the_loop_tops_up_an_open_experiment_once_before_trying_anything_new(tmp_path: Path) -> None:
+    # e1 ends open; before the proposer's next step (a different change) the loop gives e1 its
+    # one more batch, which decides it; the next step then runs on the new best.
+    fake = Batches([[125.0, 105.0, 112.0], [114.0, 115.0, 116.0], [120.0, 121.0, 119.0]])
+    other = _step().model_copy(update={"change": Change(knobs={"max_running": 32})})
+    run, exps, lines = _run(tmp_path, fake, [_step(), other], max_pairs=3, look_again=False)
+    assert [e.id for e in exps] == ["e0", "e1", "e2"]
+    e1, e2 = exps[1], exps[2]
+    assert e1.sample_plan and e1.sample_plan["reopened"] and e1.accepted
+    assert e2.parent == "e1", "the next step ran on the best the top-up made"
+    assert lines.index(next(t for t in lines if "e1 is open" in t)) < lines.index(next(t for t in lines
+                                                                                      if t.startswith("e2 ")))
+
+
+def test_an_open_experiment_reopened_once_stays_open_and_the_run_says_no_gain(tmp_path: Path) -> None:
     fake = Batches([[130.0, 100.0, 112.0], [95.0, 130.0, 105.0]])
     run, exps, _ = _run(tmp_path, fake, [_step()], max_pairs=3, look_again=False)
     e1 = exps[1]
-    assert fake.batches == 2, "the open experiment got one more batch when the proposer had nothing left"
+    assert fake.batches == 2, "the open experiment got its one more batch"
     assert e1.verdict is not None and e1.verdict.outcome == "inconclusive" and e1.open
     assert e1.sample_plan and e1.sample_plan["reopened"] and not e1.accepted
     assert run.message.startswith("the script proposer has nothing more to try; no gain found: the best configuration "
