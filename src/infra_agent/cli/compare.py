@@ -3,9 +3,9 @@
 Each file may hold one result, a list of results, or ``{"runs": [...]}`` (what the
 interleaved A/B driver writes).  With several runs per side the interval comes from
 the per-run values (paired when the counts match).  With one run per side the judge
-gives no interval and asks for repeated runs, unless ``--per-request`` opts in to a
+gives no interval and asks for repeated runs; ``--per-request`` adds a descriptive
 bootstrap over the requests of those two runs (latency metrics only; it ignores
-between-run variance and says so).
+between-run variance, says so, and its verdicts stay inconclusive).
 
 Exit status: 0 when the comparison ran and no gate failed; 1 when a gate failed or a
 side has no successful run; 2 on a user error (an unreadable or malformed file, a bad
@@ -203,8 +203,8 @@ def register(app: typer.Typer) -> None:
                  "calibration (bench/ab_power.py reports it); widens the interval by it over the runs' restarts."),
         per_request: bool = typer.Option(
             False, "--per-request",
-            help="With one run per side, bootstrap latency metrics over the requests of those two runs. "
-                 "Ignores between-run variance: without it, one run per side decides nothing."),
+            help="With one run per side, show a bootstrap interval of latency metrics over the requests of those two "
+                 "runs. It ignores between-run variance, so it decides nothing: one run per side stays inconclusive."),
         allow_mismatch: bool = typer.Option(
             False, "--allow-mismatch", help="Compare although A and B ran different workloads (warns with the differences)."),
         interval: str = typer.Option(

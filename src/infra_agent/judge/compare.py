@@ -234,7 +234,8 @@ def compare_metric(
                 ci = bootstrap_ratio(sb, sa, stat=stat, confidence=confidence, n_boot=n_boot, seed=seed,
                                      process_noise=process_noise)
                 return MetricComparison(metric, a[0], b[0], ci, "per-request",
-                                        f"{stat} of {len(sa)}+{len(sb)} per-request {base_metric} samples; {PER_REQUEST_LABEL}")
+                                        f"{stat} of {len(sa)}+{len(sb)} per-request {base_metric} samples; {PER_REQUEST_LABEL}",
+                                        refusal=refusal, more_runs=more)
         if per_request:
             refusal += "; a per-request bootstrap covers latency metrics only"
         note = f"one run per side: no interval (repeat interleaved runs, >= {MIN_SAMPLES} per side)"
@@ -280,7 +281,14 @@ def _verdict(gate: Gate, mc: MetricComparison) -> Verdict:
         return Verdict(str(gate), "inconclusive", mc.ratio, None, None, mc.more_runs, mc.refusal)
     v = decide(gate, mc.ci)
     if mc.source == "per-request":
-        v = Verdict(v.gate, v.outcome, v.ratio, v.low, v.high, v.more_samples, f"{v.message} ({PER_REQUEST_LABEL})")
+        # The requests of one run share its process, its warm-up and the machine's minute:
+        # they are not independent samples of the server, so their interval describes this
+        # pair of runs and decides nothing (an A/A pair of single runs "failed" at
+        # [1.15, 1.78] this way).  Runs are the unit: the verdict asks for them.
+        where = "" if v.low is None or v.high is None else f" [{v.low:.4f}, {v.high:.4f}]"
+        return Verdict(v.gate, "inconclusive", v.ratio, v.low, v.high, mc.more_runs,
+                       f"the per-request interval{where} describes these two runs only ({PER_REQUEST_LABEL}); "
+                       f"{mc.refusal}" if mc.refusal else f"({PER_REQUEST_LABEL})")
     return v
 
 

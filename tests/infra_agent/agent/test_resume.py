@@ -73,6 +73,14 @@ def test_sigkill_mid_experiment_then_resume(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert marked_pids(f"{run_id}/") == [], "processes of the killed run outlived it"
         assert wt_dir.exists()  # SIGKILL leaves the worktree: resume must remove it
+        # `ls` tells the killed run from a running one: its owner process is gone.
+        listed = subprocess.run([sys.executable, "-m", "infra_agent.cli.main", "ls", str(ws), "--json"],
+                                capture_output=True, text=True, timeout=120, check=False)
+        row, = json.loads(listed.stdout)
+        assert row["status"] == "running" and row["stale"] is True, listed.stdout
+        human = subprocess.run([sys.executable, "-m", "infra_agent.cli.main", "ls", str(ws)], capture_output=True,
+                               text=True, timeout=120, check=False, env={**os.environ, "COLUMNS": "250"})
+        assert "stale" in human.stdout and " running " not in human.stdout, human.stdout
 
         out = subprocess.run([sys.executable, "-m", "infra_agent.cli.main", "resume", run_id, "--workspace", str(ws),
                               "--json", "--no-report"], capture_output=True, text=True, timeout=600, check=False)

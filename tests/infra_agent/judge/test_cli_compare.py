@@ -51,10 +51,13 @@ def test_compare_single_runs_decide_nothing_unless_per_request(tmp_path: Path) -
     assert "INCONCLUSIVE output_throughput>=0.95" in text
     assert "per-request bootstrap" not in text
 
+    # --per-request shows an interval from the requests of the two runs, labelled, and still
+    # decides nothing: requests of one run are not independent samples of the server.
     res = runner.invoke(app, [*args, "--per-request"])
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
-    assert "FAIL median_ttft_ms<=1.1" in text
+    assert "INCONCLUSIVE median_ttft_ms<=1.1" in text and "describes these two runs only" in text
+    assert "FAIL" not in text
     assert "INCONCLUSIVE output_throughput>=0.95" in text  # throughput has no per-request samples
     assert "per-request bootstrap: ignores between-run variance" in text
     data = json.loads(runner.invoke(app, [*args, "--per-request", "--json"]).stdout)
