@@ -276,10 +276,15 @@ class Ledger:
         return out
 
     def probe_costs(self) -> dict[tuple[str, str], ProbeCost]:
-        """(probe name, tier) -> what it cost over finished experiments of every run."""
-        marks = ", ".join("?" * len(FINISHED))
+        """(probe name, tier) -> what it cost over finished experiments of every run.
+
+        A rejected experiment is left out: it stopped before its probe's work (a patch that did
+        not apply, a cheap gate that failed before any e2e run), so its 0.1 s would price an
+        e2e probe that really takes ~30 s as nearly free."""
+        counted = tuple(sorted(FINISHED - {"rejected"}))
+        marks = ", ".join("?" * len(counted))
         rows = self._read(f"SELECT probe, tier, wall_s FROM experiments WHERE probe IS NOT NULL AND tier IS NOT "
-                          f"NULL AND status IN ({marks})", tuple(sorted(FINISHED)))
+                          f"NULL AND status IN ({marks})", counted)
         return probe_costs((r["probe"], r["tier"], float(r["wall_s"])) for r in rows)
 
     # ---- proposer state ----------------------------------------------------------

@@ -124,6 +124,8 @@ def test_probe_costs_learn_from_finished_experiments_of_all_runs(ledger: Ledger,
     ledger.save_experiment(fx.make_experiment("b", 2, wall_s=0.0, status="rejected"))  # never ran
     ledger.save_experiment(fx.make_experiment("b", 3, wall_s=50.0, probe=None))  # no probe
     ledger.save_experiment(fx.make_experiment("b", 4, wall_s=30.0, probe="serve", tier="e2e"))
+    # Rejected after 0.1 s (a cheap gate failed before any e2e run): not what the e2e probe costs.
+    ledger.save_experiment(fx.make_experiment("b", 5, wall_s=0.1, probe="serve", tier="e2e", status="rejected"))
     assert ledger.probe_costs() == {("kernel-bench", "micro"): ProbeCost(n=3, mean_s=3.0, median_s=2.0),
                                     ("serve", "e2e"): ProbeCost(n=1, mean_s=30.0, median_s=30.0)}
 
