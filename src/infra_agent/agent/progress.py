@@ -103,8 +103,9 @@ class RunProgress:
     def finished(self, exp: Experiment, best: Experiment, gates: list[GateResult]) -> None:
         v = exp.verdict
         outcome = v.outcome if v else "no verdict"
-        effect = f" effect {v.effect:.3g} [{v.low:.3g}, {v.high:.3g}]" if v and v.effect is not None and v.low is not None \
-            and v.high is not None else ""
+        from infra_agent.judge.effect_text import effect_text
+
+        effect = f" {effect_text(exp)}".rstrip()
         self.line(f"{exp.id} {exp.status}: {outcome}{effect} in {exp.cost.wall_s:.1f} s"
                   + (f" — {v.message}" if v else f" — {exp.error or ''}"))
         self.best = f"{best.id} ({best.knobs if best.role != 'baseline' else 'baseline'})"

@@ -141,10 +141,11 @@ def experiment_summary(e: Experiment) -> dict[str, Any]:
 def _outcome(e: Experiment) -> str:
     if e.verdict is None:
         return e.status + (f": {e.error}" if e.error else "")
+    from infra_agent.judge.effect_text import effect_text
+
     v = e.verdict
-    eff = f" effect={v.effect:.4g}" if v.effect is not None else ""
-    ci = f" [{v.low:.4g}, {v.high:.4g}]" if v.low is not None and v.high is not None else ""
-    return f"{v.outcome}{eff}{ci}{' accepted' if v.accepted else ''}"
+    eff = effect_text(e)
+    return f"{v.outcome}{' ' + eff if eff else ''}{' accepted' if v.accepted else ''}"
 
 
 def read_ledger(ctx: ToolContext, args: ReadLedgerArgs) -> ToolResult:
