@@ -40,6 +40,7 @@ from infra_agent.bench.datasets import (
     load_tokenizer,
     tokenizer_id,
 )
+from infra_agent.bench.dead_server import RefusalStreak
 from infra_agent.bench.guard import AliveCheck, failed_if_died, run_guarded
 from infra_agent.bench.metrics import DEFAULT_PERCENTILES, SLO, compute_metrics
 from infra_agent.bench.progress import BenchProgress
@@ -127,6 +128,8 @@ class _Run:
     latency_definition: LatencyDefinition = "vllm"
     # How the tokenizer was checked against the server (tokenizer_check.py); None: not checked.
     tokenizer_check: str | None = None
+    # Why the window stopped sending before its last request (bench/dead_server.py), if it did.
+    stopped: str | None = None
 
     def finished(self, i: int, rec: RequestRecord) -> None:
         self.records[i] = rec
@@ -136,7 +139,8 @@ class _Run:
     def result(self) -> dict[str, Any]:
         """The result of the window so far; requests still in flight count as failed."""
         assert self.window_start is not None, "the window has not started"
-        records = [r if r is not None else RequestRecord(prompt_len=q.prompt_len, error=_UNFINISHED, error_kind="other")
+        unsent = f"not sent: {self.stopped}" if self.stopped else _UNFINISHED
+        records = [r if r is not None else RequestRecord(prompt_len=q.prompt_len, error=unsent, error_kind="other")
                    for r, q in zip(self.records, self.reqs)]
         end = self.window_end if self.window_end is not None else time.perf_counter()
         slo = SLO(**self.scenario.slo.model_dump()) if self.scenario.slo else None
@@ -153,6 +157,10 @@ class _Run:
             cpu = (self.cpu_end if self.cpu_end is not None else time.process_time()) - self.cpu_start
             result["client_cpu_s"] = cpu
             result["client_cpu_share"] = cpu / max(end - self.window_start, 1e-9)
+        if self.stopped:
+            result["stopped"] = f"{self.stopped} after {sum(r is not None for r in self.records)} of {len(records)} requests"
+            result["ok"] = False
+            result["error"] = result["stopped"]
         if self.server_metrics_error:
             # /metrics answered before the window and not after it: the server went away
             # or stopped answering, so the window's numbers are not to be trusted alone.
@@ -172,6 +180,9 @@ async def _window(client: aiohttp.ClientSession, run: _Run, opts: RequestOptions
 
     async with BenchProgress(len(reqs), progress) as bar:
 
+        refusals = RefusalStreak()
+        tasks: list[asyncio.Task[None]] = []
+
         async def one(i: int) -> None:
             if sem is None:
                 rec = await send_request(client, run.base_url, reqs[i], opts)
@@ -180,20 +191,30 @@ async def _window(client: aiohttp.ClientSession, run: _Run, opts: RequestOptions
                     rec = await send_request(client, run.base_url, reqs[i], opts)
             run.finished(i, rec)
             bar.advance(rec)
+            if refusals.see(rec):  # the server is gone: what is queued or in flight is not sent
+                run.stopped = refusals.reason()
+                for t in tasks:
+                    if t is not asyncio.current_task():
+                        t.cancel()
 
-        tasks: list[asyncio.Task[None]] = []
         run.window_start = time.perf_counter()
         run.cpu_start = time.process_time()
         try:
             async for i in paced(offsets):
+                if run.stopped:
+                    break
                 tasks.append(asyncio.create_task(one(i)))
-            await asyncio.gather(*tasks)
+            # Tasks the refusal streak cancelled end as CancelledError: not an error of the window's.
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            errors = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, asyncio.CancelledError)]
+            if errors:
+                raise errors[0]
         finally:
             for t in tasks:
                 t.cancel()
         run.window_end = time.perf_counter()
         run.cpu_end = time.process_time()
-    assert all(r is not None for r in run.records)
+    assert run.stopped or all(r is not None for r in run.records)
 
 
 def _arrival_seed(scenario: Scenario) -> int:
@@ -286,11 +307,13 @@ def check_failed_fraction(result: dict[str, Any], max_failed_fraction: float | N
         return result
     result["max_failed_fraction"] = max_failed_fraction
     failed, total = int(result["failed"]), int(result["failed"]) + int(result.get("completed", 0))
-    if result.get("ok", True) and total and failed / total > max_failed_fraction:
+    stopped = result.get("stopped")
+    if (result.get("ok", True) or stopped) and total and failed / total > max_failed_fraction:
         first = next((e for e in result.get("errors", []) if e), "")
         result["ok"] = False
         result["error"] = (f"{failed} of {total} requests failed ({failed / total:.1%}), more than the "
-                           f"{max_failed_fraction:g} allowed (--max-failed-fraction); first error: {first}")
+                           f"{max_failed_fraction:g} allowed (--max-failed-fraction); first error: {first}"
+                           + (f"; {stopped}" if stopped else ""))
     return result
 
 

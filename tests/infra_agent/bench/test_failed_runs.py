@@ -169,3 +169,21 @@ def test_unreachable_url_with_output_still_writes_a_failed_result(tmp_path: Path
     assert res.exit_code == 2
     data = json.loads(out.read_text())
     assert data["ok"] is False and "cannot reach" in data["error"]
+
+
+def test_a_dead_server_stops_the_window_at_a_run_of_refusals(fake_server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # 2 000 requests at once, the server exits after 20: the window stops at the first
+    # refusals in a row instead of "sending" the rest to nobody.
+    srv = fake_server_factory("--mode", "die-after", "--die-after", "20")
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["bench", srv.url, "--num-requests", "2000", "--max-concurrency", "4", "--input-len", "8",
+                              "--output-len", "4", "--no-progress", "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    data = json.loads(out.read_text())
+    assert data["ok"] is False and "the server stopped accepting connections" in data["stopped"]
+    assert "refusals in a row" in data["error"] and "the server stopped accepting connections" in _flat(res.output)
+    # The requests file holds what was sent: the ~20 answered, those in flight when it died
+    # and the refusals that stopped the window; nothing of the ~1 980 left unsent.
+    assert len(_jsonl(tmp_path / "r.requests.jsonl")) < 200
+    assert data["completed"] + data["failed"] == 2000 and len(data["ttfts"]) == 2000
+    assert sum("not sent: the server stopped accepting connections" in (e or "") for e in data["errors"]) > 1500
