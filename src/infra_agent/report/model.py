@@ -243,10 +243,25 @@ def _knob_value(v: Any) -> str:
     return fmt_num(v) if isinstance(v, float) else str(v)
 
 
+def _probe_of(e: Experiment, s: Scrubber) -> tuple[str, str, str]:
+    """What measured an experiment: its planned probe, or, for the baseline and the
+    confirmation (measured by the loop itself, no planner), the runs its cost records."""
+    if e.probe is not None:
+        return s.text(e.probe.name), e.probe.tier.value, s.text(e.probe.reason)
+    c = e.cost
+    if not (c.e2e_runs or c.probe_runs):
+        return "", "", ""
+    runs = [f"{c.e2e_runs} e2e run(s)" if c.e2e_runs else "", f"{c.probe_runs} check run(s)" if c.probe_runs else ""]
+    why = f"the {e.role}'s own measurement: " if e.role in ("baseline", "confirm") else ""
+    return ("serving" if c.e2e_runs else "checks", c.tier.value if c.tier else ("e2e" if c.e2e_runs else "check"),
+            why + " + ".join(r for r in runs if r))
+
+
 def _experiment_view(e: Experiment, depth: int, glyph: str, path: list[str], run: RunRecord, s: Scrubber,
                      decision: Decision | None) -> ExperimentView:
     h, v, c = e.hypothesis, e.verdict, e.cost
     findings, more = _findings(e, s)
+    probe, probe_tier, probe_reason = _probe_of(e, s)
     config = ""
     if e.probe is not None and e.probe.config:
         config = ", ".join(f"{k}={_knob_value(val)}" for k, val in s.data(e.probe.config).items())
@@ -257,8 +272,7 @@ def _experiment_view(e: Experiment, depth: int, glyph: str, path: list[str], run
         hypothesis_gate=s.text(h.gate_text()), knobs=_knob_list(e.change.knobs, s),
         diff=s.text(e.change.diff) if e.change.diff and e.change.diff.strip() else "",
         description=s.text(e.change.description),
-        probe=s.text(e.probe.name) if e.probe else "", probe_tier=e.probe.tier.value if e.probe else "",
-        probe_reason=s.text(e.probe.reason) if e.probe else "", probe_config=config,
+        probe=probe, probe_tier=probe_tier, probe_reason=probe_reason, probe_config=config,
         verdict=v.outcome if v else "", effect=fmt_num(v.effect) if v else "",
         effect_interval=fmt_interval(v.low, v.high) if v else "", effect_label=s.text(v.interval) if v else "",
         verdict_message=s.text(v.message) if v else "",

@@ -67,3 +67,21 @@ def test_formatting() -> None:
     assert fmt_num(0.00012) == "1.200e-04" and fmt_num(float("nan")) == "–"
     assert fmt_duration(0.02) == "0.02 s" and fmt_duration(95.2) == "1m 35s" and fmt_duration(3725) == "1h 02m 05s"
     assert [nice_step(x) for x in (100, 7, 0.3)] == [20, 2, 0.1]
+
+
+def test_the_baseline_card_names_the_runs_that_measured_it(run: RunRecord) -> None:
+    # The loop measures the baseline itself (no planned probe): its card used to say "Probe: not run".
+    from infra_agent.agent.experiment import Cost, Hypothesis
+    from infra_agent.report import render_markdown
+
+    base = Experiment(id="e0", run_id=run.id, seq=0, role="baseline", proposer="-", status="done",
+                      hypothesis=Hypothesis(statement="baseline: the workspace as given", metric="-", direction="higher"),
+                      feedback=Feedback(probe="serving", tier=Tier.e2e, measurements=[
+                          Measurement.from_samples("output_throughput", "tok/s", [250.0, 251.0, 249.0], "higher")]),
+                      cost=Cost(wall_s=31.0, tier=Tier.e2e, e2e_runs=3, probe_runs=1))
+    run = run.model_copy(update={"baseline": "e0", "best": "e0"})
+    view = next(x for x in build_model(run, [base]).experiments if x.id == "e0")
+    assert (view.probe, view.probe_tier) == ("serving", "e2e")
+    assert view.probe_reason == "the baseline's own measurement: 3 e2e run(s) + 1 check run(s)"
+    md = render_markdown(run, [base])
+    assert "**Probe:** not run" not in md and "3 e2e run(s)" in md
