@@ -130,3 +130,20 @@ def test_refstack_without_its_extra_names_the_extra(base_env: dict[str, str]) ->
     assert proc.returncode == 2
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("refstack: error: refstack needs ") and line.endswith("pip install 'infra-agent[refstack]'")
+
+
+def test_a_refstack_target_without_its_extra_names_the_extra(base_env: dict[str, str], tmp_path: Path) -> None:
+    # `run` and `bench` on a workspace whose target is `refstack serve`: one line naming
+    # the extra and exit 2 (a user error), not a baseline whose server dies before it is
+    # ready (exit 1).
+    import shutil
+
+    ws = tmp_path / "ws"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "examples" / "refstack-serving", ws)
+    expected = "target.command runs refstack, which needs torch, fastapi, uvicorn; they are not installed here: " \
+               "pip install 'infra-agent[refstack]'"
+    for args in (("run", str(ws), "--budget-runs", "1"), ("bench", str(ws), "--no-progress")):
+        proc = _cli(base_env, *args, timeout=120)
+        assert proc.returncode == 2, (args, proc.stderr[-2000:])
+        assert proc.stderr.strip().splitlines() == [f"error: {ws / 'infra-agent.yaml'}: {expected}"], proc.stderr
+    assert not (ws / ".infra-agent" / "ledger.db").exists()  # no run was recorded

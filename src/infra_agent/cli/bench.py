@@ -290,6 +290,10 @@ def register(app: typer.Typer) -> None:
                         raise ConfigError(target, ", ".join(given), "no dataset/model/metrics/auth flags in workspace mode "
                                           "(edit the scenario or target in infra-agent.yaml)", "given")
                     ws = load_workspace(target)
+                    from infra_agent.extras import target_needs
+
+                    if (why := target_needs(ws.target)) is not None:  # a base install: name the extra, exit 2
+                        raise InfraAgentError(f"{ws.root / 'infra-agent.yaml'}: {why}")
                     name = scenario or only_scenario(ws)
                     base = ws.scenario(name)
                     merged = {**base.model_dump(), **load, **({"slo": slo} if slo else {})}

@@ -31,6 +31,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from infra_agent import __version__
+from infra_agent.extras import missing_modules
 
 # verb -> one-line help, in the order ``--help`` lists them.
 _VERB_MODULES: dict[str, str] = {
@@ -59,21 +60,6 @@ _EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "mcp": (("mcp",), "mcp"),
     "standin": (("fastapi", "uvicorn"), "standin"),
 }
-
-
-def missing_modules(names: tuple[str, ...]) -> list[str]:
-    """The top-level modules among ``names`` that cannot be imported here (looked up, not imported)."""
-    import importlib.util
-
-    out = []
-    for name in names:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            out.append(name)
-    return out
 
 
 def _guard_extra(verb: str, cmd: Any) -> Any:

@@ -115,4 +115,24 @@ def register(app: typer.Typer) -> None:
             from infra_agent.agent.executors.factory import check_executor
 
             check_executor(opts)  # Ray missing: one line naming the extra, before anything is loaded
+            check_target_installed(workspace)
         drive_run(lambda: start_run(workspace, opts, console=err_console, progress=True), workspace, no_report, as_json)
+
+
+def check_target_installed(workspace: Path) -> None:
+    """A refstack target in a base install: one line naming the extra (exit 2), before any
+    run is recorded, instead of a baseline whose server dies before it is ready (exit 1)."""
+    from infra_agent.errors import ConfigError
+    from infra_agent.extras import target_needs
+    from infra_agent.workspace import load_workspace
+
+    try:
+        ws = load_workspace(workspace)
+    except ConfigError:
+        return  # start_run reports a malformed workspace with its own message
+    why = target_needs(ws.target)
+    if why is not None:
+        from infra_agent.errors import InfraAgentError
+        from infra_agent.workspace.loader import find_workspace_file
+
+        raise InfraAgentError(f"{find_workspace_file(workspace)}: {why}")
