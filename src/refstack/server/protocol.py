@@ -112,8 +112,10 @@ class _Body(BaseModel):
 
     model: str | None = None
     max_tokens: int | None = None
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # allow_inf_nan=False: a NaN compares false with every bound, so pydantic's range check
+    # would answer `temperature: NaN` with "must be <= 2"; the message should say "finite".
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator accepts
     stop: str | list[str] | None = None
     stream: bool = False

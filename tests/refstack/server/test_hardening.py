@@ -77,6 +77,16 @@ def test_tiny_temperature_and_top_p_do_not_break_the_engine(refstack_server: Any
     assert "Traceback" not in refstack_server.log()
 
 
+@pytest.mark.parametrize("param", ["temperature", "top_p"])
+@pytest.mark.parametrize("raw", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_sampling_parameter_is_named_as_such(refstack_server: Any, param: str, raw: str) -> None:
+    # Python's JSON reader takes NaN; every range check is false for it, so the answer used
+    # to be "Input should be less than or equal to 2" for a value that is not a number.
+    body = b'{"prompt": "hi", "max_tokens": 2, "%s": %s}' % (param.encode(), raw.encode())
+    err = assert_error(post_raw(refstack_server.url, COMPLETIONS, body), 400, param, "invalid_value")
+    assert "finite number" in err["message"] and "less than" not in err["message"], err
+
+
 # ---- models (item 9): an unknown name is a 404; the served one and no model work ----
 
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
