@@ -61,6 +61,8 @@ from infra_agent.target.auth import secrets_of
 from infra_agent.workspace.models import Scenario, Workspace
 
 _UNFINISHED = "not finished: the run ended before the answer did"
+# A request the window did not send, or gave up on, once its server had gone (bench/dead_server.py).
+STOPPED_BEFORE_AN_ANSWER = "stopped before an answer"
 
 
 def _options(scenario: Scenario, model: str, headers: Mapping[str, str] | None = None) -> RequestOptions:
@@ -139,8 +141,7 @@ class _Run:
     def result(self) -> dict[str, Any]:
         """The result of the window so far; requests still in flight count as failed."""
         assert self.window_start is not None, "the window has not started"
-        unsent = f"not sent: {self.stopped}" if self.stopped else _UNFINISHED
-        records = [r if r is not None else RequestRecord(prompt_len=q.prompt_len, error=unsent, error_kind="other")
+        records = [r if r is not None else RequestRecord(prompt_len=q.prompt_len, error=_UNFINISHED, error_kind="other")
                    for r, q in zip(self.records, self.reqs)]
         end = self.window_end if self.window_end is not None else time.perf_counter()
         slo = SLO(**self.scenario.slo.model_dump()) if self.scenario.slo else None
@@ -157,10 +158,8 @@ class _Run:
             cpu = (self.cpu_end if self.cpu_end is not None else time.process_time()) - self.cpu_start
             result["client_cpu_s"] = cpu
             result["client_cpu_share"] = cpu / max(end - self.window_start, 1e-9)
-        if self.stopped:
+        if self.stopped:  # check_failed_fraction turns it into the run's error, unless a more specific one comes first
             result["stopped"] = f"{self.stopped} after {sum(r is not None for r in self.records)} of {len(records)} requests"
-            result["ok"] = False
-            result["error"] = result["stopped"]
         if self.server_metrics_error:
             # /metrics answered before the window and not after it: the server went away
             # or stopped answering, so the window's numbers are not to be trusted alone.
@@ -214,7 +213,12 @@ async def _window(client: aiohttp.ClientSession, run: _Run, opts: RequestOptions
                 t.cancel()
         run.window_end = time.perf_counter()
         run.cpu_end = time.process_time()
-    assert run.stopped or all(r is not None for r in run.records)
+        if run.stopped:  # every request keeps its record (and its line in the requests file)
+            for i, rec in enumerate(run.records):
+                if rec is None:
+                    run.finished(i, RequestRecord(prompt_len=reqs[i].prompt_len, error=f"{STOPPED_BEFORE_AN_ANSWER}: "
+                                                  f"{run.stopped}", error_kind="other"))
+    assert all(r is not None for r in run.records)
 
 
 def _arrival_seed(scenario: Scenario) -> int:
@@ -302,18 +306,20 @@ def _header(base_url: str, scenario: Scenario, model: str, tokenizer: Tokenizer 
 
 
 def check_failed_fraction(result: dict[str, Any], max_failed_fraction: float | None) -> dict[str, Any]:
-    """Mark a run failed (``ok: false`` with the reason) when too many of its requests failed."""
-    if max_failed_fraction is None or "failed" not in result:
-        return result
-    result["max_failed_fraction"] = max_failed_fraction
-    failed, total = int(result["failed"]), int(result["failed"]) + int(result.get("completed", 0))
+    """Mark a run failed (``ok: false`` with the reason) when too many of its requests failed,
+    or when it stopped sending because the server went away (``stopped``)."""
     stopped = result.get("stopped")
-    if (result.get("ok", True) or stopped) and total and failed / total > max_failed_fraction:
-        first = next((e for e in result.get("errors", []) if e), "")
-        result["ok"] = False
-        result["error"] = (f"{failed} of {total} requests failed ({failed / total:.1%}), more than the "
-                           f"{max_failed_fraction:g} allowed (--max-failed-fraction); first error: {first}"
-                           + (f"; {stopped}" if stopped else ""))
+    if max_failed_fraction is not None and "failed" in result:
+        result["max_failed_fraction"] = max_failed_fraction
+        failed, total = int(result["failed"]), int(result["failed"]) + int(result.get("completed", 0))
+        if result.get("ok", True) and total and failed / total > max_failed_fraction:
+            first = next((e for e in result.get("errors", []) if e), "")
+            result["ok"] = False
+            result["error"] = (f"{failed} of {total} requests failed ({failed / total:.1%}), more than the "
+                               f"{max_failed_fraction:g} allowed (--max-failed-fraction); first error: {first}"
+                               + (f"; {stopped}" if stopped else ""))
+    if stopped and result.get("ok", True):
+        result["ok"], result["error"] = False, stopped
     return result
 
 

@@ -16,12 +16,12 @@ from infra_agent.workspace import load_workspace
 from ..agent.loop_workspace import make_workspace
 
 
-def _judged(tmp_path: Path, hyp: Hypothesis, base: list[Feedback], cand: list[Feedback], probe: ProbeCall) -> Experiment:
+def _judged(tmp_path: Path, hyp: Hypothesis, base: list[Feedback], cand: list[Feedback], plan: Plan) -> Experiment:
     ws = load_workspace(make_workspace(tmp_path / "ws", criteria=[]))
     exp = Experiment(id="e1", run_id="r", seq=1, parent="e0", hypothesis=hyp)
-    plan = Plan(probe=probe, mode="ab", scenarios=[hyp.scenario] if hyp.scenario else [])
-    scenario = hyp.scenario or "default"
-    exp.verdict = judge(ws, exp, Execution(status="done", baseline={scenario: base}, candidate={scenario: cand}), plan, {})
+    key = plan.check if plan.mode == "pair" else hyp.scenario
+    assert key is not None
+    exp.verdict = judge(ws, exp, Execution(status="done", baseline={key: base}, candidate={key: cand}), plan, {})
     exp.baseline_feedback = base[0]  # what the loop keeps of the parent's side
     return exp
 
@@ -32,7 +32,8 @@ def test_a_count_fix_prints_its_move_not_a_zero_ratio(tmp_path: Path) -> None:
 
     hyp = Hypothesis(statement="fp32 accumulation fixes the TP checks", metric="failed_checks", direction="lower",
                      min_effect=1)
-    exp = _judged(tmp_path, hyp, [checks(3)], [checks(0)], ProbeCall(name="kernel-check", tier=Tier.check))
+    plan = Plan(probe=ProbeCall(name="kernel-check", tier=Tier.check), mode="pair", check="tp-checks")
+    exp = _judged(tmp_path, hyp, [checks(3)], [checks(0)], plan)
     assert exp.verdict is not None and exp.verdict.outcome == "supported" and exp.verdict.effect == 0
     assert effect_text(exp) == "failed_checks 3 → 0 (exact count)"
     assert "effect 0 [0, 0]" not in _outcome(exp) and "failed_checks 3 → 0" in _outcome(exp)
@@ -46,7 +47,7 @@ def test_a_ratio_prints_its_interval(tmp_path: Path) -> None:
     hyp = Hypothesis(statement="more batch", metric="output_throughput", direction="higher", min_effect=0.05,
                      scenario="chat")
     exp = _judged(tmp_path, hyp, [run(100), run(101), run(99)], [run(120), run(122), run(119)],
-                  ProbeCall(name="serving", tier=Tier.e2e))
+                  Plan(probe=ProbeCall(name="serving", tier=Tier.e2e), mode="ab", scenarios=["chat"]))
     text = effect_text(exp)
     assert exp.verdict is not None and text.startswith("effect 1.2") and "[" in text
     assert text in _outcome(exp)
