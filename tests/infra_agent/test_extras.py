@@ -142,8 +142,10 @@ def test_a_refstack_target_without_its_extra_names_the_extra(base_env: dict[str,
     shutil.copytree(Path(__file__).resolve().parents[2] / "examples" / "refstack-serving", ws)
     expected = "target.command runs refstack, which needs torch, fastapi, uvicorn; they are not installed here: " \
                "pip install 'infra-agent[refstack]'"
+    # This installation's console scripts on PATH, as in an activated environment.
+    env = {**base_env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), base_env.get("PATH", "")])}
     for args in (("run", str(ws), "--budget-runs", "1"), ("bench", str(ws), "--no-progress")):
-        proc = _cli(base_env, *args, timeout=120)
+        proc = _cli(env, *args, timeout=120)
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         assert proc.stderr.strip().splitlines() == [f"error: {ws / 'infra-agent.yaml'}: {expected}"], proc.stderr
     assert not (ws / ".infra-agent" / "ledger.db").exists()  # no run was recorded
