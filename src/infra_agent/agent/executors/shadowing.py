@@ -104,9 +104,11 @@ def check_shadowing(worktree: Path, changes: list[ChangedPath],
 
 def check_knob_env(ws: Workspace, candidate: Mapping[str, Any], baseline: Mapping[str, Any]) -> None:
     """Raise ``PatchRejected`` when a knob the candidate changes sets a Python startup variable."""
-    changed = {k for k, v in candidate.items() if baseline.get(k) != v}
+    # Resolved, so a knob left at its default on one side and spelled out on the other is not a change.
+    cand, base = ws.resolve_knobs(candidate), ws.resolve_knobs(baseline)
+    changed = {k for k, v in cand.items() if base.get(k) != v}
     for knob in sorted(changed):
-        value = render_value(candidate[knob])
+        value = render_value(cand[knob])
         for var in STARTUP_ENV:
             if f"{var}=" in value:
                 raise PatchRejected(f"knob {knob!r} = {value!r} sets {var} for the candidate; a change may not "

@@ -19,7 +19,7 @@ from infra_agent.agent.experiment import Experiment
 from infra_agent.agent.runner import RunOptions, start_run
 from infra_agent.demo.build import build_demo_workspace
 from infra_agent.ledger import Ledger
-from infra_agent.llm.standin import serve_standin
+from infra_agent.llm.standin import received_requests, serve_standin
 
 from ...agent.loop_workspace import git
 
@@ -72,17 +72,36 @@ def demo_workspace(root: Path, *, extra: dict[str, Any] | None = None) -> Path:
     return root
 
 
-def try_cheats(ws: Path, cheats: list[Cheat]) -> dict[str, Experiment]:
-    """Run the loop with the stand-in model proposing ``cheats``; each cheat's experiment, by name."""
+@dataclass
+class Tried:
+    """What the loop made of the cheats: their experiments in order, and every tool result the model read."""
+
+    experiments: list[Experiment]
+    tool_results: list[str]
+
+    def only(self) -> Experiment:
+        assert len(self.experiments) == 1, [(e.id, e.status, e.error) for e in self.experiments]
+        return self.experiments[0]
+
+
+def try_cheats(ws: Path, cheats: list[Cheat]) -> Tried:
+    """Run the loop with the stand-in model proposing ``cheats``, one after the other."""
     with serve_standin(script(cheats)) as url:
         run = start_run(ws, RunOptions(proposer="llm", model="standin", base_url=url, budget_runs=len(cheats),
                                        confirm=False, top_up=False, look_again=False),
                         progress=False)
+        sent = received_requests(url)
     with Ledger.for_workspace(ws) as ledger:
-        exps = [e for e in ledger.experiments(run.id) if e.role == "experiment"]
-    exps.sort(key=lambda e: e.seq)
-    assert len(exps) == len(cheats), [(e.id, e.status, e.error) for e in exps]
-    return {c.name: e for c, e in zip(cheats, exps, strict=True)}
+        exps = sorted((e for e in ledger.experiments(run.id) if e.role == "experiment"), key=lambda e: e.seq)
+    # Each request carries the whole conversation: the last one holds every tool result.
+    messages = sent[-1].get("messages") or [] if sent else []
+    return Tried(exps, [str(m.get("content", "")) for m in messages if m.get("role") == "tool"])
+
+
+def by_cheat(tried: Tried, cheats: list[Cheat]) -> dict[str, Experiment]:
+    """Each cheat's experiment, by name (every cheat here reaches the executor)."""
+    assert len(tried.experiments) == len(cheats), [(e.id, e.status, e.error) for e in tried.experiments]
+    return {c.name: e for c, e in zip(cheats, tried.experiments, strict=True)}
 
 
 def never_accepted(exp: Experiment) -> str:

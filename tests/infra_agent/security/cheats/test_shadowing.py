@@ -13,7 +13,14 @@ import pytest
 
 from infra_agent.agent.experiment import Experiment
 
-from .cheat_loop import Cheat, demo_workspace, never_accepted, new_file, try_cheats
+from .cheat_loop import (
+    Cheat,
+    by_cheat,
+    demo_workspace,
+    never_accepted,
+    new_file,
+    try_cheats,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -53,7 +60,7 @@ def tried(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Experiment]:
         "knobs": {"extra_path": {"type": "str", "default": "", "components": ["runtime"]}},
         "target": {"env": {"PYTHONPATH": "{extra_path}"}},
     })
-    return try_cheats(ws, CHEATS)
+    return by_cheat(try_cheats(ws, CHEATS), CHEATS)
 
 
 def test_the_audits_reproducer_is_refused_naming_the_module(tried: dict[str, Experiment]) -> None:
