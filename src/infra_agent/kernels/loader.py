@@ -55,8 +55,13 @@ def _exec_file(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(importer)
     # dataclasses and typing resolve names through sys.modules while the file runs,
     # and a spec file may import helpers that sit next to it; both are undone after.
+    # The spec's folder goes LAST on sys.path: a helper there is found, but a module
+    # there can never stand in for an installed one (a ``refstack/`` or ``torch.py``
+    # beside the spec would otherwise replace the reference it is checked against).
     sys.modules[module_name] = module
-    sys.path.insert(0, str(path.parent))
+    added = str(path.parent) not in sys.path
+    if added:
+        sys.path.append(str(path.parent))
     try:
         importer.loader.exec_module(module)
     except KernelSpecError as exc:
@@ -67,10 +72,8 @@ def _exec_file(path: Path) -> ModuleType:
         raise KernelSpecError(f"{path}{line}: spec file failed to import: {type(exc).__name__}: {exc}") from exc
     finally:
         sys.modules.pop(module_name, None)
-        try:
+        if added and str(path.parent) in sys.path:
             sys.path.remove(str(path.parent))
-        except ValueError:
-            pass
     return module
 
 

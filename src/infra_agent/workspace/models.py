@@ -251,7 +251,11 @@ class Workspace(_Strict):
 
     @property
     def protected_patterns(self) -> list[str]:
-        return [*DEFAULT_PROTECTED, *self.protected]
+        # The files this workspace file references (datasets, specs, prompt sets) are part of
+        # what the criteria measure with: as protected as the workspace file itself.
+        from infra_agent.workspace.references import referenced_files
+
+        return [*DEFAULT_PROTECTED, *self.protected, *referenced_files(self)]
 
     def check(self, name: str) -> CheckSpec:
         for c in self.checks:

@@ -114,3 +114,27 @@ def test_select_unknown_name(specs_dir: Path) -> None:
 def test_missing_file() -> None:
     with pytest.raises(KernelSpecError, match="no such spec file"):
         load_specs("/nonexistent/spec.py")
+
+
+
+def test_a_module_beside_the_spec_cannot_stand_in_for_an_installed_one(tmp_path: Path) -> None:
+    # The audit's shadowing cheat without the executor's guard: a ``colorsys`` package beside
+    # the spec must lose to the standard library's, while a plain helper there is still found.
+    (tmp_path / "colorsys").mkdir()
+    (tmp_path / "colorsys" / "__init__.py").write_text("SHADOWED = True\n")
+    (tmp_path / "spec_helpers_for_loader_test.py").write_text("SCALE = 2.0\n")
+    (tmp_path / "spec.py").write_text(
+        "import colorsys\nimport torch\nfrom spec_helpers_for_loader_test import SCALE\n"
+        "from infra_agent.kernels.spec import KernelSpec\n"
+        "assert not hasattr(colorsys, 'SHADOWED'), 'the spec folder shadowed an installed module'\n"
+        "SPEC = KernelSpec(name='scale', inputs=lambda shape, dtype, seed, device: {'x': torch.ones(2)},\n"
+        "                  reference=lambda x: x * SCALE, kernel=lambda x: x * SCALE, shapes=[{'n': 2}])\n")
+    fresh = ("colorsys", "spec_helpers_for_loader_test")
+    for name in fresh:  # imported from scratch, so sys.path order decides where from
+        sys.modules.pop(name, None)
+    try:
+        (spec,) = load_specs(tmp_path / "spec.py")
+    finally:
+        for name in fresh:
+            sys.modules.pop(name, None)
+    assert spec.name == "scale" and str(tmp_path) not in sys.path

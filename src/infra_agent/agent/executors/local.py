@@ -21,6 +21,7 @@ from infra_agent.agent.executors.base import Execution, Executor, OnEvent
 from infra_agent.agent.executors.cleanup import kill_marked
 from infra_agent.agent.executors.jobs import ProbeTimeout, run_job
 from infra_agent.agent.executors.protect import check_changes
+from infra_agent.agent.executors.shadowing import check_knob_env, check_shadowing
 from infra_agent.agent.executors.worktree import (
     PatchRejected,
     Worktrees,
@@ -84,6 +85,7 @@ class LocalExecutor(Executor):
         its own, ``best`` ran the commit the baseline was measured on (``base_commit``), not
         whatever the user's HEAD has moved to since."""
         code = bool(exp.change.diff and exp.change.diff.strip())
+        check_knob_env(self.ws, exp.knobs, best.knobs)
         a_commit = best.commit
         b_commit = exp.commit if (exp.commit and not code) else a_commit
         if not code and a_commit is None and b_commit is None:
@@ -95,6 +97,7 @@ class LocalExecutor(Executor):
             exp.base_commit = anchor
             changes = wt.apply(dirs[1], exp.change.diff or "")
             check_changes(dirs[1], wt.workspace_rel, changes, self.ws.protected_patterns)
+            check_shadowing(dirs[1], changes)
         return wt.workspace_in(dirs[0]), wt.workspace_in(dirs[1])
 
     def _worktree(self, exp_id: str, label: str, commit: str) -> Path:
