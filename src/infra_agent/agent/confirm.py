@@ -11,14 +11,6 @@ import time
 from typing import Any
 
 from infra_agent.agent.executors.base import Execution
-from infra_agent.agent.experiment import (
-    Cost,
-    Experiment,
-    GateResult,
-    Hypothesis,
-    Step,
-    Verdict,
-)
 from infra_agent.agent.judging import gates_of, side_feedback
 from infra_agent.agent.planner import Plan
 from infra_agent.agent.rounds import by_scenario
@@ -27,6 +19,14 @@ from infra_agent.feedback import Feedback
 from infra_agent.judge.gates import hypothesis_outcome
 from infra_agent.judge.pooling import pool_runs
 from infra_agent.judge.sequential import SequentialDesign
+from infra_agent.records import (
+    Cost,
+    Experiment,
+    GateResult,
+    Hypothesis,
+    Step,
+    Verdict,
+)
 
 
 def confirm_best(loop: Any) -> Experiment | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from infra_agent.agent.executors.base import Execution
-from infra_agent.agent.experiment import Experiment, GateResult, Verdict
 from infra_agent.agent.planner import Plan
 from infra_agent.feedback import Feedback
 from infra_agent.judge.gates import (
@@ -25,6 +24,7 @@ from infra_agent.judge.gates import (
     hypothesis_outcome,
 )
 from infra_agent.judge.pooling import pool_runs, side_feedback
+from infra_agent.records import Experiment, GateResult, Verdict
 
 
 def check_runs(ex: Execution, plan: Plan | None) -> dict[str, Feedback]:

@@ -9,17 +9,15 @@ decide (assuming the width falls as 1/√n and the estimate holds).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from infra_agent.errors import BenchmarkError
 from infra_agent.judge.bootstrap import RatioCI
+from infra_agent.records import parse_gate_text
 
 Op = Literal[">=", "<=", ">", "<"]
 Outcome = Literal["pass", "fail", "inconclusive"]
-
-_GATE = re.compile(r"^\s*([A-Za-z0-9_.]+)\s*(>=|<=|>|<)\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -35,10 +33,11 @@ class Gate:
 
 
 def parse_gate(text: str) -> Gate:
-    m = _GATE.match(text)
-    if not m:
+    """A ratio gate typed on the command line (``compare --criterion``), read by the records' one gate parser."""
+    spec = parse_gate_text(text, "relative")
+    if spec is None or spec.scenario is not None or spec.kind != "relative" or not 0 <= spec.threshold < math.inf:
         raise BenchmarkError(f"cannot read criterion {text!r}; expected METRIC OP RATIO, e.g. 'output_throughput>=0.95'")
-    return Gate(metric=m.group(1), op=m.group(2), threshold=float(m.group(3)))  # type: ignore[arg-type]
+    return Gate(metric=spec.metric, op=spec.op, threshold=spec.threshold)
 
 
 def gate_from_criterion(criterion: Any) -> Gate:

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from infra_agent.records import GateSpec
 from infra_agent.workspace._base import _Strict
 from infra_agent.workspace.knobs import MISSING, DomainError
 
@@ -108,3 +109,12 @@ class Criterion(_Strict):
     @property
     def relative(self) -> bool:
         return self.ratio is not None
+
+    @property
+    def spec(self) -> GateSpec:
+        """The criterion as a gate: the one form every later layer reads (never its text)."""
+        assert self.op is not None  # _one_threshold defaulted it
+        threshold = self.ratio if self.ratio is not None else self.value
+        assert threshold is not None
+        return GateSpec(kind="relative" if self.relative else "absolute", metric=self.metric, op=self.op,
+                        threshold=float(threshold), scenario=self.scenario, check=self.check)

@@ -21,12 +21,12 @@ from typer.testing import CliRunner
 
 from infra_agent.agent.conclusion import GATES_NOT_MET_EXIT, exit_code
 from infra_agent.agent.executors.base import Execution, OnEvent
-from infra_agent.agent.experiment import Change, Experiment, Hypothesis, Step
 from infra_agent.agent.planner import Plan
 from infra_agent.cli.main import app
 from infra_agent.cli.runlog import drive_run
 from infra_agent.feedback import Feedback, Measurement, Tier
 from infra_agent.ledger import Ledger
+from infra_agent.records import Change, Experiment, Hypothesis, Step
 from infra_agent.report import write_report
 
 from .fake_executor import NOISE, FakeExecutor, Script, loop_for, new_run, workspace

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from infra_agent.agent.experiment import Hypothesis
 from infra_agent.feedback import Feedback, Measurement, Tier
 from infra_agent.judge.gates import (
     absolute_gate,
@@ -11,6 +10,7 @@ from infra_agent.judge.gates import (
     relative_gate,
     side_values,
 )
+from infra_agent.records import Hypothesis
 
 
 def _runs(values: list[float], metric: str = "output_throughput", scenario: str = "chat") -> list[Feedback]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from infra_agent.agent.experiment import Experiment, RunRecord
 from infra_agent.feedback import Feedback, Measurement, Tier
+from infra_agent.records import Experiment, RunRecord
 from infra_agent.report import build_model
 from infra_agent.report.fmt import fmt_duration, fmt_num
 from infra_agent.report.plot import nice_step

@@ -27,8 +27,8 @@ from infra_agent.agent.executors.base import Execution
 from infra_agent.agent.executors.cleanup import kill_marked
 from infra_agent.agent.executors.local import LocalExecutor
 from infra_agent.agent.executors.ray_ship import collect_artifacts, unpack
-from infra_agent.agent.experiment import Experiment
 from infra_agent.feedback import Feedback
+from infra_agent.records import Experiment
 from infra_agent.workspace.models import Workspace
 
 NODE_DIR = "infra-agent-ray"

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from infra_agent.agent.experiment import Experiment, GateResult, RunRecord, Step
 from infra_agent.feedback import Feedback, Finding
+from infra_agent.records import Experiment, GateResult, RunRecord, Step
 
 
 @dataclass
