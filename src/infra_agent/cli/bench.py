@@ -37,7 +37,7 @@ from infra_agent.bench.results import (
 )
 from infra_agent.cli.output import emit, user_errors
 from infra_agent.errors import ConfigError, InfraAgentError, ServerStartError
-from infra_agent.workspace import load_workspace
+from infra_agent.probes.workspace_checks import load_workspace
 from infra_agent.workspace.models import Scenario
 
 _URL = re.compile(r"^https?://", re.IGNORECASE)

@@ -21,7 +21,7 @@ interleaved A/B is two lists of such Feedback, index-paired (pair i ran side by 
   lies wholly on the other side, inconclusive otherwise.  Count metrics reported by a
   check (``failed_checks``) are exact, and compared exactly.
 
-Intervals are the judge's one family (:mod:`infra_agent.judge.intervals`): t-intervals
+Intervals are the judge's one family (:mod:`infra_agent.stats.intervals`): t-intervals
 on the logarithms (per-pair log ratios for an A/B) at any sample size, labelled with
 what they are; a percentile bootstrap of 3 to 9 values cannot reach past their range and
 covers the truth far less often than it claims.  ``confidence`` is 0.95 for one look and
@@ -36,15 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from infra_agent.feedback import Feedback
-from infra_agent.judge.bootstrap import RatioCI, bootstrap_ci
-from infra_agent.judge.intervals import label as interval_label
-from infra_agent.judge.intervals import (
-    paired_ratio_interval,
-    t_interval_of_values,
-    unpaired_ratio_interval,
-)
-from infra_agent.judge.pooling import decide_statistic, hard_failure, statistic_of
-from infra_agent.judge.verdict import MIN_SAMPLES, Gate, decide
+from infra_agent.judge.pooling import hard_failure, statistic_of
 from infra_agent.records import (
     COUNT_METRICS,
     GateResult,
@@ -52,6 +44,15 @@ from infra_agent.records import (
     Hypothesis,
     VerdictOutcome,
 )
+from infra_agent.stats.bootstrap import RatioCI, bootstrap_ci
+from infra_agent.stats.decision import MIN_SAMPLES, Gate, decide
+from infra_agent.stats.intervals import label as interval_label
+from infra_agent.stats.intervals import (
+    paired_ratio_interval,
+    t_interval_of_values,
+    unpaired_ratio_interval,
+)
+from infra_agent.stats.statistic import decide_statistic
 
 _RUN_STAT = "mean"
 
@@ -117,7 +118,7 @@ def absolute_gate(name: str, metric: str, op: str, value: float, scenario: str |
 def ratio_ci(candidate: Sequence[Feedback], baseline: Sequence[Feedback], metric: str,
              scenario: str | None, confidence: float = 0.95) -> tuple[RatioCI | None, str]:
     """Candidate/baseline with its interval and label: per-pair ratios when the run counts match
-    (interleaved pairs), else the ratio of geometric means (judge/intervals.py)."""
+    (interleaved pairs), else the ratio of geometric means (stats/intervals.py)."""
     b = side_values(candidate, metric, scenario)
     a = side_values(baseline, metric, scenario)
     if not a or not b or min(a + b) <= 0:

@@ -125,7 +125,7 @@ class McpSession:
     """One server process's state: the workspace, the registry's context, and (once opened) the run."""
 
     def __init__(self, workspace: str | Path, options: McpOptions | None = None) -> None:
-        from infra_agent.workspace import load_workspace
+        from infra_agent.probes.workspace_checks import load_workspace
 
         self.opts = options or McpOptions()
         self.ws = load_workspace(workspace)

@@ -2,7 +2,8 @@
 
 :mod:`infra_agent.records.gate` (``GateSpec``, ``GateResult``),
 :mod:`infra_agent.records.experiment` (``Hypothesis``, ``Change``, ``Step``, ``Verdict``,
-``Experiment``) and :mod:`infra_agent.records.run` (``RunRecord``), re-exported here
+``Experiment``) and :mod:`infra_agent.records.run` (``RunRecord``), :mod:`infra_agent.records.loop_state`
+(``LoopState``, what a proposer reads), re-exported here
 (import from here).  Records import nothing above them: ``feedback`` and the leaf modules.
 """
 
@@ -31,8 +32,9 @@ from infra_agent.records.gate import (
     Op,
     parse_gate_text,
 )
+from infra_agent.records.loop_state import LoopState
 from infra_agent.records.run import RunRecord, RunStatus
 
 __all__ = ["COUNT_METRICS", "FINISHED", "Change", "Cost", "Direction", "Experiment", "GateKind", "GateOutcome",
-           "GateResult", "GateSpec", "Hypothesis", "Op", "ProbeCall", "RecordOutcome", "RunRecord", "RunStatus", "Status",
+           "GateResult", "GateSpec", "Hypothesis", "LoopState", "Op", "ProbeCall", "RecordOutcome", "RunRecord", "RunStatus", "Status",
            "Step", "Verdict", "VerdictOutcome", "parse_gate_text"]

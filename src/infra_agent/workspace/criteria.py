@@ -43,7 +43,7 @@ def check_metric_direction(metric: str) -> Literal["higher", "lower"] | None:
     """Which way is better for a metric a shipped check probe reports (the quality probe's
     ``kl_div``, ``top1_agreement`` ...); None when no such probe reports it.  A criterion
     on such a metric names the check that measures it (``check:``)."""
-    from infra_agent.judge.check_metrics import quality_metric_direction
+    from infra_agent.workspace.check_metrics import quality_metric_direction
 
     return quality_metric_direction(metric)
 

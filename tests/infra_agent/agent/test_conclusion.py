@@ -37,7 +37,7 @@ GUARD = {"name": "throughput-guard", "metric": "output_throughput", "scenario": 
 
 def ratio_check(ratios: list[float]) -> Feedback:
     """A check run as the timeline probe reports a knob comparison gated at 0.95 (judge/pooling.py)."""
-    from infra_agent.judge.pooling import decide_statistic
+    from infra_agent.stats.statistic import decide_statistic
 
     stat: dict[str, Any] = {"metric": "kv_ratio", "op": ">=", "threshold": 0.95, "samples": ratios,
                             "unit": "interleaved pairs", "runs": 1}

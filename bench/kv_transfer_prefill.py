@@ -1,6 +1,6 @@
 """Case study B's criterion: prefill throughput with ``kv_transfer`` on vs off.
 
-    python -m refstack.disagg.prefill_bench [--preset small] [--requests 8] [--prompt-len 480]
+    python bench/kv_transfer_prefill.py [--preset small] [--requests 8] [--prompt-len 480]
         [--pairs 6] [--set knob=value ...] [--json out.json]
 
 Starts two disaggregated servers with the same knobs (``--set``), one with
@@ -11,7 +11,7 @@ Starts two disaggregated servers with the same knobs (``--set``), one with
 handed off to the decode worker).  A run's prefill throughput is the burst's prompt
 tokens divided by the time from sending it to the last first token.  One warm-up
 burst per server is not counted.  Prints each side's median, the ratio B / A with a
-paired bootstrap 95% interval (``infra_agent.judge.bootstrap``), and whether it meets
+paired bootstrap 95% interval (``infra_agent.stats.bootstrap``), and whether it meets
 the criterion (ratio >= 0.95).
 """
 
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra_agent.judge.bootstrap import bootstrap_ratio
+from infra_agent.stats.bootstrap import bootstrap_ratio
 
 _URL = re.compile(r"refstack serving on (http://\S+)")
 
