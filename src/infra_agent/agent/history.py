@@ -6,8 +6,8 @@ experiments in the ledger, so resume rebuilds them exactly.
 
 from __future__ import annotations
 
-from infra_agent.agent.judging import update_table
 from infra_agent.feedback import Feedback
+from infra_agent.judge.accept import update_table
 from infra_agent.records import Experiment, GateResult
 
 

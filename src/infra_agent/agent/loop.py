@@ -23,12 +23,7 @@ from infra_agent.agent.conclusion import PASSING, StopKind, StopReason, conclude
 from infra_agent.agent.confirm import confirm_best
 from infra_agent.agent.executors.base import Executor
 from infra_agent.agent.history import accepted_path, by_id, gate_table, latest_feedback
-from infra_agent.agent.judging import (
-    check_runs,
-    commit_message,
-    failure_finding,
-    side_feedback,
-)
+from infra_agent.agent.judging import commit_message, failure_finding
 from infra_agent.agent.look_again import look_again, looked_at
 from infra_agent.agent.planner import Plan, Planner
 from infra_agent.agent.progress import RunProgress
@@ -42,6 +37,8 @@ from infra_agent.agent.rounds import (
 from infra_agent.agent.screening import open_match, screen
 from infra_agent.errors import InfraAgentError
 from infra_agent.feedback import Feedback, Tier
+from infra_agent.judge.accept import check_runs
+from infra_agent.judge.pooling import side_feedback
 from infra_agent.records import (
     Cost,
     Experiment,

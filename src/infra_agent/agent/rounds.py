@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from infra_agent.agent.executors.base import Execution, Executor, OnEvent
-from infra_agent.agent.judging import judge, undecided_guards
 from infra_agent.agent.planner import Plan
 from infra_agent.agent.top_up import run_top_up
 from infra_agent.feedback import Feedback
+from infra_agent.judge.accept import judge, undecided_guards
 from infra_agent.judge.gates import side_values
 from infra_agent.judge.sample_plan import (
     SamplePlan,

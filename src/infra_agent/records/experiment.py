@@ -108,7 +108,7 @@ class Verdict(_Model):
     interval: str = ""
     gates: list[GateResult] = Field(default_factory=list)
     accepted: bool = False
-    # Supported, but a guard was left undecided: promising, not accepted (agent/judging.py).
+    # Supported, but a guard was left undecided: promising, not accepted (judge/accept.py).
     held: bool = False
     message: str = ""
 
