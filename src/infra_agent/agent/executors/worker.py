@@ -62,6 +62,7 @@ def run_probe_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
+    from infra_agent.bench.interleave import pair_order
     from infra_agent.bench.runner import default_log_dir
     from infra_agent.probes.base import ProbeContext, get_probe
     from infra_agent.probes.workspace_checks import load_workspace
@@ -91,7 +92,7 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
                                        knobs=knobs[side], progress=False, target=targets[side])
                     return probe.execute({**base_cfg, "scenarios": [scenario]}, ctx)
 
-                order = ("a", "b") if i % 2 == 0 else ("b", "a")
+                order = pair_order(i, "abba")
                 fbs = _measure_slot(window, order, scenario, i, limit, discarded)
                 for side, fb in fbs.items():
                     out[side].setdefault(scenario, []).append(fb.model_dump(mode="json"))
