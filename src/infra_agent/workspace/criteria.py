@@ -9,13 +9,15 @@ comes from :func:`metric_direction`), a metric a shipped check probe reports
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
-from infra_agent.records import GateSpec
 from infra_agent.workspace._base import _Strict
 from infra_agent.workspace.knobs import MISSING, DomainError
+
+if TYPE_CHECKING:
+    from infra_agent.records import GateSpec
 
 _HIGHER_BETTER = frozenset({"request_throughput", "output_throughput", "total_token_throughput", "request_goodput", "completed"})
 _LOWER_BETTER = frozenset({"duration", "failed"})
@@ -113,6 +115,9 @@ class Criterion(_Strict):
     @property
     def spec(self) -> GateSpec:
         """The criterion as a gate: the one form every later layer reads (never its text)."""
+        # Imported here: the records load numpy (Feedback), and loading a workspace stays light.
+        from infra_agent.records import GateSpec
+
         assert self.op is not None  # _one_threshold defaulted it
         threshold = self.ratio if self.ratio is not None else self.value
         assert threshold is not None
