@@ -4,7 +4,7 @@
     python bench/ab_designs.py --synthetic 0.05 [--comparisons 20000] [--process-noise 0.01]
 
 The judge decides on the geometric mean of per-pair ratios with a t-interval on their logs
-(judge/intervals.py).  An experiment is either one look at ``n`` pairs (the fixed design,
+(stats/intervals.py).  An experiment is either one look at ``n`` pairs (the fixed design,
 95%), or batches of ``--batch`` pairs looked at after each one, up to ``n``, with Pocock's
 per-look level (judge/sequential.py), stopping at the first look whose interval decides.
 
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from infra_agent.judge.intervals import log_ratio_interval
 from infra_agent.judge.sequential import SequentialDesign
+from infra_agent.stats.intervals import log_ratio_interval
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -323,7 +323,8 @@ def measure(args: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
 
 
 def summarise(m: dict[str, Any]) -> dict[str, Any]:
-    from infra_agent.judge import bootstrap, verdict
+    from infra_agent.judge import verdict
+    from infra_agent.stats import bootstrap
 
     out: dict[str, Any] = {}
     for s, (_, _, base) in SERIES.items():

@@ -48,7 +48,7 @@ class Summary(BaseModel):
     p90: float
     p99: float
     # 95% bootstrap interval of the *median* (expanded percentile, the judge's method:
-    # infra_agent.judge.bootstrap); equal to the median when n < 2.  ``ci_stat`` says
+    # infra_agent.stats.bootstrap); equal to the median when n < 2.  ``ci_stat`` says
     # which statistic the interval is about, so no renderer can pair it with another.
     ci_low: float
     ci_high: float
@@ -63,7 +63,9 @@ class Summary(BaseModel):
         arr = np.asarray(finite, dtype=np.float64)
         mean = float(arr.mean())
         std = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
-        from infra_agent.judge.bootstrap import bootstrap_ci  # scipy: imported only when summarising
+        from infra_agent.stats.bootstrap import (
+            bootstrap_ci,  # scipy: imported only when summarising
+        )
 
         # Thin very long sample lists for the interval only (every 2nd, 3rd... sample
         # keeps the distribution); the point statistics use all of them.

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.agent.experiment import Experiment, Hypothesis, RunRecord
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.proposers.rules import RulesProposer, load_playbook
+from infra_agent.records import Experiment, Hypothesis, RunRecord
 from infra_agent.workspace import load_workspace
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quantization"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.agent.experiment import Experiment, GateResult, Hypothesis, RunRecord
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.feedback import Feedback, Finding, Location, Measurement, Tier
+from infra_agent.records import Experiment, GateResult, Hypothesis, RunRecord
 from infra_agent.workspace import Workspace, load_workspace
 
 WORKSPACE_YAML = """\

@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from infra_agent.agent.experiment import Cost, Experiment, Hypothesis, Verdict
-from infra_agent.agent.judging import gates_of, side_feedback
+from infra_agent.judge.accept import gates_of
+from infra_agent.judge.pooling import side_feedback
+from infra_agent.records import Cost, Experiment, Hypothesis, Verdict
 
 
 def run_baseline(loop: Any) -> bool:

@@ -29,7 +29,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from infra_agent.agent.experiment import COUNT_METRICS, Experiment, GateResult, RunRecord, RunStatus
+from infra_agent.records import (
+    COUNT_METRICS,
+    Experiment,
+    GateResult,
+    RunRecord,
+    RunStatus,
+)
 
 PASSING = frozenset({"pass", "skipped"})
 GATES_NOT_MET_EXIT = 3

@@ -11,7 +11,15 @@ import time
 from typing import Any
 
 from infra_agent.agent.executors.base import Execution
-from infra_agent.agent.experiment import (
+from infra_agent.agent.planner import Plan
+from infra_agent.agent.rounds import by_scenario
+from infra_agent.agent.top_up import run_top_up
+from infra_agent.feedback import Feedback
+from infra_agent.judge.accept import gates_of
+from infra_agent.judge.gates import hypothesis_outcome
+from infra_agent.judge.pooling import pool_runs, side_feedback
+from infra_agent.judge.sequential import SequentialDesign
+from infra_agent.records import (
     Cost,
     Experiment,
     GateResult,
@@ -19,14 +27,6 @@ from infra_agent.agent.experiment import (
     Step,
     Verdict,
 )
-from infra_agent.agent.judging import gates_of, side_feedback
-from infra_agent.agent.planner import Plan
-from infra_agent.agent.rounds import by_scenario
-from infra_agent.agent.top_up import run_top_up
-from infra_agent.feedback import Feedback
-from infra_agent.judge.gates import hypothesis_outcome
-from infra_agent.judge.pooling import pool_runs
-from infra_agent.judge.sequential import SequentialDesign
 
 
 def confirm_best(loop: Any) -> Experiment | None:

@@ -6,9 +6,9 @@ experiments in the ledger, so resume rebuilds them exactly.
 
 from __future__ import annotations
 
-from infra_agent.agent.experiment import Experiment, GateResult
-from infra_agent.agent.judging import update_table
 from infra_agent.feedback import Feedback
+from infra_agent.judge.accept import update_table
+from infra_agent.records import Experiment, GateResult
 
 
 def by_id(history: list[Experiment], exp_id: str | None) -> Experiment | None:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from infra_agent.agent.experiment import Cost, Experiment, Hypothesis, Verdict
 from infra_agent.feedback import Tier
+from infra_agent.records import Cost, Experiment, Hypothesis, Verdict
 
 
 def checks_to_rerun(ws: Any, table: dict[str, Any]) -> list[str]:

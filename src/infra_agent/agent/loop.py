@@ -22,7 +22,24 @@ from infra_agent.agent.baseline import run_baseline
 from infra_agent.agent.conclusion import PASSING, StopKind, StopReason, conclude
 from infra_agent.agent.confirm import confirm_best
 from infra_agent.agent.executors.base import Executor
-from infra_agent.agent.experiment import (
+from infra_agent.agent.history import accepted_path, by_id, gate_table, latest_feedback
+from infra_agent.agent.judging import commit_message, failure_finding
+from infra_agent.agent.look_again import look_again, looked_at
+from infra_agent.agent.planner import Plan, Planner
+from infra_agent.agent.progress import RunProgress
+from infra_agent.agent.proposers.base import LoopState, Proposer
+from infra_agent.agent.rounds import (
+    judge_in_rounds,
+    most_promising_open,
+    reopen,
+    sample_plan,
+)
+from infra_agent.agent.screening import open_match, screen
+from infra_agent.errors import InfraAgentError
+from infra_agent.feedback import Feedback, Tier
+from infra_agent.judge.accept import check_runs
+from infra_agent.judge.pooling import side_feedback
+from infra_agent.records import (
     Cost,
     Experiment,
     GateResult,
@@ -30,21 +47,6 @@ from infra_agent.agent.experiment import (
     RunRecord,
     Step,
 )
-from infra_agent.agent.history import accepted_path, by_id, gate_table, latest_feedback
-from infra_agent.agent.judging import (
-    check_runs,
-    commit_message,
-    failure_finding,
-    side_feedback,
-)
-from infra_agent.agent.look_again import look_again, looked_at
-from infra_agent.agent.planner import Plan, Planner
-from infra_agent.agent.progress import RunProgress
-from infra_agent.agent.proposers.base import LoopState, Proposer
-from infra_agent.agent.rounds import judge_in_rounds, most_promising_open, reopen, sample_plan
-from infra_agent.agent.screening import open_match, screen
-from infra_agent.errors import InfraAgentError
-from infra_agent.feedback import Feedback, Tier
 from infra_agent.vocabulary import FindingKind
 
 

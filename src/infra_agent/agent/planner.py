@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from infra_agent.agent.experiment import ProbeCall, Step
 from infra_agent.errors import InfraAgentError
 from infra_agent.feedback import Tier
 from infra_agent.probes.base import Probe, get_probe, registered_probes
+from infra_agent.records import ProbeCall, Step
 from infra_agent.vocabulary import related
 from infra_agent.workspace.models import CheckSpec, Workspace
 

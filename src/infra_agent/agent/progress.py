@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from infra_agent.agent.experiment import Experiment, GateResult
+from infra_agent.records import Experiment, GateResult
 from infra_agent.safety import scrub_text
 
 _COLOUR = {"pass": "green", "fail": "red", "inconclusive": "yellow", "error": "red", "skipped": "dim",

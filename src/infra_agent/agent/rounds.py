@@ -19,11 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from infra_agent.agent.executors.base import Execution, Executor, OnEvent
-from infra_agent.agent.experiment import Experiment, GateResult
-from infra_agent.agent.judging import judge, undecided_guards
 from infra_agent.agent.planner import Plan
 from infra_agent.agent.top_up import run_top_up
 from infra_agent.feedback import Feedback
+from infra_agent.judge.accept import judge, undecided_guards
 from infra_agent.judge.gates import side_values
 from infra_agent.judge.sample_plan import (
     SamplePlan,
@@ -33,6 +32,7 @@ from infra_agent.judge.sample_plan import (
     plan_sample,
 )
 from infra_agent.judge.sequential import SequentialDesign
+from infra_agent.records import Experiment, GateResult
 
 
 def paired_log_ratios(exp: Experiment, metric: str, scenario: str | None) -> list[float]:

@@ -32,14 +32,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
-from infra_agent.agent.experiment import RunRecord
 from infra_agent.agent.loop import Loop
 from infra_agent.agent.planner import Planner
 from infra_agent.agent.progress import RunProgress
 from infra_agent.agent.proposers.base import Proposer
 from infra_agent.errors import ConfigError, InfraAgentError
+from infra_agent.probes.workspace_checks import load_workspace
+from infra_agent.records import RunRecord
 from infra_agent.target.host_load import default_max_foreign_cpu
-from infra_agent.workspace import load_workspace
 
 
 class RunOptions(BaseModel):

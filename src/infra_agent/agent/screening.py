@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from infra_agent.agent.experiment import Change, Experiment, Step
 from infra_agent.errors import InfraAgentError
+from infra_agent.records import Change, Experiment, Step
 from infra_agent.target.launch import plan_launch
 from infra_agent.workspace.machine import oversubscriptions
 from infra_agent.workspace.models import ServerTargetSpec

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from infra_agent.agent.executors.base import Execution
-from infra_agent.agent.experiment import Experiment
 from infra_agent.agent.planner import Plan
 from infra_agent.judge.pooling import pool_runs
+from infra_agent.records import Experiment
 
 
 def run_top_up(executor: Any, exp: Experiment, plan: Plan, best: Experiment, ex: Execution,

@@ -3,6 +3,6 @@ Prometheus phase deltas, the runner and ``ServingProbe``.
 
 Entry points: :func:`infra_agent.bench.runner.run_benchmark` (a URL),
 :func:`infra_agent.bench.runner.run_workspace_scenario` (a workspace target),
-:class:`infra_agent.bench.probe.ServingProbe`.  Nothing is imported here, so importing
+:class:`infra_agent.probes.serving.ServingProbe`.  Nothing is imported here, so importing
 the package stays cheap.
 """

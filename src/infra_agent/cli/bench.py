@@ -37,7 +37,6 @@ from infra_agent.bench.results import (
 )
 from infra_agent.cli.output import emit, user_errors
 from infra_agent.errors import ConfigError, InfraAgentError, ServerStartError
-from infra_agent.workspace import load_workspace
 from infra_agent.workspace.models import Scenario
 
 _URL = re.compile(r"^https?://", re.IGNORECASE)
@@ -289,6 +288,9 @@ def register(app: typer.Typer) -> None:
                         # would benchmark something other than what the user asked for.
                         raise ConfigError(target, ", ".join(given), "no dataset/model/metrics/auth flags in workspace mode "
                                           "(edit the scenario or target in infra-agent.yaml)", "given")
+                    # Here, not at the top: the probes package loads numpy, and --help stays light.
+                    from infra_agent.probes.workspace_checks import load_workspace
+
                     ws = load_workspace(target)
                     from infra_agent.extras import target_needs
 

@@ -141,8 +141,8 @@ def _render_bench(console: Console, report: Any) -> None:
 
 def _run(mode: str, spec_path: str, spec_name: str | None, config: dict[str, Any], as_json: bool) -> None:
     from infra_agent.kernels.loader import load_specs, select
-    from infra_agent.kernels.probe import run_lab
     from infra_agent.kernels.progress import LabProgress
+    from infra_agent.probes.kernel import run_lab
 
     with user_errors(as_json):
         specs = select(load_specs(spec_path), spec_name)

@@ -102,7 +102,7 @@ def workspace_root(workspace: Path) -> Path:
     """The workspace's folder; its ``infra-agent.yaml`` must load, unless a ledger is there already
     (``ls`` and ``report`` need only the ledger, so a later mistake in the YAML does not hide the runs)."""
     from infra_agent.errors import ConfigError
-    from infra_agent.workspace import load_workspace
+    from infra_agent.probes.workspace_checks import load_workspace
 
     try:
         return Path(load_workspace(workspace).root)

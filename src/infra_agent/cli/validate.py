@@ -66,7 +66,8 @@ def validate(
 ) -> None:
     """Check infra-agent.yaml: target, knobs, scenarios, criteria. Exit 2 on any problem."""
     with user_errors(as_json):
-        from infra_agent.workspace import load_workspace, parse_assignments
+        from infra_agent.probes.workspace_checks import load_workspace
+        from infra_agent.workspace import parse_assignments
 
         ws = load_workspace(workspace)
         values = ws.resolve_knobs(parse_assignments(set_))

@@ -21,8 +21,8 @@ from typing import Any
 
 from rich.console import Console
 
-from infra_agent.agent.experiment import Experiment, RunRecord
 from infra_agent.demo.build import build_demo_workspace
+from infra_agent.records import Experiment, RunRecord
 
 
 @dataclass

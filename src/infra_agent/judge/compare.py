@@ -23,9 +23,9 @@ import numpy as np
 
 from infra_agent.bench.metrics import request_samples
 from infra_agent.errors import BenchmarkError
-from infra_agent.judge.bootstrap import RatioCI, bootstrap_ratio
-from infra_agent.judge.decision import MIN_SAMPLES, Gate, Outcome, Verdict, decide
-from infra_agent.judge.intervals import paired_ratio_interval, unpaired_ratio_interval
+from infra_agent.stats.bootstrap import RatioCI, bootstrap_ratio
+from infra_agent.stats.decision import MIN_SAMPLES, Gate, GateDecision, Outcome, decide
+from infra_agent.stats.intervals import paired_ratio_interval, unpaired_ratio_interval
 
 _LATENCY_KEY = re.compile(r"^(mean|median|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 
@@ -67,7 +67,7 @@ class MetricComparison:
 @dataclass
 class Comparison:
     metrics: list[MetricComparison] = field(default_factory=list)
-    verdicts: list[Verdict] = field(default_factory=list)
+    verdicts: list[GateDecision] = field(default_factory=list)
 
     @property
     def failed(self) -> dict[str, str]:
@@ -170,7 +170,7 @@ def compare_metric(
     ``interval``: ``t`` (default), the judge's one family: the geometric mean of per-pair
     ratios with a t-interval on their logs (the loop and the MCP tools decide on the same);
     ``bootstrap``, opt-in: a percentile bootstrap of the ratio of ``run_stat``s, which with
-    few runs covers the truth less often than it claims (judge/intervals.py).
+    few runs covers the truth less often than it claims (stats/intervals.py).
     """
     check_options(confidence, n_boot, process_noise)
     _check_runs(baseline_runs, "A")
@@ -211,7 +211,7 @@ def compare_metric(
             note = f"bootstrap of the {run_stat} of {len(a)}+{len(b)} runs" + (", paired" if paired else "")
             shown = (float(np.mean(a)), float(np.mean(b))) if run_stat == "mean" else (float(np.median(a)), float(np.median(b)))
         else:
-            # The judge's one family (judge/intervals.py): per-pair log ratios, t-interval.
+            # The judge's one family (stats/intervals.py): per-pair log ratios, t-interval.
             how = paired_ratio_interval if paired else unpaired_ratio_interval
             ci = how(b, a, confidence=confidence, process_noise=process_noise, restarts=restarts)
             note = (f"geometric mean of {len(a)} per-pair ratios, t-interval" if paired
@@ -271,14 +271,14 @@ def compare_runs(
     return comp
 
 
-def _verdict(gate: Gate, mc: MetricComparison) -> Verdict:
+def _verdict(gate: Gate, mc: MetricComparison) -> GateDecision:
     if mc.failed:
         why = "; ".join(f"{_SIDE[s]} failed: {reason}" for s, reason in mc.failed.items())
         # A candidate that produced nothing fails any gate; a failed baseline decides nothing.
         outcome: Outcome = "fail" if "A" not in mc.failed else "inconclusive"
-        return Verdict(str(gate), outcome, None, None, None, None, why)
+        return GateDecision(str(gate), outcome, None, None, None, None, why)
     if mc.ci is None and mc.refusal:
-        return Verdict(str(gate), "inconclusive", mc.ratio, None, None, mc.more_runs, mc.refusal)
+        return GateDecision(str(gate), "inconclusive", mc.ratio, None, None, mc.more_runs, mc.refusal)
     v = decide(gate, mc.ci)
     if mc.source == "per-request":
         # The requests of one run share its process, its warm-up and the machine's minute:
@@ -286,7 +286,7 @@ def _verdict(gate: Gate, mc: MetricComparison) -> Verdict:
         # pair of runs and decides nothing (an A/A pair of single runs "failed" at
         # [1.15, 1.78] this way).  Runs are the unit: the verdict asks for them.
         where = "" if v.low is None or v.high is None else f" [{v.low:.4f}, {v.high:.4f}]"
-        return Verdict(v.gate, "inconclusive", v.ratio, v.low, v.high, mc.more_runs,
+        return GateDecision(v.gate, "inconclusive", v.ratio, v.low, v.high, mc.more_runs,
                        f"the per-request interval{where} describes these two runs only ({PER_REQUEST_LABEL}); "
                        f"{mc.refusal}" if mc.refusal else f"({PER_REQUEST_LABEL})")
     return v

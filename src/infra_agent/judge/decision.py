@@ -1,44 +1,25 @@
-"""Gates and the decision rule: ``pass``, ``fail`` or ``inconclusive`` from a ratio's interval.
+"""Gates the judge is given as text or criteria, as the :class:`~infra_agent.stats.decision.Gate` it decides.
 
-A gate (``output_throughput>=0.95``) is a threshold on the candidate/baseline ratio.
-``decide`` passes it when the whole confidence interval satisfies it, fails it when
-the whole interval violates it, and otherwise says how many more samples would likely
-decide (assuming the width falls as 1/√n and the estimate holds).
+The decision rule itself (pass / fail / inconclusive from an interval) is
+:mod:`infra_agent.stats.decision`.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from infra_agent.errors import BenchmarkError
-from infra_agent.judge.bootstrap import RatioCI
-
-Op = Literal[">=", "<=", ">", "<"]
-Outcome = Literal["pass", "fail", "inconclusive"]
-
-_GATE = re.compile(r"^\s*([A-Za-z0-9_.]+)\s*(>=|<=|>|<)\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*$")
-
-
-@dataclass(frozen=True)
-class Gate:
-    """``metric op threshold`` on the candidate/baseline ratio."""
-
-    metric: str
-    op: Op
-    threshold: float
-
-    def __str__(self) -> str:
-        return f"{self.metric}{self.op}{self.threshold:g}"
+from infra_agent.records import parse_gate_text
+from infra_agent.stats.decision import Gate
 
 
 def parse_gate(text: str) -> Gate:
-    m = _GATE.match(text)
-    if not m:
+    """A ratio gate typed on the command line (``compare --criterion``), read by the records' one gate parser."""
+    spec = parse_gate_text(text, "relative")
+    if spec is None or spec.scenario is not None or spec.kind != "relative" or not 0 <= spec.threshold < math.inf:
         raise BenchmarkError(f"cannot read criterion {text!r}; expected METRIC OP RATIO, e.g. 'output_throughput>=0.95'")
-    return Gate(metric=m.group(1), op=m.group(2), threshold=float(m.group(3)))  # type: ignore[arg-type]
+    return Gate(metric=spec.metric, op=spec.op, threshold=spec.threshold)
 
 
 def gate_from_criterion(criterion: Any) -> Gate:
@@ -48,59 +29,4 @@ def gate_from_criterion(criterion: Any) -> Gate:
     return Gate(metric=criterion.metric, op=criterion.op, threshold=float(criterion.ratio))
 
 
-@dataclass(frozen=True)
-class Verdict:
-    gate: str
-    outcome: Outcome
-    ratio: float | None
-    low: float | None
-    high: float | None
-    # For inconclusive: how many more samples (of the kind the interval used) would
-    # likely decide it; None when the estimate sits on the threshold or no CI exists.
-    more_samples: int | None = None
-    message: str = ""
-
-
-# Below this many samples per side a bootstrap has too few distinct resamples for its
-# interval to carry a 95% meaning (with 2, it is about the range of the two values).
-MIN_SAMPLES = 3
-
-
-def decide(gate: Gate, ci: RatioCI | None) -> Verdict:
-    if ci is None or not (math.isfinite(ci.low) and math.isfinite(ci.high)):
-        return Verdict(str(gate), "inconclusive", None if ci is None else ci.ratio, None, None, None,
-                       f"no confidence interval: repeat the runs (interleaved) so each side has >= {MIN_SAMPLES}")
-    if ci.n < MIN_SAMPLES:
-        more = max(MIN_SAMPLES - ci.n, more_samples_needed(ci, gate.threshold) or 0)
-        return Verdict(str(gate), "inconclusive", ci.ratio, ci.low, ci.high, more,
-                       f"only {ci.n} sample(s) per side; an interval needs >= {MIN_SAMPLES} to decide anything")
-    lower_bound = gate.op in (">=", ">")
-    # The side of the interval that faces the threshold decides.
-    strict = gate.op in (">", "<")
-    if lower_bound:
-        passed = ci.low > gate.threshold if strict else ci.low >= gate.threshold
-        failed = ci.high <= gate.threshold if strict else ci.high < gate.threshold
-    else:
-        passed = ci.high < gate.threshold if strict else ci.high <= gate.threshold
-        failed = ci.low >= gate.threshold if strict else ci.low > gate.threshold
-    if passed or failed:
-        outcome: Outcome = "pass" if passed else "fail"
-        msg = f"{ci.confidence:.0%} CI [{ci.low:.4f}, {ci.high:.4f}] lies {'inside' if passed else 'outside'} {gate}"
-        return Verdict(str(gate), outcome, ci.ratio, ci.low, ci.high, None, msg)
-    return Verdict(str(gate), "inconclusive", ci.ratio, ci.low, ci.high, more_samples_needed(ci, gate.threshold),
-                   f"{ci.confidence:.0%} CI [{ci.low:.4f}, {ci.high:.4f}] straddles {gate.threshold:g}")
-
-
-def more_samples_needed(ci: RatioCI, threshold: float) -> int | None:
-    distance = abs(ci.ratio - threshold)
-    if distance < 1e-12:
-        return None
-    # The half of the interval between the estimate and the threshold must shrink
-    # below `distance`; width ~ 1/sqrt(n).
-    half = (ci.ratio - ci.low) if ci.ratio > threshold else (ci.high - ci.ratio)
-    n_needed = ci.n * (half / distance) ** 2
-    return max(1, math.ceil(n_needed - ci.n))
-
-
-__all__ = ["MIN_SAMPLES", "Gate", "Op", "Outcome", "Verdict", "decide", "gate_from_criterion", "more_samples_needed",
-           "parse_gate"]
+__all__ = ["gate_from_criterion", "parse_gate"]

@@ -21,7 +21,7 @@ interleaved A/B is two lists of such Feedback, index-paired (pair i ran side by 
   lies wholly on the other side, inconclusive otherwise.  Count metrics reported by a
   check (``failed_checks``) are exact, and compared exactly.
 
-Intervals are the judge's one family (:mod:`infra_agent.judge.intervals`): t-intervals
+Intervals are the judge's one family (:mod:`infra_agent.stats.intervals`): t-intervals
 on the logarithms (per-pair log ratios for an A/B) at any sample size, labelled with
 what they are; a percentile bootstrap of 3 to 9 values cannot reach past their range and
 covers the truth far less often than it claims.  ``confidence`` is 0.95 for one look and
@@ -35,22 +35,24 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infra_agent.agent.experiment import (
+from infra_agent.feedback import Feedback
+from infra_agent.judge.pooling import hard_failure, statistic_of
+from infra_agent.records import (
     COUNT_METRICS,
     GateResult,
+    GateSpec,
     Hypothesis,
     VerdictOutcome,
 )
-from infra_agent.feedback import Feedback
-from infra_agent.judge.bootstrap import RatioCI, bootstrap_ci
-from infra_agent.judge.intervals import label as interval_label
-from infra_agent.judge.intervals import (
+from infra_agent.stats.bootstrap import RatioCI, bootstrap_ci
+from infra_agent.stats.decision import MIN_SAMPLES, Gate, decide
+from infra_agent.stats.intervals import label as interval_label
+from infra_agent.stats.intervals import (
     paired_ratio_interval,
     t_interval_of_values,
     unpaired_ratio_interval,
 )
-from infra_agent.judge.pooling import decide_statistic, hard_failure, statistic_of
-from infra_agent.judge.verdict import MIN_SAMPLES, Gate, decide
+from infra_agent.stats.statistic import decide_statistic
 
 _RUN_STAT = "mean"
 
@@ -77,24 +79,27 @@ def gate_label(metric: str, op: str, threshold: float, scenario: str | None) -> 
     return f"{metric}{op}{threshold:g}" + (f" @{scenario}" if scenario else "")
 
 
-def _result(name: str, gate: str, kind: Any, ci: RatioCI | None, g: Gate, interval: str, measured_in: str | None,
+def _result(name: str, gate: str, spec: GateSpec, ci: RatioCI | None, interval: str, measured_in: str | None,
             absolute: bool = False) -> GateResult:
-    v = decide(g, ci)
+    v = decide(Gate(spec.metric, spec.op, spec.threshold), ci)
     message = v.message
     if absolute and ci is not None:
         # decide() speaks of ratios; an absolute gate's interval is of the metric itself.
         message = message.replace("CI", "CI of the geometric mean" if "geometric" in interval else "CI of the mean")
-    return GateResult(name=name, gate=gate, kind=kind, outcome=v.outcome, value=v.ratio, low=v.low, high=v.high,
+    return GateResult(name=name, gate=gate, kind=spec.kind, spec=spec, outcome=v.outcome, value=v.ratio, low=v.low,
+                      high=v.high,
                       interval=interval if ci is not None else "", message=message, more_samples=v.more_samples,
                       measured_in=measured_in)
 
 
 def absolute_gate(name: str, metric: str, op: str, value: float, scenario: str | None, candidate: Sequence[Feedback],
-                  measured_in: str | None = None, samples: str = "run(s)", confidence: float = 0.95) -> GateResult:
+                  measured_in: str | None = None, samples: str = "run(s)", confidence: float = 0.95,
+                  check: str | None = None) -> GateResult:
     vals = side_values(candidate, metric, scenario)
     label = gate_label(metric, op, value, scenario)
+    spec = GateSpec(kind="absolute", metric=metric, op=op, threshold=value, scenario=scenario, check=check)  # type: ignore[arg-type]
     if not vals:
-        return GateResult(name=name, gate=label, kind="absolute", outcome="error", measured_in=measured_in,
+        return GateResult(name=name, gate=label, kind="absolute", spec=spec, outcome="error", measured_in=measured_in,
                           message=f"no run measured {metric}" + (f" in scenario {scenario}" if scenario else ""))
     conf = f"{confidence:.1%}".replace(".0%", "%")
     if min(vals) > 0:
@@ -107,13 +112,13 @@ def absolute_gate(name: str, metric: str, op: str, value: float, scenario: str |
         interval = f"{conf} bootstrap CI of the mean over {ci.n} {samples}"
     as_ratio = RatioCI(ratio=centre, low=low, high=high, confidence=confidence, stat=_RUN_STAT,
                        n_candidate=len(vals), n_baseline=len(vals), paired=False, n_boot=0)
-    return _result(name, label, "absolute", as_ratio, Gate(metric, op, value), interval, measured_in, absolute=True)  # type: ignore[arg-type]
+    return _result(name, label, spec, as_ratio, interval, measured_in, absolute=True)
 
 
 def ratio_ci(candidate: Sequence[Feedback], baseline: Sequence[Feedback], metric: str,
              scenario: str | None, confidence: float = 0.95) -> tuple[RatioCI | None, str]:
     """Candidate/baseline with its interval and label: per-pair ratios when the run counts match
-    (interleaved pairs), else the ratio of geometric means (judge/intervals.py)."""
+    (interleaved pairs), else the ratio of geometric means (stats/intervals.py)."""
     b = side_values(candidate, metric, scenario)
     a = side_values(baseline, metric, scenario)
     if not a or not b or min(a + b) <= 0:
@@ -128,11 +133,12 @@ def ratio_ci(candidate: Sequence[Feedback], baseline: Sequence[Feedback], metric
 def relative_gate(name: str, metric: str, op: str, ratio: float, scenario: str | None, candidate: Sequence[Feedback],
                   baseline: Sequence[Feedback], measured_in: str | None = None, confidence: float = 0.95) -> GateResult:
     label = gate_label(metric, op, ratio, scenario) + " x baseline"
+    spec = GateSpec(kind="relative", metric=metric, op=op, threshold=ratio, scenario=scenario)  # type: ignore[arg-type]
     ci, interval = ratio_ci(candidate, baseline, metric, scenario, confidence)
     if ci is None:
-        return GateResult(name=name, gate=label, kind="relative", outcome="error", measured_in=measured_in,
+        return GateResult(name=name, gate=label, kind="relative", spec=spec, outcome="error", measured_in=measured_in,
                           message=f"{metric} was not measured on both sides")
-    return _result(name, label, "relative", ci, Gate(metric, op, ratio), interval, measured_in)  # type: ignore[arg-type]
+    return _result(name, label, spec, ci, interval, measured_in)
 
 
 def criteria_gates(workspace: Any, candidate: dict[str, list[Feedback]], baseline: dict[str, list[Feedback]] | None,
@@ -148,7 +154,7 @@ def criteria_gates(workspace: Any, candidate: dict[str, list[Feedback]], baselin
         if check is not None:
             if checks is not None and check in checks and c.value is not None:
                 out.append(check_criterion_gate(c.name, c.metric, c.op, float(c.value), checks[check], measured_in,
-                                                confidence))
+                                                confidence, check=check))
             continue
         if c.scenario not in candidate:
             continue
@@ -164,18 +170,20 @@ def criteria_gates(workspace: Any, candidate: dict[str, list[Feedback]], baselin
 
 
 def check_criterion_gate(name: str, metric: str, op: str, value: float, fb: Feedback,
-                         measured_in: str | None = None, confidence: float = 0.95) -> GateResult:
+                         measured_in: str | None = None, confidence: float = 0.95,
+                         check: str | None = None) -> GateResult:
     """An absolute criterion on a check's Feedback (``kl_div <= 0.01`` on the quality check).
 
     A check that measured nothing (a server without logprobs) is an ``error`` gate naming
     why, never a pass on missing numbers."""
     if not fb.ok and not any(m.name == metric for m in fb.measurements):
         label = gate_label(metric, op, value, None)
-        return GateResult(name=name, gate=label, kind="absolute", outcome="error", measured_in=measured_in,
+        spec = GateSpec(kind="absolute", metric=metric, op=op, threshold=value, check=check)  # type: ignore[arg-type]
+        return GateResult(name=name, gate=label, kind="absolute", spec=spec, outcome="error", measured_in=measured_in,
                           message=f"{metric} was not measured: {fb.error or 'the check failed'}")
     unit = "prompt(s)" if fb.probe == "quality" else "sample(s)"
     return absolute_gate(name, metric, op, value, None, [fb.model_copy(update={"ok": True})], measured_in, samples=unit,
-                         confidence=confidence)
+                         confidence=confidence, check=check)
 
 
 def holds_on_itself(op: str, ratio: float) -> bool:
@@ -191,10 +199,11 @@ def self_relative_gate(name: str, metric: str, op: str, ratio: float, scenario: 
     definition and is ``skipped``; a target (``>= 1.2``) fails by definition, so the run
     works towards it instead of stopping at once as if every gate passed."""
     label = gate_label(metric, op, ratio, scenario) + " x baseline"
+    spec = GateSpec(kind="relative", metric=metric, op=op, threshold=ratio, scenario=scenario)  # type: ignore[arg-type]
     if holds_on_itself(op, ratio):
-        return GateResult(name=name, gate=label, kind="relative", outcome="skipped", measured_in=measured_in,
+        return GateResult(name=name, gate=label, kind="relative", spec=spec, outcome="skipped", measured_in=measured_in,
                           message="relative to itself: holds by definition on the baseline")
-    return GateResult(name=name, gate=label, kind="relative", outcome="fail", value=1.0, low=1.0, high=1.0,
+    return GateResult(name=name, gate=label, kind="relative", spec=spec, outcome="fail", value=1.0, low=1.0, high=1.0,
                       interval="exact: the baseline against itself", measured_in=measured_in,
                       message=f"relative to itself the ratio is 1 by definition, which does not meet {op} {ratio:g}")
 
@@ -213,8 +222,10 @@ def check_gate(name: str, fb: Feedback, measured_in: str | None = None, confiden
         unit = stat.get("unit") or "samples"
         conf = f"{confidence:.1%}".replace(".0%", "%")
         interval = f"{conf} t-interval of the geometric mean over {n} {unit}" + (f" ({runs} runs)" if runs > 1 else "")
+        spec = GateSpec(kind="check", metric=stat["metric"], op=stat.get("op", ">="), threshold=float(stat["threshold"]),
+                        check=name)
         return GateResult(name=name, gate=f"{label}: {stat['metric']}{stat.get('op', '>=')}{float(stat['threshold']):g}",
-                          kind="check", outcome=v.outcome, value=v.ratio, low=v.low, high=v.high, interval=interval,
+                          kind="check", spec=spec, outcome=v.outcome, value=v.ratio, low=v.low, high=v.high, interval=interval,
                           message=f"{stat['metric']} {v.message}", more_samples=v.more_samples, measured_in=measured_in)
     first = next((f for f in fb.findings if f.severity == "error"), None)
     detail = fb.error or ""
@@ -231,15 +242,15 @@ def hypothesis_outcome(h: Hypothesis, candidate: Sequence[Feedback], baseline: S
         return _count_outcome(h, candidate, baseline, measured_in)
     label = h.gate_text()
     ci, interval = ratio_ci(candidate, baseline, h.metric, h.scenario, confidence)
-    # The threshold as the gate text prints it (6 significant digits); not parsed back
-    # from the text, which breaks on a metric name holding '='.
-    gate = Gate(h.metric, ">=" if h.direction == "higher" else "<=", float(f"{h.ratio_threshold():.6g}"))
+    # The threshold as the gate text prints it (6 significant digits).
+    spec = h.gate_spec()
     if ci is None:
-        res = GateResult(name="hypothesis", gate=label, kind="hypothesis", outcome="inconclusive", measured_in=measured_in,
+        res = GateResult(name="hypothesis", gate=label, kind="hypothesis", spec=spec, outcome="inconclusive",
+                         measured_in=measured_in,
                          message=f"{h.metric} was not measured on both sides"
                                  + (f" (scenario {h.scenario})" if h.scenario else "") + f": need >= {MIN_SAMPLES} runs each")
         return "inconclusive", res
-    res = _result("hypothesis", label, "hypothesis", ci, gate, interval, measured_in)
+    res = _result("hypothesis", label, spec, ci, interval, measured_in)
     outcome: VerdictOutcome = {"pass": "supported", "fail": "refuted"}.get(res.outcome, "inconclusive")  # type: ignore[assignment]
     return outcome, res
 
@@ -249,12 +260,14 @@ def _count_outcome(h: Hypothesis, candidate: Sequence[Feedback], baseline: Seque
     b, a = side_values(candidate, h.metric), side_values(baseline, h.metric)
     label = h.gate_text()
     if not b or not a:
-        return "inconclusive", GateResult(name="hypothesis", gate=label, kind="hypothesis", outcome="inconclusive",
+        return "inconclusive", GateResult(name="hypothesis", gate=label, kind="hypothesis", spec=h.gate_spec(),
+                                          outcome="inconclusive",
                                           measured_in=measured_in, message=f"{h.metric} missing on a side")
     cand, base = sum(b), sum(a)
     moved = base - cand if h.direction == "lower" else cand - base
     ok = moved >= max(h.min_effect, 1e-12)
     msg = f"{h.metric}: baseline {base:g} -> candidate {cand:g} (exact count, no interval needed)"
-    res = GateResult(name="hypothesis", gate=label, kind="hypothesis", outcome="pass" if ok else "fail", value=cand,
+    res = GateResult(name="hypothesis", gate=label, kind="hypothesis", spec=h.gate_spec(), outcome="pass" if ok else "fail",
+                     value=cand,
                      low=cand, high=cand, interval="exact count", message=msg, measured_in=measured_in)
     return ("supported" if ok else "refuted"), res

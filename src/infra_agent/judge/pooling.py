@@ -26,11 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from infra_agent.feedback import Feedback, Measurement
-from infra_agent.judge.decision import Gate, Verdict, decide
-from infra_agent.judge.intervals import log_ratio_interval
-
-GATE_META = "gate"  # Feedback.meta key of a check's statistic
-GATE_FAILED = "gate_failed"  # Feedback.meta key: the run measured, and its statistic missed the line
+from infra_agent.stats.statistic import GATE_FAILED, GATE_META, decide_statistic
 
 
 def statistic_of(fb: Feedback) -> dict[str, Any] | None:
@@ -39,13 +35,6 @@ def statistic_of(fb: Feedback) -> dict[str, Any] | None:
     if isinstance(stat, Mapping) and isinstance(stat.get("samples"), list) and stat.get("threshold") is not None:
         return dict(stat)
     return None
-
-
-def decide_statistic(stat: Mapping[str, Any], confidence: float = 0.95) -> Verdict:
-    """pass / fail / inconclusive for a check's statistic, from the interval of its samples."""
-    samples = [float(s) for s in stat["samples"] if isinstance(s, (int, float)) and s > 0]
-    gate = Gate(str(stat["metric"]), stat.get("op", ">="), float(stat["threshold"]))
-    return decide(gate, log_ratio_interval(samples, confidence=confidence) if samples else None)
 
 
 def hard_failure(fb: Feedback) -> bool:

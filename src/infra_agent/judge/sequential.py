@@ -112,7 +112,7 @@ def t_look_confidence(looks: int, batch: int, alpha: float = 0.05, replicates: i
     exclude the truth at some look with probability ``alpha`` (normal noise, unknown spread).
 
     Monte Carlo with a fixed seed (deterministic): the per-look two-sided p-value of each
-    look with at least 3 pairs (fewer decide nothing, judge/decision.py), the smallest over
+    look with at least 3 pairs (fewer decide nothing, stats/decision.py), the smallest over
     the looks, and its ``alpha`` quantile is the per-look level."""
     if looks * batch < 3:
         return 1.0 - alpha  # no look can decide anything

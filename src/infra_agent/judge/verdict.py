@@ -24,7 +24,7 @@ failed: a gate fails when the candidate failed, and is inconclusive when the bas
 did.  ``workload_mismatch`` says whether two sets of runs ran the same workload.
 
 The code lives in one module per concept, re-exported here (import from here):
-:mod:`infra_agent.judge.decision` (gates, ``decide``), :mod:`infra_agent.judge.compare`
+:mod:`infra_agent.stats.decision` (gates, ``decide``), :mod:`infra_agent.judge.decision` (reading gates), :mod:`infra_agent.judge.compare`
 (runs to ``MetricComparison`` and a verdict per gate) and
 :mod:`infra_agent.judge.workload` (``workload_mismatch``).
 """
@@ -41,17 +41,16 @@ from infra_agent.judge.compare import (
     compare_metric,
     compare_runs,
 )
-from infra_agent.judge.decision import (
+from infra_agent.judge.decision import gate_from_criterion, parse_gate
+from infra_agent.judge.workload import WORKLOAD_KEYS, workload_mismatch
+from infra_agent.stats.decision import (
     MIN_SAMPLES,
     Gate,
-    Verdict,
+    GateDecision,
     decide,
-    gate_from_criterion,
     more_samples_needed,
-    parse_gate,
 )
-from infra_agent.judge.workload import WORKLOAD_KEYS, workload_mismatch
 
 __all__ = ["LATENCY_METRICS", "MIN_BOOT", "MIN_SAMPLES", "PER_REQUEST_LABEL", "WORKLOAD_KEYS", "Comparison", "Gate",
-           "MetricComparison", "Verdict", "check_options", "compare_metric", "compare_runs", "decide",
+           "GateDecision", "MetricComparison", "check_options", "compare_metric", "compare_runs", "decide",
            "gate_from_criterion", "more_samples_needed", "parse_gate", "workload_mismatch"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infra_agent.agent.experiment import Experiment
+from infra_agent.records import Experiment
 from infra_agent.safety import scrub, secret_values
 
 Row = tuple[Any, ...]

@@ -23,11 +23,11 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 from typing_extensions import Self
 
-from infra_agent.agent.experiment import FINISHED, Experiment, RunRecord
 from infra_agent.feedback import Finding
 from infra_agent.ledger import codec, schema
 from infra_agent.ledger.costs import ProbeCost, probe_costs
 from infra_agent.ledger.errors import LedgerError
+from infra_agent.records import FINISHED, Experiment, RunRecord
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from infra_agent.agent.experiment import Experiment
 from infra_agent.agent.progress import RunProgress
+from infra_agent.records import Experiment
 
 if TYPE_CHECKING:
     from infra_agent.mcp.session import McpSession

@@ -40,11 +40,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra_agent.agent.experiment import Experiment, RunRecord, Step
 from infra_agent.errors import InfraAgentError
 from infra_agent.mcp import views
 from infra_agent.mcp.progress import Heartbeat, SinkProgress, describe_event
 from infra_agent.mcp.views import measurement_row
+from infra_agent.records import Experiment, RunRecord, Step
 from infra_agent.tools import code as code_tools
 from infra_agent.tools import experiment as exp_tools
 from infra_agent.tools.registry import (
@@ -125,7 +125,7 @@ class McpSession:
     """One server process's state: the workspace, the registry's context, and (once opened) the run."""
 
     def __init__(self, workspace: str | Path, options: McpOptions | None = None) -> None:
-        from infra_agent.workspace import load_workspace
+        from infra_agent.probes.workspace_checks import load_workspace
 
         self.opts = options or McpOptions()
         self.ws = load_workspace(workspace)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def validate_workspace(session: McpSession, ctx: ToolContext, args: NoArgs) -> ToolResult:
     from infra_agent.probes.base import get_probe
-    from infra_agent.workspace import load_workspace
+    from infra_agent.probes.workspace_checks import load_workspace
 
     where = session.ws.source or session.ws.root
     try:

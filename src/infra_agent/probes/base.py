@@ -136,8 +136,8 @@ class Probe(ABC):
 
 # short name -> "module:attr"; filled by the modules that define probes.
 _REGISTRY: dict[str, str] = {
-    "serving": "infra_agent.bench.probe:ServingProbe",
-    "kernel": "infra_agent.kernels.probe:KernelProbe",
+    "serving": "infra_agent.probes.serving:ServingProbe",
+    "kernel": "infra_agent.probes.kernel:KernelProbe",
     "command": "infra_agent.probes.command:CommandProbe",
     "timeline": "infra_agent.probes.timeline:TimelineProbe",
     "quality": "infra_agent.probes.quality:QualityProbe",

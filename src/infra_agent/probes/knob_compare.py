@@ -4,7 +4,7 @@ probe's ``compare_knob`` (which values, the per-pair ratios, the interval and th
 The probe runs the windows (two servers, A B, B A, ...); everything here is arithmetic on
 what they returned, so it is tested without a server.  The ratio is
 ``metric(values[1]) / metric(values[0])`` per interleaved pair, and its centre is the
-geometric mean with a 95% t-interval on the logs (``judge.bootstrap.t_interval_log``), as
+geometric mean with a 95% t-interval on the logs (``stats.bootstrap.t_interval_log``), as
 the judge summarises repeated runs.
 """
 
@@ -64,14 +64,14 @@ def pair_ratios(reference: list[dict[str, Any]], tested: list[dict[str, Any]], m
 def record_verdict(fb: Feedback, pair: KnobPair, ratios: list[float], scenario: str, min_ratio: float | None) -> None:
     """The ratio as the Feedback's first measurement, its interval and sentence in
     ``meta["compare"]``, and with ``min_ratio`` the statistic the check gates on in
-    ``meta["gate"]`` (judge/pooling.py).  The gate is decided on the interval, as the judge
+    ``meta["gate"]`` (stats/statistic.py).  The gate is decided on the interval, as the judge
     decides every ratio: ``ok=False`` with ``meta["gate_failed"]`` only when the whole
     interval lies below ``min_ratio``; an interval that straddles it leaves the run ``ok``
     with the gate ``inconclusive``, and the judge pools the samples of further runs."""
     if not ratios:
         raise InfraAgentError(f"no pair of windows measured {pair.metric!r} on both {pair.knob} values")
     # scipy loads when a comparison ends, not when the probes are imported
-    from infra_agent.judge.intervals import log_ratio_interval
+    from infra_agent.stats.intervals import log_ratio_interval
 
     ci = log_ratio_interval(ratios)
     centre, low, high = ci.ratio, ci.low, ci.high
@@ -85,7 +85,7 @@ def record_verdict(fb: Feedback, pair: KnobPair, ratios: list[float], scenario: 
     compare["message"] = text
     if min_ratio is None:
         return
-    from infra_agent.judge.pooling import GATE_FAILED, GATE_META, decide_statistic
+    from infra_agent.stats.statistic import GATE_FAILED, GATE_META, decide_statistic
 
     stat: dict[str, Any] = {"metric": pair.ratio_name, "op": ">=", "threshold": min_ratio, "samples": list(ratios),
                             "unit": "interleaved pairs", "runs": 1}

@@ -3,7 +3,7 @@
 Pure functions over the OpenAI legacy completions ``logprobs`` object of an ``echo``
 answer (``{tokens, token_logprobs, top_logprobs, text_offset}``, the first prompt
 token's entries null), so they can be tested without a server.  The metric names and
-directions a criterion can use are in :mod:`infra_agent.judge.check_metrics`.
+directions a criterion can use are in :mod:`infra_agent.workspace.check_metrics`.
 
 Per position ``i >= 1`` of a prompt (the first token has no logprob), with ``P`` the
 baseline server's and ``Q`` the candidate's reported distribution:
@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra_agent.judge.check_metrics import (  # noqa: F401 - re-exported: the probe's metric names
+from infra_agent.workspace.check_metrics import (  # noqa: F401 - re-exported: the probe's metric names
     QUALITY_METRICS,
     describe,
     err_metric,

@@ -126,14 +126,14 @@ class TimelineProbe(Probe):
 
     @classmethod
     def measures(cls, metric: str) -> bool:
-        from infra_agent.bench.probe import ServingProbe
+        from infra_agent.probes.serving import ServingProbe
 
         return ServingProbe.measures(metric) or metric in TIMELINE_METRICS or metric.endswith("_ratio")
 
     # ------------------------------------------------------------------ run
 
     def run(self, config: Any, ctx: ProbeContext) -> Feedback:
-        from infra_agent.bench.probe import ServingProbe
+        from infra_agent.probes.serving import ServingProbe
 
         cfg: TimelineConfig = self.parse_config(config)  # type: ignore[assignment]
         fb = Feedback(probe=self.name, tier=self.tier(cfg), scope=self.scope)
@@ -195,7 +195,7 @@ class TimelineProbe(Probe):
 
     def _traced(self, cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: str, sc: Scenario, target: Any,
                 values: dict[str, Any], arm: str | None = None) -> None:
-        from infra_agent.bench.probe import summarise_windows
+        from infra_agent.probes.serving import summarise_windows
 
         if target.log_path:
             fb.artifacts.append(Artifact(kind="log", path=str(target.log_path), description="server log"))
@@ -395,7 +395,7 @@ class TimelineProbe(Probe):
             traced_side = own_side if own_side is not None else 1
             target, values = targets[traced_side]
             self._traced(cfg, ctx, fb, name, sc, target, values)
-            from infra_agent.bench.probe import summarise_windows
+            from infra_agent.probes.serving import summarise_windows
 
             other = Feedback(probe=self.name, tier=self.tier(cfg), scope=self.scope)
             summarise_windows(other, name, results[1 - traced_side], targets[1 - traced_side][1], ctx.workspace,

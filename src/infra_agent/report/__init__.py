@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-from infra_agent.agent.experiment import Experiment, RunRecord
+from infra_agent.records import Experiment, RunRecord
 from infra_agent.report import html as _html
 from infra_agent.report import markdown as _markdown
 from infra_agent.report.model import ReportModel, build_model

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from infra_agent.agent.experiment import COUNT_METRICS, Experiment
 from infra_agent.judge.gates import side_values
+from infra_agent.records import COUNT_METRICS, Experiment
 from infra_agent.report.fmt import fmt_interval, fmt_num
 
 # accepted; supported but held back (a guard broke or stayed undecided, requests were lost);

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from infra_agent.agent.experiment import Experiment, RunRecord
+from infra_agent.records import Experiment, RunRecord
 from infra_agent.report.decisions import OUTCOME_LABELS
 from infra_agent.report.model import (
     ExperimentView,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from infra_agent.agent.experiment import Experiment, RunRecord
+from infra_agent.records import Experiment, RunRecord
 from infra_agent.report.decisions import GLYPHS, OUTCOME_LABELS, Decision
 from infra_agent.report.fmt import fmt_interval, fmt_num
 from infra_agent.report.model import ExperimentView, GateCell, ReportModel, build_model

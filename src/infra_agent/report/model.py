@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra_agent.agent.conclusion import describe_gate, not_passing
-from infra_agent.agent.experiment import Experiment, GateResult, RunRecord
+from infra_agent.records import Experiment, GateResult, RunRecord
 from infra_agent.report.decisions import Decision, Decisions, decision_of
 from infra_agent.report.fmt import fmt_duration, fmt_interval, fmt_num, fmt_time
 from infra_agent.report.noise import Noise, load_note, noise_of

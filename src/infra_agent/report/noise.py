@@ -14,8 +14,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from infra_agent.agent.experiment import Experiment
 from infra_agent.feedback import Feedback
+from infra_agent.records import Experiment
 from infra_agent.report.decisions import Decision
 from infra_agent.report.fmt import fmt_num
 

@@ -12,17 +12,13 @@ experiments give the best-so-far step line.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from infra_agent.agent.experiment import Experiment, GateResult, RunRecord
 from infra_agent.feedback import Measurement
+from infra_agent.records import Experiment, GateResult, GateSpec, RunRecord
 from infra_agent.report.fmt import fmt_num
-
-_GATE = re.compile(r"^\s*([A-Za-z0-9_.]+)\s*(>=|<=|>|<)\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)?")
-_SCENARIO = re.compile(r"@\s*([A-Za-z0-9_.-]+)")
 
 
 @dataclass(frozen=True)
@@ -52,29 +48,10 @@ class Series:
         return [p for p in self.points if p.accepted]
 
 
-@dataclass(frozen=True)
-class _Gate:
-    metric: str
-    op: str
-    threshold: float | None
-    scenario: str | None
-
-
-def parse_gate_text(text: str) -> _Gate | None:
-    """``output_throughput>=300 @chat`` → metric, op, threshold, scenario."""
-    m = _GATE.match(text)
-    if not m:
-        return None
-    sc = _SCENARIO.search(text)
-    return _Gate(m.group(1), m.group(2), float(m.group(3)) if m.group(3) else None, sc.group(1) if sc else None)
-
-
-def _failing_criterion(gates: list[GateResult]) -> tuple[GateResult, _Gate] | None:
+def _failing_criterion(gates: list[GateResult]) -> tuple[GateResult, GateSpec] | None:
     for g in gates:
-        if g.kind in ("absolute", "relative") and g.outcome == "fail":
-            parsed = parse_gate_text(g.gate)
-            if parsed is not None:
-                return g, parsed
+        if g.kind in ("absolute", "relative") and g.outcome == "fail" and g.spec is not None:
+            return g, g.spec
     return None
 
 
@@ -92,7 +69,7 @@ def build_series(run: RunRecord, experiments: list[Experiment], text: Callable[[
     """``text`` scrubs every string that goes into the series."""
     ordered = sorted(experiments, key=lambda e: (e.seq, e.id))
     crit = _failing_criterion(run.gates_before)
-    gate: _Gate | None = None
+    gate: GateSpec | None = None
     if crit is not None:
         g, gate = crit
         metric, scenario = gate.metric, gate.scenario
@@ -126,7 +103,7 @@ def build_series(run: RunRecord, experiments: list[Experiment], text: Callable[[
 
     series = Series(metric=text(metric), unit=text(unit), scenario=text(scenario), direction=direction,
                     source=text(source), points=points)
-    if gate is not None and gate.threshold is not None and crit is not None:
+    if gate is not None and crit is not None:
         kind = crit[0].kind
         base = next((p.value for p in points if p.accepted), None)
         if kind == "absolute":

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import Field
 
-from infra_agent.agent.experiment import Change, Experiment, Hypothesis, Step
 from infra_agent.errors import ConfigError, InfraAgentError
+from infra_agent.records import Change, Experiment, Hypothesis, Step
 from infra_agent.tools.registry import Tool, ToolArgs, ToolContext, ToolResult
 
 KnobInput = bool | int | float | str | None

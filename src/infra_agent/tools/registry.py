@@ -25,9 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from infra_agent.agent.experiment import Change, Step
-from infra_agent.agent.proposers.base import LoopState
 from infra_agent.errors import InfraAgentError
+from infra_agent.records import Change, LoopState, Step
 from infra_agent.safety import bound, scrub, scrub_text, secret_values, target_secrets
 
 log = logging.getLogger(__name__)

@@ -9,12 +9,15 @@ comes from :func:`metric_direction`), a metric a shipped check probe reports
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from infra_agent.workspace._base import _Strict
 from infra_agent.workspace.knobs import MISSING, DomainError
+
+if TYPE_CHECKING:
+    from infra_agent.records import GateSpec
 
 _HIGHER_BETTER = frozenset({"request_throughput", "output_throughput", "total_token_throughput", "request_goodput", "completed"})
 _LOWER_BETTER = frozenset({"duration", "failed"})
@@ -42,7 +45,7 @@ def check_metric_direction(metric: str) -> Literal["higher", "lower"] | None:
     """Which way is better for a metric a shipped check probe reports (the quality probe's
     ``kl_div``, ``top1_agreement`` ...); None when no such probe reports it.  A criterion
     on such a metric names the check that measures it (``check:``)."""
-    from infra_agent.judge.check_metrics import quality_metric_direction
+    from infra_agent.workspace.check_metrics import quality_metric_direction
 
     return quality_metric_direction(metric)
 
@@ -108,3 +111,15 @@ class Criterion(_Strict):
     @property
     def relative(self) -> bool:
         return self.ratio is not None
+
+    @property
+    def spec(self) -> GateSpec:
+        """The criterion as a gate: the one form every later layer reads (never its text)."""
+        # Imported here: the records load numpy (Feedback), and loading a workspace stays light.
+        from infra_agent.records import GateSpec
+
+        assert self.op is not None  # _one_threshold defaulted it
+        threshold = self.ratio if self.ratio is not None else self.value
+        assert threshold is not None
+        return GateSpec(kind="relative" if self.relative else "absolute", metric=self.metric, op=self.op,
+                        threshold=float(threshold), scenario=self.scenario, check=self.check)

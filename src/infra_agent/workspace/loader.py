@@ -49,7 +49,8 @@ def find_workspace_file(path: str | Path) -> Path:
 
 
 def load_workspace(path: str | Path = ".") -> Workspace:
-    """Load and validate a workspace; every problem raises ``ConfigError``."""
+    """Load and validate a workspace; every problem raises ``ConfigError``.  The checks' probe
+    configs are validated by the probes: :func:`infra_agent.probes.workspace_checks.load_workspace`."""
     file = find_workspace_file(path)
     try:
         text = file.read_text(encoding="utf-8")
@@ -78,28 +79,7 @@ def parse_workspace(text: str, file: Path) -> Workspace:
     except ValidationError as exc:
         raise _translate(exc, file, text) from None
     workspace.bind(root, file.resolve())
-    _check_probe_configs(workspace, file, text)
     return workspace
-
-
-def _check_probe_configs(workspace: Workspace, file: Path, text: str) -> None:
-    """Each check's config against its probe's typed config, rendered with the knob defaults.
-
-    The probe module is imported only when the workspace declares checks.
-    """
-    if not workspace.checks:
-        return
-    from infra_agent.probes.base import get_probe
-
-    defaults = {k: knob.default for k, knob in workspace.knobs.items() if knob.default is not None}
-    for i, check in enumerate(workspace.checks):
-        try:
-            probe = get_probe(check.probe)
-        except ConfigError as exc:
-            raise ConfigError(_where(file, text, ("checks", i, "probe")), f"checks.{i}.probe", exc.expected, check.probe) from None
-        if set(check.placeholder_names()) - set(defaults):
-            continue  # a knob without a default: checked when the run gives it a value
-        probe.parse_config(check.render(defaults), where=str(file), text=text, prefix=("checks", i, "config"))
 
 
 # ---------------------------------------------------------------- error translation
@@ -164,7 +144,7 @@ def _one(err: Any, file: Path, text: str, root: type[BaseModel] = Workspace, pre
     field = ".".join(str(p) for p in path) or None
     if path[:1] == ("target",):
         got = _shown(path, got)
-    return ConfigError(_where(file, text, path) if text else str(file), field, expected, got)
+    return ConfigError(node_location(file, text, path) if text else str(file), field, expected, got)
 
 
 def _shown(path: Loc, got: object) -> object:
@@ -290,7 +270,7 @@ def _tag_of(model: Any) -> object:
     return typing.get_args(field.annotation)[0]
 
 
-def _where(file: Path, text: str, path: Loc) -> str:
+def node_location(file: Path, text: str, path: Loc) -> str:
     """``file:line:col`` of the deepest YAML node on ``path`` that exists."""
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.agent.executors.base import Execution, Executor, OnEvent
-from infra_agent.agent.experiment import Experiment, RunRecord, Step
 from infra_agent.agent.loop import Loop
 from infra_agent.agent.planner import Plan, Planner
 from infra_agent.agent.progress import RunProgress
 from infra_agent.feedback import Feedback, Measurement, Tier
 from infra_agent.ledger import Ledger
+from infra_agent.records import Experiment, RunRecord, Step
 from infra_agent.workspace import load_workspace
 
 from .loop_workspace import make_workspace

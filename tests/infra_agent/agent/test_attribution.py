@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.agent.experiment import GateResult
 from infra_agent.agent.proposers.attribution import KnobScore, closeness, rank_knobs
 from infra_agent.feedback import Finding, Location
+from infra_agent.records import GateResult
 from infra_agent.workspace import load_workspace
 from infra_agent.workspace.models import Workspace
 

@@ -22,10 +22,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from infra_agent.agent.experiment import RunRecord
 from infra_agent.agent.runner import _start_time
 from infra_agent.cli.main import app
 from infra_agent.ledger import Ledger
+from infra_agent.records import RunRecord
 
 
 def _workspace(root: Path, command: list[str] | str | None = None, requests: int = 8) -> Path:

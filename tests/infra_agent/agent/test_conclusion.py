@@ -21,12 +21,12 @@ from typer.testing import CliRunner
 
 from infra_agent.agent.conclusion import GATES_NOT_MET_EXIT, exit_code
 from infra_agent.agent.executors.base import Execution, OnEvent
-from infra_agent.agent.experiment import Change, Experiment, Hypothesis, Step
 from infra_agent.agent.planner import Plan
 from infra_agent.cli.main import app
 from infra_agent.cli.runlog import drive_run
 from infra_agent.feedback import Feedback, Measurement, Tier
 from infra_agent.ledger import Ledger
+from infra_agent.records import Change, Experiment, Hypothesis, Step
 from infra_agent.report import write_report
 
 from .fake_executor import NOISE, FakeExecutor, Script, loop_for, new_run, workspace
@@ -37,7 +37,7 @@ GUARD = {"name": "throughput-guard", "metric": "output_throughput", "scenario": 
 
 def ratio_check(ratios: list[float]) -> Feedback:
     """A check run as the timeline probe reports a knob comparison gated at 0.95 (judge/pooling.py)."""
-    from infra_agent.judge.pooling import decide_statistic
+    from infra_agent.stats.statistic import decide_statistic
 
     stat: dict[str, Any] = {"metric": "kv_ratio", "op": ">=", "threshold": 0.95, "samples": ratios,
                             "unit": "interleaved pairs", "runs": 1}

@@ -14,7 +14,7 @@ from infra_agent.agent.executors.cleanup import MARKER_ENV, marked_pids
 from infra_agent.agent.executors.jobs import _forward
 from infra_agent.agent.executors.local import LocalExecutor
 from infra_agent.agent.executors.worktree import Worktrees, code_id
-from infra_agent.agent.experiment import Change, Experiment, Hypothesis
+from infra_agent.records import Change, Experiment, Hypothesis
 from infra_agent.workspace import load_workspace
 
 from .loop_workspace import FAST_DIFF, git, make_workspace

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.agent.executors.base import Execution, OnEvent
-from infra_agent.agent.experiment import Experiment
 from infra_agent.agent.proposers.rules import RulesProposer, load_playbook
 from infra_agent.feedback import Feedback, Finding, Location, Tier
 from infra_agent.ledger import Ledger
+from infra_agent.records import Experiment
 from infra_agent.vocabulary import FindingKind
 
 from .fake_executor import FakeExecutor, loop_for, new_run, workspace

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.agent.experiment import (
+from infra_agent.agent.planner import Plan, Planner
+from infra_agent.errors import InfraAgentError
+from infra_agent.feedback import Tier
+from infra_agent.judge.accept import held_on_parent, judge, update_table
+from infra_agent.ledger import Ledger
+from infra_agent.records import (
     Change,
     Experiment,
     GateResult,
@@ -15,11 +20,6 @@ from infra_agent.agent.experiment import (
     ProbeCall,
     Step,
 )
-from infra_agent.agent.judging import held_on_parent, judge, update_table
-from infra_agent.agent.planner import Plan, Planner
-from infra_agent.errors import InfraAgentError
-from infra_agent.feedback import Tier
-from infra_agent.ledger import Ledger
 
 from .fake_executor import FakeExecutor, Script, loop_for, new_run, serving, workspace
 

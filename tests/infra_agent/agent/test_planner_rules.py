@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.agent.experiment import Change, Experiment, Hypothesis, RunRecord, Step
 from infra_agent.agent.planner import Planner, ProbeCost
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.proposers.rules import RulesProposer, load_playbook
 from infra_agent.errors import ConfigError, InfraAgentError
 from infra_agent.feedback import Feedback, Finding, Location, Tier
+from infra_agent.records import Change, Experiment, Hypothesis, RunRecord, Step
 from infra_agent.workspace import load_workspace
 
 from .loop_workspace import make_workspace

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from infra_agent.agent.executors.cleanup import marked_pids
-from infra_agent.agent.experiment import Change, Experiment, Hypothesis, Step
 from infra_agent.agent.runner import RunOptions, start_run
 from infra_agent.agent.screening import screen
 from infra_agent.ledger import Ledger
+from infra_agent.records import Change, Experiment, Hypothesis, Step
 from infra_agent.workspace import load_workspace
 from infra_agent.workspace.models import Workspace
 

@@ -15,14 +15,6 @@ from typing import Any
 import pytest
 from optuna.trial import TrialState
 
-from infra_agent.agent.experiment import (
-    Change,
-    Experiment,
-    GateResult,
-    Hypothesis,
-    RunRecord,
-    Step,
-)
 from infra_agent.agent.proposers.base import LoopState, Proposer
 from infra_agent.agent.proposers.search import (
     Objective,
@@ -30,7 +22,6 @@ from infra_agent.agent.proposers.search import (
     distribution,
     metric_value,
     objective_for,
-    parse_gate,
 )
 from infra_agent.feedback import (
     Artifact,
@@ -39,6 +30,14 @@ from infra_agent.feedback import (
     Location,
     Measurement,
     Tier,
+)
+from infra_agent.records import (
+    Change,
+    Experiment,
+    GateResult,
+    Hypothesis,
+    RunRecord,
+    Step,
 )
 from infra_agent.workspace import load_workspace
 from infra_agent.workspace.models import Workspace
@@ -140,18 +139,6 @@ def simulate(ws: Workspace, proposer: SearchProposer, budget: int, findings: lis
 
 
 # ---------------------------------------------------------------- objective and feedback
-
-
-def test_parse_gate() -> None:
-    assert parse_gate("output_throughput>=300 @chat") == parse_gate("output_throughput >= 300  @ chat")
-    g = parse_gate("p99_ttft_ms<=1.1 @short-chat")
-    assert g is not None and (g.metric, g.op, g.threshold, g.scenario) == ("p99_ttft_ms", "<=", 1.1, "short-chat")
-    g = parse_gate("output_throughput>=1e+06 @long-prefill")
-    assert g is not None and g.threshold == 1e6
-    assert parse_gate("check lm-head-tp") is None
-    # Relative gates, as the judge labels them.
-    g = parse_gate("p99_ttft_ms<=1.1 @short-chat x baseline")
-    assert g is not None and (g.metric, g.threshold, g.scenario) == ("p99_ttft_ms", 1.1, "short-chat")
 
 
 def test_objective_is_the_first_failing_criterion_gate(ws: Workspace) -> None:

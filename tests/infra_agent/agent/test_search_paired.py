@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from infra_agent.agent.experiment import (
+from infra_agent.agent.proposers.base import LoopState
+from infra_agent.agent.proposers.search import SearchProposer, paired_ratio
+from infra_agent.feedback import Feedback, Finding, Location, Measurement, Tier
+from infra_agent.records import (
     Change,
     Experiment,
     GateResult,
     Hypothesis,
     RunRecord,
 )
-from infra_agent.agent.proposers.base import LoopState
-from infra_agent.agent.proposers.search import SearchProposer, paired_ratio
-from infra_agent.feedback import Feedback, Finding, Location, Measurement, Tier
 from infra_agent.workspace import load_workspace, metric_direction
 from infra_agent.workspace.models import Workspace
 

@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from infra_agent.agent.experiment import (
+from infra_agent.agent.proposers.base import LoopState
+from infra_agent.agent.proposers.search import SearchProposer
+from infra_agent.feedback import Feedback, Finding, Location, Measurement, Tier
+from infra_agent.records import (
     Experiment,
     GateResult,
     Hypothesis,
     RunRecord,
     Step,
 )
-from infra_agent.agent.proposers.base import LoopState
-from infra_agent.agent.proposers.search import SearchProposer
-from infra_agent.feedback import Feedback, Finding, Location, Measurement, Tier
 from infra_agent.workspace import load_workspace
 from infra_agent.workspace.models import Workspace
 

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.agent.executors.base import Execution, OnEvent
-from infra_agent.agent.experiment import Change, Experiment, Hypothesis, Step
 from infra_agent.agent.planner import Plan
 from infra_agent.ledger import Ledger
+from infra_agent.records import Change, Experiment, Hypothesis, Step
 
 from .fake_executor import FakeExecutor, Script, loop_for, new_run, serving, workspace
 

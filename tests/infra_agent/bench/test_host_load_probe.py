@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.bench.probe import ServingProbe
 from infra_agent.probes.base import ProbeContext
+from infra_agent.probes.serving import ServingProbe
 
 pytestmark = pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="needs Linux /proc")
 

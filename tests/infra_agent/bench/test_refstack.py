@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.bench.probe import ServingProbe
 from infra_agent.bench.runner import run_benchmark
 from infra_agent.probes.base import ProbeContext
+from infra_agent.probes.serving import ServingProbe
 from infra_agent.workspace import load_workspace
 from infra_agent.workspace.models import Scenario
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.bench.probe import ServingProbe
 from infra_agent.bench.runner import run_on_target, run_workspace_scenario
 from infra_agent.probes.base import ProbeContext
+from infra_agent.probes.serving import ServingProbe
 from infra_agent.target import open_target
 from infra_agent.workspace import load_workspace
 

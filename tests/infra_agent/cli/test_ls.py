@@ -11,7 +11,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from infra_agent.agent.experiment import RunRecord
+from infra_agent.records import RunRecord
 from infra_agent.agent.runner import _start_time
 from infra_agent.cli.main import app
 from infra_agent.ledger import Ledger

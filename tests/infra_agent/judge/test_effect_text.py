@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra_agent.agent.executors.base import Execution
-from infra_agent.agent.experiment import Experiment, Hypothesis, ProbeCall
-from infra_agent.agent.judging import judge
+from infra_agent.records import Experiment, Hypothesis, ProbeCall
+from infra_agent.judge.accept import judge
 from infra_agent.agent.planner import Plan
 from infra_agent.feedback import Feedback, Measurement, Tier
 from infra_agent.judge.effect_text import effect_text

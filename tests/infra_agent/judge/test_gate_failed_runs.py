@@ -5,9 +5,9 @@ about the throughput both sides' checks measured)."""
 
 from __future__ import annotations
 
-from infra_agent.agent.experiment import Hypothesis
 from infra_agent.feedback import Feedback, Measurement, Tier
 from infra_agent.judge.gates import check_gate, hypothesis_outcome, side_values
+from infra_agent.records import Hypothesis
 
 
 def _check(values: list[float], ok: bool = True, gate_failed: bool = False) -> Feedback:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from infra_agent.agent.experiment import Hypothesis
 from infra_agent.feedback import Feedback, Measurement, Tier
 from infra_agent.judge.gates import (
     absolute_gate,
@@ -11,6 +10,7 @@ from infra_agent.judge.gates import (
     relative_gate,
     side_values,
 )
+from infra_agent.records import Hypothesis
 
 
 def _runs(values: list[float], metric: str = "output_throughput", scenario: str = "chat") -> list[Feedback]:
@@ -30,7 +30,7 @@ def test_absolute_gate_pass_fail_inconclusive() -> None:
     mid = absolute_gate("g", "output_throughput", ">=", 150, "chat", _runs([100, 160, 220]))
     assert mid.outcome == "inconclusive" and mid.more_samples
     assert mid.interval == "95% t-interval of the geometric mean over 3 run(s)"
-    # One interval family at any sample size (judge/intervals.py) ...
+    # One interval family at any sample size (stats/intervals.py) ...
     assert absolute_gate("g", "output_throughput", ">=", 150, "chat",
                          _runs([240 + i for i in range(12)])).interval == "95% t-interval of the geometric mean over 12 run(s)"
     # ... except for values with no logarithm (a zero), where the mean's bootstrap is labelled as such.

@@ -7,14 +7,24 @@ import math
 import numpy as np
 import pytest
 
-from infra_agent.judge.intervals import log_ratio_interval, paired_ratio_interval, unpaired_ratio_interval
-from infra_agent.judge.sample_plan import Noise, estimate_noise, noise_from_pairs, noise_from_windows, plan_sample
+from infra_agent.judge.sample_plan import (
+    Noise,
+    estimate_noise,
+    noise_from_pairs,
+    noise_from_windows,
+    plan_sample,
+)
 from infra_agent.judge.sequential import (
     SequentialDesign,
     compute_pocock_constant,
     detectable_effect,
     fixed_design_pairs,
     pocock_constant,
+)
+from infra_agent.stats.intervals import (
+    log_ratio_interval,
+    paired_ratio_interval,
+    unpaired_ratio_interval,
 )
 
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from infra_agent.errors import BenchmarkError
-from infra_agent.judge.bootstrap import bootstrap_ratio
 from infra_agent.judge.verdict import (
     PER_REQUEST_LABEL,
     Gate,
@@ -15,6 +14,7 @@ from infra_agent.judge.verdict import (
     parse_gate,
     workload_mismatch,
 )
+from infra_agent.stats.bootstrap import bootstrap_ratio
 
 
 def _runs(values: list[float], key: str = "output_throughput") -> list[dict]:

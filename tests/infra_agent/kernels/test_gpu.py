@@ -20,11 +20,11 @@ from infra_agent.kernels.findings import (
 )
 from infra_agent.kernels.loader import load_specs
 from infra_agent.kernels.microbench import bench_spec
-from infra_agent.kernels.probe import run_lab
 from infra_agent.kernels.roofline import measure_ceilings
 from infra_agent.kernels.spec import KernelSpec, Variant
 from infra_agent.kernels.timing import time_cuda
 from infra_agent.kernels.work import WorkCounter
+from infra_agent.probes.kernel import run_lab
 
 pytestmark = pytest.mark.gpu
 
@@ -139,7 +139,7 @@ def test_isolated_check_on_cuda_survives_a_hung_variant(specs_dir: Path) -> None
     # The worker is started fresh (not forked), so it can use CUDA; a worker killed
     # while it holds a CUDA context does not keep the next one from using the GPU.
     from infra_agent.kernels.loader import select
-    from infra_agent.kernels.probe import run_lab
+    from infra_agent.probes.kernel import run_lab
 
     fb, (report,) = run_lab(load_specs(specs_dir / "matmul_spec.py"), "check", {"device": "cuda", "seeds": 1})
     assert fb.ok and report.timeout_s == 60 and report.device == "cuda"  # type: ignore[union-attr]

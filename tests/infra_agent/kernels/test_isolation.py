@@ -18,9 +18,9 @@ from infra_agent.errors import KernelSpecError
 from infra_agent.kernels import progress as lab_progress
 from infra_agent.kernels.correctness import KERNEL, check_spec
 from infra_agent.kernels.loader import load_specs, select
-from infra_agent.kernels.probe import KernelProbe, run_lab
 from infra_agent.kernels.progress import LabProgress
 from infra_agent.probes import ProbeContext
+from infra_agent.probes.kernel import KernelProbe, run_lab
 from infra_agent.vocabulary import FindingKind
 
 runner = CliRunner()

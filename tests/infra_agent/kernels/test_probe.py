@@ -10,8 +10,13 @@ from infra_agent.feedback import Feedback, Tier
 from infra_agent.kernels.correctness import CheckReport, CheckResult
 from infra_agent.kernels.loader import load_specs
 from infra_agent.kernels.numerics import ErrorStats
-from infra_agent.kernels.probe import KernelConfig, KernelProbe, check_feedback_parts, run_lab
 from infra_agent.probes import ProbeContext, get_probe
+from infra_agent.probes.kernel import (
+    KernelConfig,
+    KernelProbe,
+    check_feedback_parts,
+    run_lab,
+)
 
 FAST_BENCH = {"mode": "bench", "budget_s": 0.02, "copy_bytes": 4 * 2**20, "matmul_n": 128, "seeds": 1}
 

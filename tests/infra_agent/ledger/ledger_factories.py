@@ -2,16 +2,6 @@
 
 from __future__ import annotations
 
-from infra_agent.agent.experiment import (
-    Change,
-    Cost,
-    Experiment,
-    GateResult,
-    Hypothesis,
-    ProbeCall,
-    RunRecord,
-    Verdict,
-)
 from infra_agent.feedback import (
     Artifact,
     Feedback,
@@ -20,6 +10,16 @@ from infra_agent.feedback import (
     Measurement,
     Summary,
     Tier,
+)
+from infra_agent.records import (
+    Change,
+    Cost,
+    Experiment,
+    GateResult,
+    Hypothesis,
+    ProbeCall,
+    RunRecord,
+    Verdict,
 )
 
 

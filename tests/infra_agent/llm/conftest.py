@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra_agent.agent.experiment import (
+from infra_agent.records import (
     Change,
     Experiment,
     GateResult,

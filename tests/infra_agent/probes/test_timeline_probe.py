@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import yaml
 
-from infra_agent.agent.experiment import Experiment, Hypothesis, RunRecord, Step
 from infra_agent.agent.planner import Planner
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.proposers.rules import RulesProposer
@@ -18,6 +17,7 @@ from infra_agent.feedback import Feedback, Finding, Location, Tier
 from infra_agent.probes.base import ProbeContext, get_probe, registered_probes
 from infra_agent.probes.timeline import TimelineProbe
 from infra_agent.probes.timeline_locate import locate
+from infra_agent.records import Experiment, Hypothesis, RunRecord, Step
 from infra_agent.vocabulary import FindingKind
 from infra_agent.workspace import load_workspace
 

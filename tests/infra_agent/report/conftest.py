@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra_agent.agent.experiment import (
+from infra_agent.feedback import Feedback, Finding, Location, Measurement, Tier
+from infra_agent.records import (
     Change,
     Cost,
     Experiment,
@@ -15,7 +16,6 @@ from infra_agent.agent.experiment import (
     RunRecord,
     Verdict,
 )
-from infra_agent.feedback import Feedback, Finding, Location, Measurement, Tier
 
 T0 = 1_740_830_400.0
 CI_LABEL = "95% bootstrap CI of the median over 3 interleaved runs"

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from infra_agent.agent.experiment import Experiment, RunRecord
+from infra_agent.records import Experiment, RunRecord
 from infra_agent.report import build_model, render_html, render_markdown
 from infra_agent.report.ratio_plot import y_ticks
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.agent.experiment import Experiment, RunRecord
+from infra_agent.records import Experiment, RunRecord
 from infra_agent.report import ReportPaths, render_html, write_report
 
 

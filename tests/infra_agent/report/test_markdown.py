@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.agent.experiment import Experiment, RunRecord
+from infra_agent.records import Experiment, RunRecord
 from infra_agent.report import render_markdown, write_report
 from infra_agent.report.markdown import cell, code, fence, text
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from infra_agent.agent.experiment import Experiment, RunRecord
 from infra_agent.feedback import Feedback, Measurement, Tier
+from infra_agent.records import Experiment, RunRecord
 from infra_agent.report import build_model
 from infra_agent.report.fmt import fmt_duration, fmt_num
 from infra_agent.report.plot import nice_step
@@ -71,7 +71,7 @@ def test_formatting() -> None:
 
 def test_the_baseline_card_names_the_runs_that_measured_it(run: RunRecord) -> None:
     # The loop measures the baseline itself (no planned probe): its card used to say "Probe: not run".
-    from infra_agent.agent.experiment import Cost, Hypothesis
+    from infra_agent.records import Cost, Hypothesis
     from infra_agent.report import render_markdown
 
     base = Experiment(id="e0", run_id=run.id, seq=0, role="baseline", proposer="-", status="done",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from infra_agent.agent.experiment import (
+from infra_agent.feedback import Tier
+from infra_agent.records import (
     Change,
     Cost,
     Experiment,
@@ -12,7 +13,6 @@ from infra_agent.agent.experiment import (
     Step,
     Verdict,
 )
-from infra_agent.feedback import Tier
 from infra_agent.tools import ToolContext, ToolRegistry
 
 HYP = {"statement": "more requests at once cut queueing", "metric": "output_throughput", "direction": "higher",

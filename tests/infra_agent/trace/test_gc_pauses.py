@@ -95,8 +95,8 @@ def test_young_collections_alone_are_no_finding(tmp_path: Path) -> None:
 
 
 def test_the_playbook_freezes_the_heap_on_a_gc_finding(tmp_path: Path) -> None:
-    from infra_agent.agent.experiment import Experiment, Hypothesis, RunRecord
     from infra_agent.agent.proposers.base import LoopState
+    from infra_agent.records import Experiment, Hypothesis, RunRecord
 
     ws = _knob_workspace(tmp_path, GC_FREEZE, TORCH_THREADS)
     report = analyze(load_timeline([write(tmp_path / "t.json", ours(_steps_with_a_full_collection()))]))
@@ -123,10 +123,10 @@ def test_the_timeline_probe_names_the_knob_declared_on_runtime_gc(tmp_path: Path
 
 
 def test_the_planner_answers_the_gc_hypothesis_with_the_timeline_probe(tmp_path: Path) -> None:
-    from infra_agent.agent.experiment import Change, Hypothesis, Step
     from infra_agent.agent.planner import Planner
     from infra_agent.agent.proposers.rules import load_playbook
     from infra_agent.feedback import Location
+    from infra_agent.records import Change, Hypothesis, Step
 
     ws = _knob_workspace(tmp_path, GC_FREEZE)
     rule = next(r for r in load_playbook().rules if r.name == "freeze-gc-heap")

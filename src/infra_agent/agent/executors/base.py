@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from infra_agent.agent.experiment import Experiment
 from infra_agent.agent.planner import Plan
 from infra_agent.feedback import Feedback
+from infra_agent.records import Experiment
 
 OnEvent = Callable[[dict[str, Any]], None]
 

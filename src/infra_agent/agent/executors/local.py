@@ -28,10 +28,10 @@ from infra_agent.agent.executors.worktree import (
     code_id,
     repo_root,
 )
-from infra_agent.agent.experiment import Experiment
 from infra_agent.agent.planner import Plan
 from infra_agent.errors import InfraAgentError
 from infra_agent.feedback import Feedback
+from infra_agent.records import Experiment
 from infra_agent.workspace import WORKSPACE_FILE
 from infra_agent.workspace.models import Workspace
 

@@ -44,9 +44,9 @@ from infra_agent.agent.executors.ray_resources import (
 )
 from infra_agent.agent.executors.ray_ship import pack, restore_artifacts
 from infra_agent.agent.executors.worktree import PatchRejected
-from infra_agent.agent.experiment import Experiment
 from infra_agent.agent.planner import Plan
 from infra_agent.errors import InfraAgentError
+from infra_agent.records import Experiment
 from infra_agent.workspace.models import Workspace
 
 RAY_EXTRA = "pip install 'infra-agent[ray]'"

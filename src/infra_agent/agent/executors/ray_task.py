@@ -27,8 +27,8 @@ from infra_agent.agent.executors.base import Execution
 from infra_agent.agent.executors.cleanup import kill_marked
 from infra_agent.agent.executors.local import LocalExecutor
 from infra_agent.agent.executors.ray_ship import collect_artifacts, unpack
-from infra_agent.agent.experiment import Experiment
 from infra_agent.feedback import Feedback
+from infra_agent.records import Experiment
 from infra_agent.workspace.models import Workspace
 
 NODE_DIR = "infra-agent-ray"
@@ -109,7 +109,7 @@ def run_experiment(spec: dict[str, Any], events: Any = None) -> dict[str, Any]:
             if pack_id not in copies:
                 copies[pack_id] = unpack(spec["packs"][pack_id], root / "ws" / pack_id)
             sides[side] = copies[pack_id]
-        from infra_agent.workspace import load_workspace
+        from infra_agent.probes.workspace_checks import load_workspace
 
         ws = load_workspace(sides["m" if spec["kind"] == "measure" else "b"] / spec["yaml_name"])
         cache = {k: (first, Feedback.model_validate(fb)) for k, (first, fb) in spec["cache"].items()}

@@ -48,7 +48,7 @@ def _event(**data: Any) -> None:
 
 def run_probe_job(job: dict[str, Any]) -> dict[str, Any]:
     from infra_agent.probes.base import ProbeContext, get_probe
-    from infra_agent.workspace import load_workspace
+    from infra_agent.probes.workspace_checks import load_workspace
 
     ws = load_workspace(job["workspace"]) if job.get("workspace") else None
     if ws is not None:
@@ -62,10 +62,11 @@ def run_probe_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
+    from infra_agent.bench.interleave import pair_order
     from infra_agent.bench.runner import default_log_dir
     from infra_agent.probes.base import ProbeContext, get_probe
+    from infra_agent.probes.workspace_checks import load_workspace
     from infra_agent.target import open_target
-    from infra_agent.workspace import load_workspace
 
     ws = {"a": load_workspace(job["workspace_a"]), "b": load_workspace(job["workspace_b"])}
     knobs = {side: ws[side].resolve_knobs(job[f"knobs_{side}"]) for side in ("a", "b")}
@@ -91,7 +92,7 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
                                        knobs=knobs[side], progress=False, target=targets[side])
                     return probe.execute({**base_cfg, "scenarios": [scenario]}, ctx)
 
-                order = ("a", "b") if i % 2 == 0 else ("b", "a")
+                order = pair_order(i, "abba")
                 fbs = _measure_slot(window, order, scenario, i, limit, discarded)
                 for side, fb in fbs.items():
                     out[side].setdefault(scenario, []).append(fb.model_dump(mode="json"))
@@ -104,11 +105,11 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
 
 def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
     """One configuration alone: ``repeats`` windows per scenario on one server (the baseline)."""
-    from infra_agent.bench.probe import ServingProbe
     from infra_agent.bench.runner import default_log_dir
     from infra_agent.probes.base import ProbeContext
+    from infra_agent.probes.serving import ServingProbe
+    from infra_agent.probes.workspace_checks import load_workspace
     from infra_agent.target import open_target
-    from infra_agent.workspace import load_workspace
 
     ws = load_workspace(job["workspace"])
     knobs = ws.resolve_knobs(job.get("knobs") or {})

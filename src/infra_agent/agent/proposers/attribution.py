@@ -23,13 +23,12 @@ The ranking is deterministic (ties broken by name) and explainable: each
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra_agent.agent.experiment import GateResult
 from infra_agent.feedback import Finding
+from infra_agent.records import GateResult
 from infra_agent.vocabulary import related
 
 SEVERITY_WEIGHT: dict[str, float] = {"error": 3.0, "warning": 2.0, "info": 1.0}
@@ -37,7 +36,6 @@ SEVERITY_WEIGHT: dict[str, float] = {"error": 3.0, "warning": 2.0, "info": 1.0}
 NAMED_WEIGHT = 4.0
 # Findings from a scenario no failing gate is about still count, at this weight.
 OFF_SCENARIO_WEIGHT = 0.5
-_SCENARIO = re.compile(r"@\s*(\S+)")  # "p99_ttft_ms<=1.1 @short-chat x baseline" -> short-chat
 
 
 @dataclass(frozen=True)
@@ -99,9 +97,8 @@ def _gate_scenarios(gates: Iterable[GateResult]) -> set[str]:
     """Scenarios of the criterion gates (``metric>=x @scenario``, ``... @scenario x baseline``)."""
     out = set()
     for g in gates:
-        m = _SCENARIO.search(g.gate) if g.kind in ("absolute", "relative") else None
-        if m:
-            out.add(m.group(1))
+        if g.kind in ("absolute", "relative") and g.spec is not None and g.spec.scenario:
+            out.add(g.spec.scenario)
     return out
 
 

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from infra_agent.agent.experiment import Experiment, Step
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.proposers.llm_client import ChatClient
 from infra_agent.agent.proposers.llm_prompt import (
@@ -31,6 +30,7 @@ from infra_agent.agent.proposers.llm_prompt import (
     opening_message,
     plain,
 )
+from infra_agent.records import Experiment, Step
 from infra_agent.tools import ToolContext, ToolRegistry, default_registry
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from infra_agent.agent.experiment import Experiment, GateResult
 from infra_agent.agent.proposers.base import LoopState
+from infra_agent.records import Experiment, GateResult
 from infra_agent.safety import bound, scrub, secret_values
 
 CHARS_PER_TOKEN = 4

@@ -33,10 +33,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from infra_agent.agent.experiment import Change, Experiment, Hypothesis, Step
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.errors import ConfigError
 from infra_agent.feedback import Finding, Location
+from infra_agent.records import Change, Experiment, Hypothesis, Step
 from infra_agent.vocabulary import FindingKind, covers
 
 

@@ -47,12 +47,6 @@ from optuna.distributions import (
 )
 from optuna.trial import Trial, TrialState, create_trial
 
-from infra_agent.agent.experiment import (
-    Change,
-    Experiment,
-    GateResult,
-    Step,
-)
 from infra_agent.agent.proposers.attribution import KnobScore
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.proposers.search_candidates import Candidates
@@ -64,7 +58,6 @@ from infra_agent.agent.proposers.search_objective import (  # re-exported: calle
     metric_value,
     objective_for,
     paired_ratio,
-    parse_gate,
 )
 from infra_agent.agent.proposers.search_ranges import KnobRange, build_ranges
 from infra_agent.agent.proposers.search_space import (
@@ -73,6 +66,12 @@ from infra_agent.agent.proposers.search_space import (
     untried_points,
 )
 from infra_agent.agent.proposers.search_step import Stage, local_stage, search_step
+from infra_agent.records import (
+    Change,
+    Experiment,
+    GateResult,
+    Step,
+)
 from infra_agent.workspace.knobs import DomainError
 
 # Calibration knobs (``help: Calibration only; ...``) inject an artificial slowdown
@@ -296,7 +295,7 @@ class SearchProposer:
         """The current objective's gate passes now, so another failing gate may take over."""
         assert self._objective is not None
         for g in gates:
-            spec = parse_gate(g.gate) if g.kind in ("absolute", "relative") else None
+            spec = g.spec if g.kind in ("absolute", "relative") else None
             if spec and spec.metric == self._objective.metric and spec.scenario == self._objective.scenario:
                 return g.outcome == "pass"
         return False
@@ -498,5 +497,4 @@ class SearchProposer:
                            self.min_effect)
 
 
-__all__ = ["Objective", "SearchProposer", "distribution", "is_calibration", "metric_value", "objective_for", "paired_ratio",
-           "parse_gate"]
+__all__ = ["Objective", "SearchProposer", "distribution", "is_calibration", "metric_value", "objective_for", "paired_ratio"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from infra_agent.agent.experiment import Change
 from infra_agent.agent.screening import same_launch, space_problem
+from infra_agent.records import Change
 from infra_agent.workspace.knobs import DomainError
 
 ConfigKey = tuple[tuple[str, str, str], ...]

@@ -20,33 +20,14 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from infra_agent.agent.experiment import Direction, Experiment, GateResult
 from infra_agent.feedback import Feedback, Measurement
 from infra_agent.judge.gates import side_values
+from infra_agent.records import Direction, Experiment, GateResult
 from infra_agent.workspace.knobs import LOG_RATIO, Knob  # noqa: F401  (LOG_RATIO: re-exported from its old home)
 from infra_agent.workspace.models import metric_direction
 
 CALIBRATION_PREFIX = "calibration only"
-_GATE = re.compile(r"^\s*([A-Za-z0-9_.]+)\s*(>=|<=|>|<)\s*([-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|inf))"
-                   r"\s*(?:@\s*(\S+))?\s*(?:x\s+baseline)?\s*$")
 _STAT = re.compile(r"^(mean|median|std|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
-
-
-@dataclass(frozen=True)
-class GateSpec:
-    metric: str
-    op: str
-    threshold: float
-    scenario: str | None
-
-
-def parse_gate(text: str) -> GateSpec | None:
-    """``output_throughput>=300 @chat`` (or ``p99_ttft_ms<=1.1 @chat x baseline``) -> metric, op,
-    threshold, scenario; None if not that form (``check ...`` gates)."""
-    m = _GATE.match(text)
-    if not m:
-        return None
-    return GateSpec(metric=m.group(1), op=m.group(2), threshold=float(m.group(3)), scenario=m.group(4))
 
 
 @dataclass(frozen=True)
@@ -73,7 +54,7 @@ def objective_for(workspace: Any, gates: Iterable[GateResult]) -> Objective | No
     """The first failing criterion gate's metric; else the first criterion; else output throughput."""
     for g in gates:
         if g.outcome == "fail" and g.kind in ("absolute", "relative"):
-            spec = parse_gate(g.gate)
+            spec = g.spec
             if spec is not None:
                 return Objective(spec.metric, _direction(spec.metric, spec.op), spec.scenario, source=g.gate)
     for c in workspace.criteria:

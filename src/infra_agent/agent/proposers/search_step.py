@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infra_agent.agent.experiment import Change, Hypothesis, Step
 from infra_agent.agent.proposers.attribution import KnobScore
 from infra_agent.agent.proposers.search_objective import Objective
 from infra_agent.agent.proposers.search_ranges import KnobRange
 from infra_agent.feedback import Location
+from infra_agent.records import Change, Hypothesis, Step
 
 LOCAL_MOVE = "search local move: "  # a local move's change description starts so
 _LOCAL_STAGE = re.compile(rf"^{re.escape(LOCAL_MOVE)}.*\(stage: ([\w, ]+)\)$")

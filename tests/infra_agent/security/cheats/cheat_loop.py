@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from infra_agent.agent.experiment import Experiment
+from infra_agent.records import Experiment
 from infra_agent.agent.runner import RunOptions, start_run
 from infra_agent.demo.build import build_demo_workspace
 from infra_agent.ledger import Ledger

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra_agent.agent.experiment import Experiment
+from infra_agent.records import Experiment
 
 from .cheat_loop import (
     Cheat,

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.judge.interleave import interleave, interleave_knobs, interleave_urls
-from infra_agent.judge.verdict import parse_gate
+from infra_agent.bench.interleave import interleave, interleave_knobs, interleave_urls
+from infra_agent.judge.verdict import compare_runs, parse_gate
 from infra_agent.workspace import load_workspace
 from infra_agent.workspace.models import Scenario
 
@@ -38,7 +38,7 @@ def test_interleaved_urls_detect_a_slower_server(fake_server_factory, tmp_path: 
     sc = Scenario.model_validate({"dataset": {"kind": "random", "input_len": 8, "output_len": 24}, "num_requests": 8, "max_concurrency": 4})
     runs = interleave_urls(fast.url, slow.url, sc, pairs=4)
     assert runs.order == ["a", "b"] * 4
-    comp = runs.judge(["output_throughput", "median_tpot_ms"], [parse_gate("output_throughput>=0.95")])
+    comp = compare_runs(*runs.complete_pairs(), ["output_throughput", "median_tpot_ms"], [parse_gate("output_throughput>=0.95")])
     thr = comp.metrics[0]
     assert thr.source == "per-run" and thr.ci is not None and thr.ci.paired
     assert thr.ci.high < 0.8  # 3x slower tokens: far below 1
@@ -68,7 +68,7 @@ def test_interleaved_knobs_restart_fresh_servers_per_block(fake_workspace, tmp_p
     failed = [(side, i, r.get("error")) for side, rs in (("a", runs.a), ("b", runs.b))
               for i, r in enumerate(rs) if not r.get("ok", True)]
     assert failed == []
-    comp = runs.judge(["output_throughput"], process_noise=0.01)
+    comp = compare_runs(*runs.complete_pairs(), ["output_throughput"], process_noise=0.01)
     assert comp.metrics[0].ci is not None and comp.metrics[0].ci.restarts == 2
     with pytest.raises(ValueError, match="restarts"):
         interleave_knobs(ws, {}, {}, pairs=2, restarts=3)

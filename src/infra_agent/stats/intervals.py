@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats as sstats
 
-from infra_agent.judge.bootstrap import RatioCI
+from infra_agent.stats.bootstrap import RatioCI
 
 
 def _check(values: Sequence[float], what: str) -> np.ndarray:

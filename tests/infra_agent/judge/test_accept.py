@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra_agent.agent.executors.base import Execution
-from infra_agent.agent.experiment import Experiment, Hypothesis, ProbeCall
-from infra_agent.agent.judging import judge
 from infra_agent.agent.planner import Plan
 from infra_agent.feedback import Feedback, Finding, Measurement, Tier
+from infra_agent.judge.accept import judge
+from infra_agent.records import Experiment, Hypothesis, ProbeCall
 from infra_agent.workspace import load_workspace
 
-from .loop_workspace import make_workspace
+from ..agent.loop_workspace import make_workspace
 
 
 def _run(ttft_p90: float, failed: int = 0) -> Feedback:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from infra_agent.judge.bootstrap import bootstrap_ratio, expanded_alpha
+from infra_agent.stats.bootstrap import bootstrap_ratio, expanded_alpha
 
 
 def test_ratio_ci_covers_the_true_ratio_of_medians() -> None:

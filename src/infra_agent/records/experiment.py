@@ -18,21 +18,18 @@ ledger.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra_agent.feedback import Feedback, Location, Tier
+from infra_agent.records.gate import COUNT_METRICS, GateResult, GateSpec
 
 Direction = Literal["higher", "lower"]
 VerdictOutcome = Literal["supported", "refuted", "inconclusive"]
 # The baseline and the final confirmation are measurements, not claims.
 RecordOutcome = Literal["supported", "refuted", "inconclusive", "baseline", "confirmed", "not_confirmed", "diagnosed"]
-GateOutcome = Literal["pass", "fail", "inconclusive", "error", "skipped"]
 Status = Literal["proposed", "running", "done", "rejected", "error", "timeout", "interrupted"]
-# Exact counts a check reports in Feedback.meta: compared exactly, as differences.
-COUNT_METRICS: frozenset[str] = frozenset({"failed_checks", "refused_entries", "timing_failures", "checked"})
 # Statuses after which an experiment is never run again (resume skips them).
 FINISHED: frozenset[str] = frozenset({"done", "rejected", "error", "timeout"})
 
@@ -61,6 +58,13 @@ class Hypothesis(_Model):
         if self.metric in COUNT_METRICS:
             return f"{self.metric} {op} baseline {'+' if self.direction == 'higher' else '-'} {self.min_effect:g}"
         return f"{self.metric}{op}{self.ratio_threshold():.6g}"
+
+    def gate_spec(self) -> GateSpec:
+        """The hypothesis as a gate: a ratio at the threshold :meth:`gate_text` prints (6
+        significant digits), or for an exact count the absolute change."""
+        op = ">=" if self.direction == "higher" else "<="
+        threshold = self.min_effect if self.metric in COUNT_METRICS else float(f"{self.ratio_threshold():.6g}")
+        return GateSpec(kind="hypothesis", metric=self.metric, op=op, threshold=threshold, scenario=self.scenario)
 
     def ratio_threshold(self) -> float:
         """The candidate/baseline ratio the claim needs: ``1 + min_effect`` up, ``1 / (1 + min_effect)`` down."""
@@ -96,27 +100,6 @@ class ProbeCall(_Model):
     check: str | None = Field(None, description="the workspace check it runs, once per side")
 
 
-class GateResult(_Model):
-    """One gate (a criterion or a check) evaluated on one configuration."""
-
-    name: str
-    gate: str  # e.g. "output_throughput>=300 @chat" or "check lm-head-tp"
-    kind: Literal["absolute", "relative", "check", "hypothesis"]
-    outcome: GateOutcome
-    value: float | None = None  # the estimate (a ratio for relative gates)
-    low: float | None = None
-    high: float | None = None
-    interval: str = ""  # what the interval is: "95% paired bootstrap CI of the mean ratio over 3 runs"
-    message: str = ""
-    more_samples: int | None = None
-    measured_in: str | None = None  # the experiment id whose runs gave this outcome
-
-    @field_validator("value", "low", "high")
-    @classmethod
-    def _finite(cls, v: float | None) -> float | None:
-        return v if v is None or math.isfinite(v) else None
-
-
 class Verdict(_Model):
     outcome: RecordOutcome
     effect: float | None = None  # candidate/baseline ratio of the hypothesis metric (the candidate's count for counts)
@@ -125,7 +108,7 @@ class Verdict(_Model):
     interval: str = ""
     gates: list[GateResult] = Field(default_factory=list)
     accepted: bool = False
-    # Supported, but a guard was left undecided: promising, not accepted (agent/judging.py).
+    # Supported, but a guard was left undecided: promising, not accepted (judge/accept.py).
     held: bool = False
     message: str = ""
 
@@ -207,27 +190,3 @@ class Step(_Model):
     probe_config: dict[str, Any] = Field(default_factory=dict)
     rationale: str = ""
     llm_tokens: int = 0
-
-
-# done / budget: the run ended (its message says whether every gate passes); not_confirmed: the
-# confirmation of the best against the baseline did not confirm (agent/conclusion.py).
-RunStatus = Literal["running", "done", "interrupted", "error", "budget", "not_confirmed"]
-
-
-class RunRecord(_Model):
-    """One ``infra-agent run``: its options, where it stands, and its gate tables."""
-
-    id: str
-    workspace: str  # the workspace root
-    proposer: str
-    status: RunStatus = "running"
-    started_at: float
-    finished_at: float | None = None
-    # Everything needed to resume: budgets, pairs, proposer options, scenario choice.
-    options: dict[str, Any] = Field(default_factory=dict)
-    baseline: str | None = None  # the baseline experiment's id
-    best: str | None = None  # the current best experiment's id
-    branch: str | None = None  # the git branch that collects accepted commits
-    gates_before: list[GateResult] = Field(default_factory=list)
-    gates_after: list[GateResult] = Field(default_factory=list)
-    message: str = ""

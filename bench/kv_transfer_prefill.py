@@ -1,17 +1,17 @@
 """Case study B's criterion: prefill throughput with ``kv_transfer`` on vs off.
 
-    python -m refstack.disagg.prefill_bench [--preset small] [--requests 8] [--prompt-len 480]
+    python bench/kv_transfer_prefill.py [--preset small] [--requests 8] [--prompt-len 480]
         [--pairs 6] [--set knob=value ...] [--json out.json]
 
 Starts two disaggregated servers with the same knobs (``--set``), one with
 ``--kv-transfer false`` (A, the baseline: no transfer thread) and one with ``true``
 (B), and sends both the same prefill-heavy burst, alternating A B B A ...
-(``infra_agent.judge.interleave``): ``--requests`` streamed completions of
+(``infra_agent.bench.interleave``): ``--requests`` streamed completions of
 ``--prompt-len`` seeded random token ids each, ``max_tokens`` 2 (so every request is
 handed off to the decode worker).  A run's prefill throughput is the burst's prompt
 tokens divided by the time from sending it to the last first token.  One warm-up
 burst per server is not counted.  Prints each side's median, the ratio B / A with a
-paired bootstrap 95% interval (``infra_agent.judge.bootstrap``), and whether it meets
+paired bootstrap 95% interval (``infra_agent.stats.bootstrap``), and whether it meets
 the criterion (ratio >= 0.95).
 """
 
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra_agent.judge.bootstrap import bootstrap_ratio
+from infra_agent.stats.bootstrap import bootstrap_ratio
 
 _URL = re.compile(r"refstack serving on (http://\S+)")
 
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.in_process:
         ra, rb = _in_process(a, knobs, prompts, report)
     else:
-        from infra_agent.judge.interleave import interleave
+        from infra_agent.bench.interleave import interleave
 
         servers = {}
         try:

@@ -4,7 +4,9 @@ On a shared machine the background load changes from minute to minute.  Running 
 A's and then all B's would attribute that change to the candidate; alternating puts
 each A next to a B, and the judge pairs them (``bootstrap_ratio(paired=True)``).
 With ``order="abba"`` every other pair is flipped (A B B A …), which also cancels a
-linear trend inside a pair.
+linear trend inside a pair (:func:`pair_order`, which the executors' A/B jobs use too).
+This is the one A/B runner; the judge launches nothing and compares the runs it is given
+(``compare_runs(*runs.complete_pairs(), ...)``).
 
 For two knob configurations both servers are started, kept up for a block of pairs, and
 stopped; ``restarts=R`` splits the pairs into R such blocks, each with two fresh
@@ -19,7 +21,7 @@ the calibrated offset divided over the restarts (``bootstrap_ratio(process_noise
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,6 @@ from infra_agent.bench.runner import (
     run_benchmark,
     run_on_target,
 )
-from infra_agent.judge.verdict import Comparison, Gate, compare_runs
 from infra_agent.target import open_target
 from infra_agent.workspace.models import Scenario, Workspace
 
@@ -55,10 +56,6 @@ class InterleavedRuns:
         keep = [i for i in range(min(len(self.a), len(self.b))) if self.a[i].get("ok", True) and self.b[i].get("ok", True)]
         return [self.a[i] for i in keep], [self.b[i] for i in keep]
 
-    def judge(self, metrics: Sequence[str], gates: Sequence[Gate] = (), **kwargs: Any) -> Comparison:
-        a, b = self.complete_pairs()
-        return compare_runs(a, b, metrics, gates, **kwargs)
-
     def write(self, path_a: str | Path, path_b: str | Path) -> None:
         """One file per side, ``{"runs": [...]}``, the form ``infra-agent compare`` reads."""
         for path, runs in ((path_a, self.a), (path_b, self.b)):
@@ -66,13 +63,17 @@ class InterleavedRuns:
             Path(path).write_text(json.dumps({"interleaved": True, "runs": runs}, indent=1) + "\n")
 
 
+def pair_order(i: int, order: Literal["abab", "abba"] = "abab") -> tuple[str, str]:
+    """The sides of pair ``i`` in the order they run: ``abba`` flips every other pair."""
+    return ("b", "a") if order == "abba" and i % 2 == 1 else ("a", "b")
+
+
 def interleave(run_a: RunFn, run_b: RunFn, pairs: int, *, order: Literal["abab", "abba"] = "abab", on_run: OnRun | None = None) -> InterleavedRuns:
     """Call ``run_a``/``run_b`` alternately ``pairs`` times each; failed runs are kept."""
     assert pairs >= 1
     out = InterleavedRuns()
     for i in range(pairs):
-        flip = order == "abba" and i % 2 == 1
-        for side in ("b", "a") if flip else ("a", "b"):
+        for side in pair_order(i, order):
             result = (run_a if side == "a" else run_b)()
             (out.a if side == "a" else out.b).append(result)
             out.order.append(side)
