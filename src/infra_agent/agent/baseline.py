@@ -9,15 +9,20 @@ fixed, say), and a finished one is never measured twice.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from infra_agent.judge.accept import gates_of
 from infra_agent.judge.pooling import side_feedback
 from infra_agent.records import Cost, Experiment, Hypothesis, Verdict
 
+if TYPE_CHECKING:
+    from infra_agent.agent.loop import Loop
 
-def run_baseline(loop: Any) -> bool:
-    base = loop._by_id(loop.run.baseline)
+
+def run_baseline(loop: Loop) -> bool:
+    """Measure the baseline unless it is measured already; False (the reason in the run record) if it
+    cannot be."""
+    base = loop.baseline()
     if base is not None and base.status == "done":
         return True  # a baseline that failed (status error) is measured again on resume
     seq = loop.ledger.next_seq(loop.run.id) if base is None else base.seq
@@ -26,8 +31,8 @@ def run_baseline(loop: Any) -> bool:
                               knobs=dict(loop.ws.resolve_knobs()))
     base.status, base.started_at, base.error = "running", time.time(), None
     loop.run.baseline = loop.run.best = base.id
-    loop._save(base)
-    loop._save_run()
+    loop.record(base)
+    loop.record_run()
     scenarios = loop.opts.get("scenarios") or sorted({c.scenario for c in loop.ws.criteria if c.scenario} or loop.ws.scenarios)
     metrics = sorted({c.metric for c in loop.ws.criteria})
     loop.progress.experiment(base, f"serving/e2e x{loop.opts['pairs']} on {', '.join(scenarios)} + {len(loop.ws.checks)} check(s)")
@@ -39,13 +44,13 @@ def run_baseline(loop: Any) -> bool:
     if ex.status != "done":
         base.status, base.error = "error", ex.error
         loop.run.status, loop.run.message = "error", f"the baseline could not be measured: {ex.error}"
-        loop._save(base)
+        loop.record(base)
         loop.progress.line(loop.run.message)
         return False
     gates = gates_of(loop.ws, ex, base.id, None, relative=False)
     base.status = "done"
     base.verdict = Verdict(outcome="baseline", gates=gates, accepted=True, message="baseline measurement")
     loop.run.gates_before = gates
-    loop._save(base)
+    loop.record(base)
     loop.progress.finished(base, base, gates)
     return True

@@ -8,13 +8,12 @@ to where the run started and every gate is measured on the final configuration.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra_agent.agent.executors.base import Execution
+from infra_agent.agent.extra_batch import run_extra_batch
 from infra_agent.agent.planner import Plan
 from infra_agent.agent.rounds import by_scenario
-from infra_agent.agent.top_up import run_top_up
-from infra_agent.feedback import Feedback
 from infra_agent.judge.accept import gates_of
 from infra_agent.judge.gates import hypothesis_outcome
 from infra_agent.judge.pooling import pool_runs, side_feedback
@@ -28,8 +27,11 @@ from infra_agent.records import (
     Verdict,
 )
 
+if TYPE_CHECKING:
+    from infra_agent.agent.loop import Loop
 
-def confirm_best(loop: Any) -> Experiment | None:
+
+def confirm_best(loop: Loop) -> Experiment | None:
     """The run's *after* table: the confirmation of the best against the baseline (once per
     best; one a killed run left unfinished runs again under its id), or the gate table as
     it stands when nothing was accepted or ``--no-confirm``.  Returns the confirmation.
@@ -37,10 +39,10 @@ def confirm_best(loop: Any) -> Experiment | None:
     A run resumed after its confirmation did not confirm (``top_up_confirmation``, set by
     ``resume``) tops that confirmation up: one more round of pairs pooled with its own, and
     the checks again, without measuring anything else anew."""
-    best = loop._best()
-    base = loop._by_id(loop.run.baseline)
+    best = loop.best()
+    base = loop.baseline()
     assert base is not None
-    table = loop._table()
+    table = loop.gate_table()
     if best.id == base.id or not loop.opts.get("confirm", True):
         loop.run.gates_after = list(table.values())
         return None
@@ -56,7 +58,7 @@ def confirm_best(loop: Any) -> Experiment | None:
     return done
 
 
-def run_confirm(loop: Any, base: Experiment, best: Experiment, again: Experiment | None = None) -> Experiment:
+def run_confirm(loop: Loop, base: Experiment, best: Experiment, again: Experiment | None = None) -> Experiment:
     """Run the confirmation (``again``: one a killed run left unfinished, run again under its id)."""
     from infra_agent.workspace import metric_direction
 
@@ -74,7 +76,7 @@ def run_confirm(loop: Any, base: Experiment, best: Experiment, again: Experiment
                      commit=best.commit)
     plan = _plan(loop, hyp, scenarios)
     exp.probe, exp.status, exp.started_at = plan.probe, "running", time.time()
-    loop._save(exp)
+    loop.record(exp)
     loop.progress.experiment(exp, "serving/e2e: best vs baseline")
     ex = loop.executor.execute(exp, plan, base, loop.progress.event)
     # Every check, on the best's code (the executor measures a commit in a worktree of its own).
@@ -98,7 +100,7 @@ def run_confirm(loop: Any, base: Experiment, best: Experiment, again: Experiment
     return exp
 
 
-def _plan(loop: Any, hyp: Hypothesis, scenarios: list[str]) -> Plan:
+def _plan(loop: Loop, hyp: Hypothesis, scenarios: list[str]) -> Plan:
     plan = Plan(probe=loop.planner.plan(Step(hypothesis=hyp, probe="serving"), []).probe, mode="ab", scenarios=scenarios,
                 result_metrics=sorted({c.metric for c in loop.ws.criteria}))
     plan.probe.reason = "confirmation: the best against the baseline, side by side"
@@ -112,7 +114,7 @@ def _confidence(opts: dict[str, Any], looks: int | None = None) -> float:
     return SequentialDesign(looks=n, batch=int(opts.get("pairs") or 3)).confidence
 
 
-def _decide(loop: Any, exp: Experiment, best: Experiment, plan: Plan, ex: Execution, gates: list[GateResult],
+def _decide(loop: Loop, exp: Experiment, best: Experiment, plan: Plan, ex: Execution, gates: list[GateResult],
             confidence: float) -> None:
     """The confirmation's verdict from its gate table; the experiment is saved and reported."""
     hyp = exp.hypothesis
@@ -124,11 +126,11 @@ def _decide(loop: Any, exp: Experiment, best: Experiment, plan: Plan, ex: Execut
                           message="every gate holds against the baseline" if ok else "not every gate holds against the baseline")
     loop.executor.finalize(exp, False, "")
     exp.finished_at = time.time()
-    loop._save(exp)
+    loop.record(exp)
     loop.progress.finished(exp, best, gates)
 
 
-def top_up_confirmation(loop: Any, base: Experiment, best: Experiment, done: Experiment) -> Experiment:
+def top_up_confirmation(loop: Loop, base: Experiment, best: Experiment, done: Experiment) -> Experiment:
     """One more round for a confirmation that did not confirm (``resume``): its recorded windows
     and checks pooled with a new round of pairs and fresh runs of the checks."""
     scenarios = sorted({s for fb in (done.feedback, done.baseline_feedback) if fb is not None
@@ -139,7 +141,7 @@ def top_up_confirmation(loop: Any, base: Experiment, best: Experiment, done: Exp
                    probe_runs=done.cost.probe_runs)
     plan = _plan(loop, done.hypothesis, scenarios)
     done.status, done.started_at = "running", time.time()
-    loop._save(done)
+    loop.record(done)
     gates = [g for g in (done.verdict.gates if done.verdict else []) if g.kind != "hypothesis"]
     # A third look at evidence planned for two: the interval is the three-look design's.
     conf = _confidence(loop.opts, looks=3)
@@ -153,7 +155,7 @@ def _undecided(gates: list[GateResult]) -> list[str]:
     return [g.name for g in gates if g.kind in ("absolute", "relative", "check") and g.outcome == "inconclusive"]
 
 
-def _top_up(loop: Any, exp: Experiment, plan: Plan, base: Experiment, ex: Any, gates: list[GateResult],
+def _top_up(loop: Loop, exp: Experiment, plan: Plan, base: Experiment, ex: Execution, gates: list[GateResult],
             unmeasured: list[GateResult], why: str = "", confidence: float = 0.95) -> list[GateResult]:
     """One more round of as many interleaved pairs when a gate is left undecided (``top_up``),
     and the checks again: the confirmation is the gate table the user reads, so it asks for
@@ -161,7 +163,7 @@ def _top_up(loop: Any, exp: Experiment, plan: Plan, base: Experiment, ex: Any, g
     keeps the first table."""
     undecided = _undecided(gates) or [g.name for g in gates if g.outcome != "pass"]
     loop.progress.experiment(exp, f"serving/e2e: more pairs, {why or ', '.join(undecided) + ' undecided'}")
-    done = run_top_up(loop.executor, exp, plan, base, ex, loop.progress.event)
+    done = run_extra_batch(loop.executor, exp, plan, base, ex, loop.progress.event)
     for check in [c.name for c in loop.ws.checks if c.name in undecided]:
         with loop.executor.fresh_checks():
             got = loop.executor.measure(exp, [], 0, [check], loop.progress.event)

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra_agent.agent.executors.base import Execution, Executor, OnEvent
+from infra_agent.agent.extra_batch import run_extra_batch
 from infra_agent.agent.planner import Plan
-from infra_agent.agent.top_up import run_top_up
 from infra_agent.feedback import Feedback
 from infra_agent.judge.accept import judge, undecided_guards
 from infra_agent.judge.gates import side_values
@@ -33,6 +33,9 @@ from infra_agent.judge.sample_plan import (
 )
 from infra_agent.judge.sequential import SequentialDesign
 from infra_agent.records import Experiment, GateResult
+
+if TYPE_CHECKING:
+    from infra_agent.workspace.models import Workspace
 
 
 def paired_log_ratios(exp: Experiment, metric: str, scenario: str | None) -> list[float]:
@@ -64,7 +67,7 @@ def sample_plan(exp: Experiment, plan: Plan, history: list[Experiment], opts: di
     return plan_sample(h.metric, h.min_effect, noise, batch=batch, max_pairs=max_pairs, sequential=sequential)
 
 
-def why_undecided(workspace: Any, exp: Experiment, held: dict[str, GateResult]) -> str | None:
+def why_undecided(workspace: Workspace, exp: Experiment, held: dict[str, GateResult]) -> str | None:
     """Why another batch could decide what this look left open (None: nothing to settle)."""
     v = exp.verdict
     if v is None:
@@ -77,7 +80,7 @@ def why_undecided(workspace: Any, exp: Experiment, held: dict[str, GateResult]) 
     return None
 
 
-def judge_in_rounds(workspace: Any, executor: Executor, exp: Experiment, plan: Plan, best: Experiment, ex: Execution,
+def judge_in_rounds(workspace: Workspace, executor: Executor, exp: Experiment, plan: Plan, best: Experiment, ex: Execution,
                     held: dict[str, GateResult], sp: SamplePlan, *, take: Callable[[], None],
                     say: Callable[[str], None], on_event: OnEvent | None = None) -> int:
     """Judge ``exp`` at each look of ``sp``'s design, running the next batch while undecided.
@@ -92,7 +95,7 @@ def judge_in_rounds(workspace: Any, executor: Executor, exp: Experiment, plan: P
         if why is None or look >= design.looks:
             break
         say(f"{plan.probe.name}/{plan.probe.tier.value}: look {look} of {design.looks} undecided, one more batch: {why}")
-        if not run_top_up(executor, exp, plan, best, ex, on_event):
+        if not run_extra_batch(executor, exp, plan, best, ex, on_event):
             break
         take()
         look += 1
@@ -136,7 +139,7 @@ def most_promising_open(history: list[Experiment], best: Experiment) -> Experime
     return max(cands, key=promise, default=None)
 
 
-def reopen(workspace: Any, executor: Executor, exp: Experiment, plan: Plan, best: Experiment,
+def reopen(workspace: Workspace, executor: Executor, exp: Experiment, plan: Plan, best: Experiment,
            held: dict[str, GateResult], *, take: Callable[[Execution], None], say: Callable[[str], None],
            on_event: OnEvent | None = None) -> bool:
     """One more batch for an open experiment (inconclusive, promising), pooled with what it
@@ -148,7 +151,7 @@ def reopen(workspace: Any, executor: Executor, exp: Experiment, plan: Plan, best
     ex = execution_of(exp, plan)
     say(f"{exp.id} is open ({exp.verdict.message if exp.verdict else 'undecided'}): one more batch, look {taken + 1} "
         f"({design.confidence:.1%} interval)")
-    if not run_top_up(executor, exp, plan, best, ex, on_event):
+    if not run_extra_batch(executor, exp, plan, best, ex, on_event):
         return False
     take(ex)
     exp.verdict = judge(workspace, exp, ex, plan, held, confidence=design.confidence)

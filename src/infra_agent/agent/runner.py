@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
@@ -40,6 +40,10 @@ from infra_agent.errors import ConfigError, InfraAgentError
 from infra_agent.probes.workspace_checks import load_workspace
 from infra_agent.records import RunRecord
 from infra_agent.target.host_load import default_max_foreign_cpu
+from infra_agent.workspace.models import ServerTargetSpec, Workspace
+
+if TYPE_CHECKING:
+    from infra_agent.ledger import Ledger
 
 
 class RunOptions(BaseModel):
@@ -60,9 +64,9 @@ class RunOptions(BaseModel):
     check_timeout_s: float = Field(300.0, gt=0)
     scenarios: list[str] | None = None
     confirm: bool = True
-    # One more round when the judge cannot decide (agent/top_up.py); off: a verdict per round.
+    # One more round when the judge cannot decide (agent/extra_batch.py); off: a verdict per round.
     top_up: bool = True
-    # Re-run the failing gates' checks once per best when the proposer has nothing to try (agent/look_again.py).
+    # Re-run the failing gates' checks once per best when the proposer has nothing to try (agent/fresh_findings.py).
     look_again: bool = True
     keep_going: bool = False
     playbook: str | None = None
@@ -92,7 +96,7 @@ def new_run_id() -> str:
     return time.strftime("r%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-def make_proposer(opts: RunOptions, ledger: Any, run_id: str, protected: list[str] | None = None) -> Proposer:
+def make_proposer(opts: RunOptions, ledger: Ledger | None, run_id: str, protected: list[str] | None = None) -> Proposer:
     if opts.proposer == "rules":
         from infra_agent.agent.proposers.rules import RulesProposer, load_playbook
 
@@ -117,7 +121,7 @@ def make_proposer(opts: RunOptions, ledger: Any, run_id: str, protected: list[st
 
 # ---------------------------------------------------------------- checks before a run starts
 
-def check_scenarios(ws: Any, names: list[str] | None) -> None:
+def check_scenarios(ws: Workspace, names: list[str] | None) -> None:
     known = sorted(ws.scenarios)
     for name in names or []:
         if name not in ws.scenarios:
@@ -125,13 +129,13 @@ def check_scenarios(ws: Any, names: list[str] | None) -> None:
                               name)
 
 
-def check_target_command(ws: Any) -> None:
+def check_target_command(ws: Workspace) -> None:
     """A server target's program must exist before a baseline waits for it to start.
 
     Only the first word of a command that runs without a shell is checked (a shell
     command, or a first word with a placeholder, is left to the launch)."""
     spec = ws.target
-    if getattr(spec, "kind", None) != "server":
+    if not isinstance(spec, ServerTargetSpec):  # the only kind that launches a program
         return
     from infra_agent.target.launch import needs_shell
 
@@ -201,7 +205,7 @@ def check_llm_endpoint(base_url: str, timeout_s: float = 10.0) -> None:
                        f"the key came from {source}: check {KEY_ENV_VARS[0]} (or {KEY_ENV_VARS[1]})")
 
 
-def preflight(ws: Any, opts: RunOptions) -> Proposer:
+def preflight(ws: Workspace, opts: RunOptions) -> Proposer:
     """Every check that needs no server and no ledger; returns the proposer they built."""
     check_scenarios(ws, opts.scenarios)
     check_target_command(ws)
@@ -232,7 +236,7 @@ def _owner() -> dict[str, Any]:
     return {"pid": os.getpid(), "host": socket.gethostname(), "start": _start_time(os.getpid())}
 
 
-def live_owner(ledger: Any, run_id: str) -> int | None:
+def live_owner(ledger: Ledger, run_id: str) -> int | None:
     """The pid of another process on this machine that is driving ``run_id`` now, if any."""
     owner = ledger.get_state(run_id, "owner") or {}
     pid = owner.get("pid")
@@ -288,7 +292,7 @@ def _no_interrupts() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _drive(ws: Any, ledger: Any, run: RunRecord, console: Console | None, progress: bool,
+def _drive(ws: Workspace, ledger: Ledger, run: RunRecord, console: Console | None, progress: bool,
            proposer: Proposer | None = None) -> RunRecord:
     opts = RunOptions.model_validate({k: v for k, v in run.options.items() if k in RunOptions.model_fields})
     from infra_agent.agent.executors.factory import make_executor
@@ -325,7 +329,7 @@ def _drive(ws: Any, ledger: Any, run: RunRecord, console: Console | None, progre
                     executor.cleanup()
 
 
-def _persist_proposer(proposer: Any, ledger: Any, run_id: str, loop: Loop) -> None:
+def _persist_proposer(proposer: Any, ledger: Ledger, run_id: str, loop: Loop) -> None:
     """Save an LLM conversation after every experiment, so resume continues it."""
     if not hasattr(proposer, "messages"):
         return

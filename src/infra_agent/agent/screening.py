@@ -33,7 +33,7 @@ from infra_agent.errors import InfraAgentError
 from infra_agent.records import Change, Experiment, Step
 from infra_agent.target.launch import plan_launch
 from infra_agent.workspace.machine import oversubscriptions
-from infra_agent.workspace.models import ServerTargetSpec
+from infra_agent.workspace.models import ServerTargetSpec, Workspace
 
 # ``{port}`` renders the same on both sides of a launch comparison: the port is chosen at
 # start, so it never distinguishes two configurations.
@@ -45,21 +45,22 @@ def canonical_key(change: Change, knobs: dict[str, Any]) -> str:
     return Change(knobs={k: knobs.get(k, v) for k, v in change.knobs.items()}, diff=change.diff).key()
 
 
-def rendered_launch(workspace: Any, knobs: Mapping[str, Any]) -> tuple[Any, ...] | None:
+def rendered_launch(workspace: Workspace, knobs: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """What a configuration launches, as data: the server target's argv, env and cwd rendered
     with ``knobs`` (``{port}`` fixed), and every check's config rendered with them.  None when
     it cannot be rendered (not a server target, a knob without a value)."""
-    if not isinstance(getattr(workspace, "target", None), ServerTargetSpec):
+    target = getattr(workspace, "target", None)
+    if not isinstance(target, ServerTargetSpec):
         return None
     try:
-        plan = plan_launch(workspace.target, knobs, _PORT, root=workspace.root, host="127.0.0.1")
+        plan = plan_launch(target, knobs, _PORT, root=workspace.root, host="127.0.0.1")
         checks = [repr(c.render(knobs)) for c in workspace.checks]
     except (InfraAgentError, KeyError):
         return None
     return (tuple(plan.argv), tuple(sorted(plan.env.items())), str(plan.cwd), tuple(checks))
 
 
-def same_launch(workspace: Any, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+def same_launch(workspace: Workspace, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Both configurations launch the same thing (and render every check alike)."""
     ra = rendered_launch(workspace, a)
     return ra is not None and ra == rendered_launch(workspace, b)
@@ -71,7 +72,7 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def space_problem(workspace: Any, knobs: Mapping[str, Any], changed: set[str]) -> str | None:
+def space_problem(workspace: Workspace, knobs: Mapping[str, Any], changed: set[str]) -> str | None:
     """Why the configuration ``knobs`` (``changed``: the knobs the step sets) must not launch:
     a broken constraint or an oversubscribed machine; None when neither."""
     broken = workspace.broken_constraints(knobs)
@@ -82,7 +83,7 @@ def space_problem(workspace: Any, knobs: Mapping[str, Any], changed: set[str]) -
     return f"it {over[0].message()}" if over else None
 
 
-def alias_noop(workspace: Any, change: Mapping[str, Any], knobs: Mapping[str, Any], parent: Mapping[str, Any]) -> str | None:
+def alias_noop(workspace: Workspace, change: Mapping[str, Any], knobs: Mapping[str, Any], parent: Mapping[str, Any]) -> str | None:
     """Every knob the change sets launches as the parent's value (``aliases``): what it sets, else None."""
     parts = []
     for name in change:
@@ -99,7 +100,7 @@ def alias_noop(workspace: Any, change: Mapping[str, Any], knobs: Mapping[str, An
     return "; ".join(parts) or None
 
 
-def screen(workspace: Any, step: Step, best: Experiment, history: list[Experiment]) -> tuple[dict[str, Any], str | None]:
+def screen(workspace: Workspace, step: Step, best: Experiment, history: list[Experiment]) -> tuple[dict[str, Any], str | None]:
     """The candidate's knob values, and why the step must not run (None when it may)."""
     try:
         knobs = dict(workspace.resolve_knobs({**best.knobs, **step.change.knobs}))
@@ -129,7 +130,7 @@ def screen(workspace: Any, step: Step, best: Experiment, history: list[Experimen
     return knobs, None
 
 
-def open_match(workspace: Any, history: list[Experiment], best: Experiment, step: Step) -> Experiment | None:
+def open_match(workspace: Workspace, history: list[Experiment], best: Experiment, step: Step) -> Experiment | None:
     """An open experiment (inconclusive, promising) of the same change on the same parent: the
     step tops it up instead of being refused as already tried (``Experiment.open``)."""
     try:

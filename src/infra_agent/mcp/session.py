@@ -431,6 +431,7 @@ class _SubmittedStep:
     """The loop's proposer in an MCP session: steps come from tool calls, so it never proposes."""
 
     name = PROPOSER
+    stopped_reason: str | None = None
 
     def propose(self, state: Any) -> Step | None:
         return None

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from infra_agent.agent.planner import Plan, Planner
+from infra_agent.agent.steps import new_experiment
 from infra_agent.errors import InfraAgentError
 from infra_agent.feedback import Tier
 from infra_agent.judge.accept import held_on_parent, judge, update_table
@@ -193,8 +194,8 @@ def test_resume_runs_a_proposed_step_with_the_probe_it_named(tmp_path: Path) -> 
         loop = loop_for(ws, ledger, run, Script([]), FakeExecutor())
         loop.execute()
         # Killed right after the proposal was saved, before it started.
-        exp = loop._new_experiment(_step({"max_running": 8}, metric="failed_checks", direction="lower", probe="unit"),
-                                   loop._best())
+        exp = new_experiment(loop, _step({"max_running": 8}, metric="failed_checks", direction="lower", probe="unit"),
+                             loop.best())
         assert ledger.get_experiment(exp.id, run.id).status == "proposed"
         fake = FakeExecutor()
         run.status = "running"

@@ -17,6 +17,9 @@ from infra_agent.records import Experiment, LoopState, Step
 @runtime_checkable
 class Proposer(Protocol):
     name: str
+    # Why ``propose`` last returned None, in one sentence (None: no reason given); the loop
+    # reports it as the run's stop reason.
+    stopped_reason: str | None
 
     def propose(self, state: LoopState) -> Step | None:
         """The next step, or None when this proposer has nothing more to try."""

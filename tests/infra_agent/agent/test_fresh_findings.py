@@ -1,4 +1,4 @@
-"""Look again: the proposer has nothing to try while a gate fails, so the loop re-runs the gate's check once."""
+"""Look again (fresh findings): the proposer has nothing to try while a gate fails, so the loop re-runs the gate's check once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""One more round of measurements when the judge cannot decide.
+"""One more batch of measurements, pooled with the earlier ones, when the judge cannot decide.
+
+The run option and the CLI flag call this a *top-up* (``top_up``, ``--no-top-up``); the
+experiment's later looks (agent/rounds.py), a reopened experiment and the confirmation all
+run their next batch through :func:`run_extra_batch`.
 
 An interval that straddles its threshold is the judge's way of saying "not enough
 samples": with three interleaved pairs, or one check run a side, a single window
@@ -20,7 +24,7 @@ from infra_agent.judge.pooling import pool_runs
 from infra_agent.records import Experiment
 
 
-def run_top_up(executor: Any, exp: Experiment, plan: Plan, best: Experiment, ex: Execution,
+def run_extra_batch(executor: Any, exp: Experiment, plan: Plan, best: Experiment, ex: Execution,
                on_event: Any = None) -> bool:
     """Run ``plan`` once more for ``exp`` against ``best`` and pool it into ``ex``.
 

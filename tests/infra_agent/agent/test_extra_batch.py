@@ -1,4 +1,4 @@
-"""One more round when the judge cannot decide: the confirmation's gates and an experiment's hypothesis."""
+"""One more batch (extra_batch.py) when the judge cannot decide: the confirmation's gates and an experiment's hypothesis."""
 
 from __future__ import annotations
 
