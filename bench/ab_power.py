@@ -53,8 +53,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from infra_agent.bench.interleave import restart_blocks
-from infra_agent.bench.runner import run_benchmark
+from infra_agent.serving.interleave import restart_blocks
+from infra_agent.serving.runner import run_benchmark
 from infra_agent.stats.bootstrap import bootstrap_ratio
 from infra_agent.target import ServerProcess
 from infra_agent.workspace.models import Scenario, ServerTargetSpec

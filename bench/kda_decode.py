@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from infra_agent.kernels.timing import time_cuda
+from infra_agent.lab.timing import time_cuda
 from refstack.kernels.kda_decode_ref import SLOT_ORDERS
 
 H, K, V = 32, 128, 128

@@ -6,7 +6,7 @@
 Starts two disaggregated servers with the same knobs (``--set``), one with
 ``--kv-transfer false`` (A, the baseline: no transfer thread) and one with ``true``
 (B), and sends both the same prefill-heavy burst, alternating A B B A ...
-(``infra_agent.bench.interleave``): ``--requests`` streamed completions of
+(``infra_agent.serving.interleave``): ``--requests`` streamed completions of
 ``--prompt-len`` seeded random token ids each, ``max_tokens`` 2 (so every request is
 handed off to the decode worker).  A run's prefill throughput is the burst's prompt
 tokens divided by the time from sending it to the last first token.  One warm-up
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.in_process:
         ra, rb = _in_process(a, knobs, prompts, report)
     else:
-        from infra_agent.bench.interleave import interleave
+        from infra_agent.serving.interleave import interleave
 
         servers = {}
         try:

@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx
 
-from infra_agent.bench.prom import parse_histogram_totals, phase_deltas
+from infra_agent.serving.prom import parse_histogram_totals, phase_deltas
 from infra_agent.target import ServerProcess
 from infra_agent.workspace.models import ServerTargetSpec
 

@@ -19,7 +19,7 @@ each rep a fresh call:
 
 Repeats are interleaved: each round times every variant once, in an order rotated per
 round, so drift on a shared machine hits all variants alike.  GPU: two clocks, CUDA
-events with L2 flushed before each rep (infra_agent.kernels.timing: device time), and
+events with L2 flushed before each rep (infra_agent.lab.timing: device time), and
 perf_counter around each call plus a synchronise ("wall": host bookkeeping and kernel
 launches included, which dominate at small N and which events may not see); CPU:
 perf_counter, one thread by default.  Medians with a 95% bootstrap CI over all samples.  Bytes exclude the live state, which both keep.
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from infra_agent.kernels.timing import bootstrap_median_ci, time_call, time_cpu
+from infra_agent.lab.timing import bootstrap_median_ci, time_call, time_cpu
 from refstack.model.kda_ops import kda_recurrent_step
 from refstack.model.replay_ssm import ReplaySSM, SnapshotSSM
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from infra_agent.kernels.spec import KernelSpec, Tolerance, Variant
+from infra_agent.lab.spec import KernelSpec, Tolerance, Variant
 from refstack.kernels import cpu_kernels
 from refstack.model.kda_ops import kda_chunked, kda_naive
 from refstack.model.moe import swiglu_experts

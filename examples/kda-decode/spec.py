@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from infra_agent.kernels.spec import KernelSpec, Tolerance, Variant
-from infra_agent.kernels.tiled_kda import gate_flops, norm_flops, tile_flops
-from infra_agent.kernels.work import WorkCounter
+from infra_agent.lab.spec import KernelSpec, Tolerance, Variant
+from infra_agent.lab.tiled_kda import gate_flops, norm_flops, tile_flops
+from infra_agent.lab.work import WorkCounter
 from refstack.kernels.kda_decode_ref import kda_decode_inputs, kda_decode_reference
 
 

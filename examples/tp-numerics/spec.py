@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from infra_agent.kernels.spec import KernelSpec, Tolerance, Variant
+from infra_agent.lab.spec import KernelSpec, Tolerance, Variant
 from refstack.kernels import tp
 from refstack.kernels.precision import matmul
 

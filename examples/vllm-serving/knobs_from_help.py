@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from infra_agent.bench.serve_help import knob_spec, parse_help
+from infra_agent.serving.serve_help import knob_spec, parse_help
 
 # option name -> (type when the help gives no choices, the range kept by hand)
 KNOBS = {

@@ -19,12 +19,12 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 LAYERS: list[tuple[str, ...]] = [
     ("records", "feedback", "errors", "vocabulary", "safety", "stats", "tracing", "extras"),
     ("workspace", "target"),
-    ("bench", "trace", "kernels"),
+    ("serving", "trace", "lab"),
     ("probes",),
     ("judge",),
     ("ledger", "tools"),
     ("agent",),
-    ("mcp", "report", "llm"),
+    ("mcp", "report", "standin"),
     ("cli", "demo"),
 ]
 LAYER = {pkg: i for i, names in enumerate(LAYERS) for pkg in names}

@@ -24,9 +24,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from infra_agent.cli.output import emit, user_errors
+from infra_agent.errors import ConfigError, InfraAgentError, ServerStartError
+
 # Only light modules at the top: `infra-agent bench --help` must not load aiohttp, numpy
 # or httpx; the runner and the target package are imported when a benchmark runs.
-from infra_agent.bench.results import (
+from infra_agent.serving.results import (
     backend_name,
     failed_result,
     requests_path_for,
@@ -35,8 +38,6 @@ from infra_agent.bench.results import (
     workspace_record,
     write_result,
 )
-from infra_agent.cli.output import emit, user_errors
-from infra_agent.errors import ConfigError, InfraAgentError, ServerStartError
 from infra_agent.workspace.models import Scenario
 
 _URL = re.compile(r"^https?://", re.IGNORECASE)
@@ -226,8 +227,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     ) -> None:
         """Run one serving benchmark and print vLLM-style metrics (+ server phases)."""
-        from infra_agent.bench.datasets import load_tokenizer
-        from infra_agent.bench.runner import (
+        from infra_agent.serving.datasets import load_tokenizer
+        from infra_agent.serving.runner import (
             only_scenario,
             run_benchmark,
             run_workspace_scenario,

@@ -36,7 +36,7 @@ def _fmt(x: float | None, spec: str = ".3g") -> str:
 def _ulp_note(report: Any) -> str | None:
     if not any(r.stats is not None for r in report.rows()):
         return None
-    from infra_agent.kernels.spec import DEFAULT_ULP_FLOOR
+    from infra_agent.lab.spec import DEFAULT_ULP_FLOOR
 
     return (
         f"  ULP: max over elements with |ref| >= ulp_floor x RMS of the reference (default {DEFAULT_ULP_FLOOR:g}); "
@@ -45,7 +45,7 @@ def _ulp_note(report: Any) -> str | None:
 
 
 def _render_check(console: Console, report: Any, show_skipped: bool = True) -> None:
-    from infra_agent.kernels.correctness import CheckReport
+    from infra_agent.lab.correctness import CheckReport
 
     assert isinstance(report, CheckReport)
     title = f"{report.spec}  ({report.device}, seeds {report.seeds})"
@@ -78,8 +78,8 @@ def _render_check(console: Console, report: Any, show_skipped: bool = True) -> N
 
 
 def _render_bench(console: Console, report: Any) -> None:
-    from infra_agent.kernels.findings import launch_bound, launch_bound_finding
-    from infra_agent.kernels.microbench import BenchReport
+    from infra_agent.lab.findings import launch_bound, launch_bound_finding
+    from infra_agent.lab.microbench import BenchReport
 
     assert isinstance(report, BenchReport)
     for check in report.checks:
@@ -140,8 +140,8 @@ def _render_bench(console: Console, report: Any) -> None:
 
 
 def _run(mode: str, spec_path: str, spec_name: str | None, config: dict[str, Any], as_json: bool) -> None:
-    from infra_agent.kernels.loader import load_specs, select
-    from infra_agent.kernels.progress import LabProgress
+    from infra_agent.lab.loader import load_specs, select
+    from infra_agent.lab.progress import LabProgress
     from infra_agent.probes.kernel import run_lab
 
     with user_errors(as_json):

@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
     @app.command("standin")
     def standin(
         script: Path = typer.Option(..., "--script", help="YAML/JSON turns of tool calls to answer with "
-                                    "(format: infra_agent/llm/script.py)."),
+                                    "(format: infra_agent/standin/script.py)."),
         host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
         port: int = typer.Option(0, "--port", help="Port, 0 to 65535 (0: a free one; the URL is printed)."),
         as_json: bool = typer.Option(False, "--json", help="Print the URL, model name and turns as one JSON object, then serve."),
@@ -37,8 +37,8 @@ def register(app: typer.Typer) -> None:
 
             if not 0 <= port <= 65535:
                 raise ConfigError("infra-agent standin", "--port", "a port from 0 to 65535 (0: a free one)", port)
-            from infra_agent.llm.script import load_script
-            from infra_agent.llm.standin import serve_standin
+            from infra_agent.standin.script import load_script
+            from infra_agent.standin.server import serve_standin
 
             loaded = load_script(script)
             server = serve_standin(loaded, host, port)

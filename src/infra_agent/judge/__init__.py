@@ -6,5 +6,5 @@
 :mod:`infra_agent.judge.sequential` and :mod:`infra_agent.judge.sample_plan` (how many
 pairs, when to look), :mod:`infra_agent.judge.verdict` (result files compared, for
 ``infra-agent compare``).  The statistics are :mod:`infra_agent.stats`; the A/B runs are
-made by :mod:`infra_agent.bench.interleave` and the executors: the judge launches nothing.
+made by :mod:`infra_agent.serving.interleave` and the executors: the judge launches nothing.
 """

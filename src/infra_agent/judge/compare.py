@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from infra_agent.bench.metrics import request_samples
 from infra_agent.errors import BenchmarkError
+from infra_agent.serving.metrics import request_samples
 from infra_agent.stats.bootstrap import RatioCI, bootstrap_ratio
 from infra_agent.stats.decision import MIN_SAMPLES, Gate, GateDecision, Outcome, decide
 from infra_agent.stats.intervals import paired_ratio_interval, unpaired_ratio_interval

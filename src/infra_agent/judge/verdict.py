@@ -31,7 +31,6 @@ The code lives in one module per concept, re-exported here (import from here):
 
 from __future__ import annotations
 
-from infra_agent.bench.metrics import LATENCY_METRICS
 from infra_agent.judge.compare import (
     MIN_BOOT,
     PER_REQUEST_LABEL,
@@ -43,6 +42,7 @@ from infra_agent.judge.compare import (
 )
 from infra_agent.judge.decision import gate_from_criterion, parse_gate
 from infra_agent.judge.workload import WORKLOAD_KEYS, workload_mismatch
+from infra_agent.serving.metrics import LATENCY_METRICS
 from infra_agent.stats.decision import (
     MIN_SAMPLES,
     Gate,

@@ -6,7 +6,7 @@ to draw, shared by every shape and dtype), ``device``, ``precisions``, ``variant
 ``timeout_s`` (seconds per kernel call in the check worker; 0 runs the calls in this
 process without a timeout), ``budget_s`` (CPU timing budget per entry), ``copy_bytes``
 and ``matmul_n`` (ceiling sizes).  The measurements and findings are built in
-:mod:`infra_agent.kernels.findings`.
+:mod:`infra_agent.lab.findings`.
 
 ``ok`` is False when a check failed, bench refused an entry or an entry raised while
 timed, and also when nothing was checked at all (every case skipped: no GPU for a
@@ -23,18 +23,18 @@ from pydantic import Field
 
 from infra_agent.errors import ConfigError
 from infra_agent.feedback import Artifact, Feedback, Finding, Measurement, Tier
-from infra_agent.kernels.correctness import CheckReport, ProgressFn, check_spec
-from infra_agent.kernels.findings import (  # re-exported: callers import them from here
+from infra_agent.lab.correctness import CheckReport, ProgressFn, check_spec
+from infra_agent.lab.findings import (  # re-exported: callers import them from here
     bench_feedback_parts,
     check_feedback_parts,
     error_measurement,
     work_findings,
 )
-from infra_agent.kernels.loader import load_specs, narrow, select
-from infra_agent.kernels.microbench import BenchReport, account_work, bench_spec
-from infra_agent.kernels.progress import LabProgress
-from infra_agent.kernels.spec import DEFAULT_TIMEOUT_S, KernelSpec
-from infra_agent.kernels.worker import CheckWorker, NotIsolatable
+from infra_agent.lab.loader import load_specs, narrow, select
+from infra_agent.lab.microbench import BenchReport, account_work, bench_spec
+from infra_agent.lab.progress import LabProgress
+from infra_agent.lab.spec import DEFAULT_TIMEOUT_S, KernelSpec
+from infra_agent.lab.worker import CheckWorker, NotIsolatable
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
 
 __all__ = ["KernelProbe", "bench_feedback_parts", "check_feedback_parts", "error_measurement", "run_lab", "work_findings"]

@@ -221,7 +221,7 @@ class QualityProbe(Probe):
         return prompts
 
     def _launch(self, ctx: ProbeContext, stack: ExitStack, overrides: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        from infra_agent.bench.runner import default_log_dir
+        from infra_agent.serving.runner import default_log_dir
         from infra_agent.target import open_target
 
         ws = ctx.workspace

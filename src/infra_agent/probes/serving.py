@@ -20,8 +20,6 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from infra_agent.bench.metrics import request_samples
-from infra_agent.bench.runner import default_log_dir, run_on_target
 from infra_agent.errors import InfraAgentError
 from infra_agent.feedback import (
     Artifact,
@@ -33,6 +31,8 @@ from infra_agent.feedback import (
     Tier,
 )
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
+from infra_agent.serving.metrics import request_samples
+from infra_agent.serving.runner import default_log_dir, run_on_target
 from infra_agent.target import open_target
 from infra_agent.target.host_load import HostSampler, host_summary, target_processes
 from infra_agent.vocabulary import FindingKind

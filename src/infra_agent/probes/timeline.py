@@ -162,7 +162,7 @@ class TimelineProbe(Probe):
         """The target and the knob values it runs with: ``ctx.target``, or the workspace target launched."""
         from contextlib import contextmanager
 
-        from infra_agent.bench.runner import default_log_dir
+        from infra_agent.serving.runner import default_log_dir
         from infra_agent.target import open_target
 
         ws = ctx.workspace
@@ -183,7 +183,7 @@ class TimelineProbe(Probe):
 
     def _window(self, cfg: TimelineConfig, ctx: ProbeContext, target: Any, name: str, sc: Scenario,
                 values: dict[str, Any], tag: str) -> dict[str, Any]:
-        from infra_agent.bench.runner import run_on_target
+        from infra_agent.serving.runner import run_on_target
 
         result = run_on_target(target, sc, scenario_name=name, knobs=values, progress=False, percentiles=cfg.percentiles)
         _derive(result)

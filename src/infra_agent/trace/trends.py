@@ -207,7 +207,7 @@ class PositionLatency:
 
 def request_gaps(result: Any) -> list[list[float]]:
     """Per-request inter-token gaps in seconds from a serving result (``itls``: a list per
-    request, as infra_agent.bench writes it) or a list of request records (``itl``)."""
+    request, as infra_agent.serving writes it) or a list of request records (``itl``)."""
     if isinstance(result, dict) and isinstance(result.get("itls"), list):
         return [list(map(float, g)) for g in result["itls"] if isinstance(g, list)]
     if isinstance(result, list):

@@ -29,7 +29,7 @@ engine's cache is updated where it lives, with no gather or scatter.
 
 With ``counts`` given, every program bumps the counter of its (sequence, head) once
 per norm-and-gate computation; the kernel lab reads the repeat factor from it
-(``infra_agent.kernels.work``), measured rather than derived from the grid.
+(``infra_agent.lab.work``), measured rather than derived from the grid.
 """
 
 from __future__ import annotations

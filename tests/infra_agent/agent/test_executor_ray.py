@@ -33,8 +33,8 @@ from infra_agent.agent.executors.ray_resources import TaskResources, derive
 from infra_agent.agent.executors.ray_task import node_base
 from infra_agent.agent.runner import RunOptions, start_run
 from infra_agent.ledger import Ledger
-from infra_agent.llm.standin import serve_standin
 from infra_agent.records import Experiment, Hypothesis
+from infra_agent.standin.server import serve_standin
 from infra_agent.workspace import load_workspace
 
 from .loop_workspace import git, llm_script, make_workspace

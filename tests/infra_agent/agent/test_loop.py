@@ -13,7 +13,7 @@ import pytest
 from infra_agent.agent.executors.cleanup import marked_pids
 from infra_agent.agent.runner import RunOptions, start_run
 from infra_agent.ledger import Ledger
-from infra_agent.llm.standin import received_requests, serve_standin
+from infra_agent.standin.server import received_requests, serve_standin
 
 from .loop_workspace import git, llm_script, make_workspace
 

@@ -15,7 +15,7 @@ import pytest
 
 from infra_agent.agent.executors.cleanup import marked_pids
 from infra_agent.ledger import Ledger
-from infra_agent.llm.standin import serve_standin
+from infra_agent.standin.server import serve_standin
 
 from .loop_workspace import git, llm_script, make_workspace
 

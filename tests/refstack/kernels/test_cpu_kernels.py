@@ -298,8 +298,8 @@ def test_failing_compiler_reports_its_output_and_leaves_nothing(tmp_path: Path, 
 def test_the_kernel_lab_example_spec_passes_and_catches_a_batch_dependent_gemm() -> None:
     """examples/cpu-kernels/spec.py through the kernel lab: every kernel and variant passes,
     and a GEMM whose rows depend on the batch fails the bit-exact rows_split check."""
-    from infra_agent.kernels.correctness import check_spec
-    from infra_agent.kernels.loader import load_specs
+    from infra_agent.lab.correctness import check_spec
+    from infra_agent.lab.loader import load_specs
 
     specs = {s.name: s for s in load_specs(Path(__file__).parents[3] / "examples" / "cpu-kernels" / "spec.py")}
     assert set(specs) == {"decode_gemm", "moe_experts", "kda_scan", "decode_gemm_bf16"}

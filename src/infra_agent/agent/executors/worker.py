@@ -62,10 +62,10 @@ def run_probe_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
-    from infra_agent.bench.interleave import pair_order
-    from infra_agent.bench.runner import default_log_dir
     from infra_agent.probes.base import ProbeContext, get_probe
     from infra_agent.probes.workspace_checks import load_workspace
+    from infra_agent.serving.interleave import pair_order
+    from infra_agent.serving.runner import default_log_dir
     from infra_agent.target import open_target
 
     ws = {"a": load_workspace(job["workspace_a"]), "b": load_workspace(job["workspace_b"])}
@@ -105,10 +105,10 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
 
 def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
     """One configuration alone: ``repeats`` windows per scenario on one server (the baseline)."""
-    from infra_agent.bench.runner import default_log_dir
     from infra_agent.probes.base import ProbeContext
     from infra_agent.probes.serving import ServingProbe
     from infra_agent.probes.workspace_checks import load_workspace
+    from infra_agent.serving.runner import default_log_dir
     from infra_agent.target import open_target
 
     ws = load_workspace(job["workspace"])

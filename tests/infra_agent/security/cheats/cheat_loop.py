@@ -15,11 +15,11 @@ from typing import Any
 
 import yaml
 
-from infra_agent.records import Experiment
 from infra_agent.agent.runner import RunOptions, start_run
 from infra_agent.demo.build import build_demo_workspace
 from infra_agent.ledger import Ledger
-from infra_agent.llm.standin import received_requests, serve_standin
+from infra_agent.records import Experiment
+from infra_agent.standin.server import received_requests, serve_standin
 
 from ...agent.loop_workspace import git
 

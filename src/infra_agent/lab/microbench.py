@@ -1,0 +1,296 @@
+"""``bench``: correctness gate first, then timing, roofline and work accounting.
+
+Order matters (KernelBench's lesson: a skipped correctness check let a 3x slower
+kernel report 150x): every (variant, precision) is checked on fresh inputs -- on the
+check shapes and once on each bench shape -- before it is timed; a combination that
+fails gets no speed number, only the reason.  Ceilings are measured in the same
+process on the same device, right before the kernels, so fractions compare like with
+like; they are measured again after the kernels and the higher of the two kept, so
+a neighbour's burst during one measurement does not inflate every fraction.
+On a GPU each entry is timed with its launch hidden (GPU time) and carries the host's
+time per call beside it (:mod:`infra_agent.lab.timing`); ``findings`` flags the
+entries where the host is the bottleneck.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from infra_agent.lab.correctness import (
+    KERNEL,
+    CheckReport,
+    ProgressFn,
+    check_spec,
+    draw_seeds,
+)
+from infra_agent.lab.loader import spec_error, variant_part
+from infra_agent.lab.roofline import (
+    Ceilings,
+    RooflinePoint,
+    classify,
+    measure_ceilings,
+    merge,
+    time_copy_of,
+)
+from infra_agent.lab.spec import KernelSpec, Variant, shape_label
+from infra_agent.lab.timing import Method, Timing, time_call
+from infra_agent.lab.work import WorkCounter
+from infra_agent.lab.worker import CheckWorker, NotIsolatable
+
+EntryStatus = Literal["timed", "refused", "failed", "skipped"]
+
+
+def input_key(shape: str, dtype: str) -> str:
+    """``"<shape label>;dtype=<dtype without 'torch.'>"``: one bench input (shape and dtype)."""
+    return f"{shape};dtype={dtype}"
+
+
+@dataclass
+class BenchEntry:
+    variant: str
+    precision: str
+    shape: str
+    dtype: str
+    status: EntryStatus
+    message: str = ""
+    timing: Timing | None = None
+    flops: float | None = None
+    bytes: float | None = None
+    roofline: RooflinePoint | None = None
+
+    @property
+    def input_key(self) -> str:
+        """The bench input this entry ran on, as ``BenchReport.copies`` keys it."""
+        return input_key(self.shape, self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "variant": self.variant,
+            "precision": self.precision,
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "status": self.status,
+            "message": self.message,
+            "timing": self.timing.to_dict() if self.timing else None,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "roofline": self.roofline.to_dict() if self.roofline else None,
+        }
+
+
+@dataclass
+class BenchReport:
+    spec: str
+    origin: str
+    device: str
+    checks: list[CheckReport]
+    ceilings: Ceilings | None = None
+    entries: list[BenchEntry] = field(default_factory=list)
+    # variant -> {"shape": ..., **WorkCounter.to_dict()}
+    work: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    # "<shape>;dtype=<dtype>" -> a plain copy of that input's declared bytes, timed like its entries
+    # (``roofline.time_copy_of``): the size's floor, beside which a memory-bound entry's headroom splits.
+    copies: dict[str, Timing] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """Every correctness check passed (what ``passed_check`` reports)."""
+        return all(c.passed for c in self.checks)
+
+    @property
+    def refused(self) -> list[BenchEntry]:
+        return [e for e in self.entries if e.status == "refused"]
+
+    @property
+    def timing_failures(self) -> list[BenchEntry]:
+        """Entries that passed their check but raised while being timed."""
+        return [e for e in self.entries if e.status == "failed"]
+
+    @property
+    def ok(self) -> bool:
+        # A kernel that raises under timing (e.g. an in-place state that blows up over
+        # repeated calls) has no speed to report: the run failed, even though every
+        # check passed.
+        return self.passed and not self.timing_failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "origin": self.origin,
+            "device": self.device,
+            "passed_check": self.passed,
+            "ok": self.ok,
+            "checks": [c.to_dict() for c in self.checks],
+            "ceilings": self.ceilings.to_dict() if self.ceilings else None,
+            "entries": [e.to_dict() for e in self.entries],
+            "work": self.work,
+            "skipped": self.skipped,
+            "copies_same_bytes": {k: t.to_dict() for k, t in self.copies.items()},
+        }
+
+
+def _failed_pairs(checks: Sequence[CheckReport]) -> dict[tuple[str, str], str]:
+    """(variant, precision) -> why it may not be timed."""
+    out: dict[tuple[str, str], str] = {}
+    for c in checks:
+        for r in c.failures:
+            key = (r.variant, r.precision)
+            if key not in out:
+                cond = r.condition.label() if r.condition else ""
+                out[key] = f"failed its check vs {r.against}: {r.message} [{cond}]"
+    return out
+
+
+def account_work(spec: KernelSpec, device: str = "cpu") -> dict[str, dict[str, Any]]:
+    """Run each declared work hook on the first check shape; variant -> counted work."""
+    out: dict[str, dict[str, Any]] = {}
+    hooks = [(KERNEL, spec.work)] + [(v.name, v.work) for v in spec.variants]
+    shape = spec.shapes[0]
+    for name, hook in hooks:
+        if hook is None:
+            continue
+        inputs = spec.inputs(shape, spec.dtypes[0], 0, device)
+        counter = WorkCounter()
+        try:
+            hook(**inputs, counter=counter)
+        except Exception as exc:  # noqa: BLE001 - a broken hook is the spec's fault
+            # The unpartitioned kernel's hook is the spec's own ``work=``, not a variant.
+            part = "work hook" if name == KERNEL else f"{variant_part(name)}, work hook"
+            raise spec_error(spec, part, f"raised {type(exc).__name__}: {exc} for shape [{shape_label(shape)}]") from exc
+        out[name] = {"shape": shape_label(shape), **counter.to_dict()}
+    return out
+
+
+def bench_spec(
+    spec: KernelSpec,
+    device: str | None = None,
+    precisions: Sequence[str] | None = None,
+    variants: Sequence[str] | None = None,
+    n_seeds: int = 2,
+    budget_s: float = 0.3,
+    ceilings: Ceilings | None = None,
+    copy_bytes: int | None = None,
+    matmul_n: int | None = None,
+    method: Method | None = None,
+    *,
+    timeout_s: float | None = None,
+    worker: CheckWorker | None = None,
+    progress: ProgressFn | None = None,
+) -> BenchReport:
+    """Check, then time every passing (variant, precision) against ceilings measured now.
+
+    ``timeout_s``/``worker`` isolate the correctness gate as in ``check_spec`` (a kernel
+    that hangs there is refused); the timing itself runs in this process.
+    """
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    own: CheckWorker | None = None
+    if worker is None and timeout_s:
+        try:
+            worker = own = CheckWorker(spec)  # one worker for both checks
+        except NotIsolatable:
+            pass  # check_spec notes why and runs the calls here
+    try:
+        gate: dict[str, Any] = {"device": dev, "precisions": precisions, "variants": variants, "timeout_s": timeout_s,
+                                "worker": worker, "progress": progress}
+        checks = [check_spec(spec, n_seeds=n_seeds, **gate)]
+        bench_shapes = list(spec.bench_shapes or spec.shapes)
+        # One fresh seed for the timed inputs; on bench shapes the same inputs are checked.
+        seed = (spec.seeds or draw_seeds(1))[0]
+        if spec.bench_shapes:
+            on_bench = dataclasses.replace(spec, shapes=bench_shapes, seeds=[seed])
+            checks.append(check_spec(on_bench, unit="calls on bench shapes", **gate))
+    finally:
+        if own is not None:
+            own.close()
+    report = BenchReport(spec=spec.name, origin=spec.origin, device=dev, checks=checks)
+    report.skipped = list(dict.fromkeys(s for c in checks for s in c.skipped))
+    if not any(c.results for c in checks):
+        return report  # nothing ran (no GPU for a GPU-only spec): no speed claims either
+
+    gpu = dev.startswith("cuda")  # check_spec already returned early if CUDA is missing
+    modes = [p for p in (precisions or spec.precisions) if p in spec.precisions and (gpu or p not in spec.gpu_only_precisions)]
+    chosen: list[tuple[str, Any]] = [(KERNEL, spec.kernel)]
+    chosen += [(v.name, v) for v in spec.variants if (variants is None or v.name in variants) and (gpu or not v.gpu_only)]
+    refused = _failed_pairs(checks)
+
+    n_entries = len(bench_shapes) * len(spec.dtypes) * len(modes) * len(chosen)
+
+    def tick() -> None:
+        if progress is not None:
+            progress(spec.name, len(report.entries), n_entries, "bench entries")
+
+    tick()
+    measured_here = ceilings is None
+    report.ceilings = ceilings or measure_ceilings(dev, modes, copy_bytes=copy_bytes, matmul_n=matmul_n, budget_s=budget_s)
+    for shape in bench_shapes:
+        for dtype in spec.dtypes:
+            inputs = spec.inputs(shape, dtype, seed, dev)
+            flops = spec.flops(shape) if spec.flops else None
+            nbytes = spec.bytes_moved(shape, dtype) if spec.bytes_moved else None
+            label, dtype_name = shape_label(shape), str(dtype).replace("torch.", "")
+            timed_any = False
+            for precision in modes:
+                for name, target in chosen:
+                    entry = BenchEntry(name, precision, label, dtype_name, "timed", flops=flops, bytes=nbytes)
+                    if isinstance(target, Variant) and not target.supports(shape):
+                        entry.status, entry.message = "skipped", "variant does not apply to this shape"
+                    elif (name, precision) in refused or (KERNEL, precision) in refused:
+                        entry.status = "refused"
+                        entry.message = "no speed reported: " + refused.get((name, precision), refused.get((KERNEL, precision), ""))
+                    else:
+                        fn = target.fn if isinstance(target, Variant) else target
+                        _time_entry(entry, fn, inputs, precision, dev, budget_s, method)
+                        timed_any = timed_any or entry.timing is not None
+                    report.entries.append(entry)
+                    tick()
+            if nbytes and timed_any:
+                key = input_key(label, dtype_name)
+                copy = _time_copy(nbytes, dev, budget_s, method)
+                if isinstance(copy, str):
+                    report.skipped.append(f"no copy of the bytes of [{key}] beside its entries: {copy}")
+                else:
+                    report.copies[key] = copy
+    if measured_here:
+        after = measure_ceilings(dev, modes, copy_bytes=copy_bytes, matmul_n=matmul_n, budget_s=budget_s)
+        report.ceilings = merge(report.ceilings, after)
+    for e in report.entries:
+        if e.timing is not None:
+            c = report.ceilings
+            copy = report.copies.get(e.input_key)
+            e.roofline = classify(e.flops, e.bytes, e.timing.median_s, c.bandwidth_Bps, c.compute(e.precision),
+                                  copy.median_s if copy is not None else None)
+            if e.roofline.fraction is not None and e.roofline.fraction > 1.0:
+                e.message = "above the measured ceiling: the ceiling measurement was disturbed (shared machine?) or the declared counts are too high"
+    report.work = account_work(spec, dev)
+    return report
+
+
+def _time_copy(nbytes: float, device: str, budget_s: float, method: Method | None) -> Timing | str:
+    """The same bytes through a plain copy, or why it could not run (no memory for a second
+    copy of the bytes, say): the entries then carry no split, and the report says why."""
+    try:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        return time_copy_of(device, nbytes, budget_s=budget_s, method=method)
+    except (RuntimeError, MemoryError) as exc:  # torch's allocators raise RuntimeErrors (OutOfMemoryError is one)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def _time_entry(entry: BenchEntry, fn: Any, inputs: dict[str, Any], precision: str, device: str, budget_s: float, method: Method | None) -> None:
+    # Inputs are not cloned per call: an in-place kernel (a decode state) keeps
+    # updating the same buffers, as it does in the engine.
+    def call() -> Any:
+        return fn(**inputs, precision=precision)
+
+    try:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        entry.timing = time_call(call, device, budget_s=budget_s, method=method)
+    except Exception as exc:  # noqa: BLE001 - the lab reports, it does not crash
+        entry.status, entry.message = "failed", f"raised while timing: {type(exc).__name__}: {exc}"
