@@ -39,7 +39,7 @@ import torch.nn.functional as F
 # bench/ is the script's directory: the same paired bootstrap as bench/engine_throughput.py
 from engine_throughput import ratio_ci
 
-from refstack.kernels import cpu_kernels
+from refstack.kernels import cpu_kernels, cpu_moe
 from refstack.model import HybridConfig
 from refstack.model.layers import matmul_rows
 from refstack.model.moe import swiglu_experts
@@ -173,9 +173,9 @@ def moe_table(cfg: HybridConfig, tokens: list[int], repeats: int, pool_bytes: in
             and None,
             "padded": lambda padded=padded, counts=counts: [swiglu_experts(padded, counts, a, b)
                                                             for a, b in zip(w_gate_up, w_down)] and None,
-            "native": lambda rows=rows, counts=counts: [cpu_kernels.moe_experts(rows, counts, a, b) for a, b in packed]
+            "native": lambda rows=rows, counts=counts: [cpu_moe.moe_experts(rows, counts, a, b) for a, b in packed]
             and None,
-            "native_bf16": lambda rows=rows, counts=counts: [cpu_kernels.moe_experts(rows, counts, a, b) for a, b in packed_bf16]
+            "native_bf16": lambda rows=rows, counts=counts: [cpu_moe.moe_experts(rows, counts, a, b) for a, b in packed_bf16]
             and None,
         }, layers, repeats)
         med = {name: statistics.median(s) for name, s in samples.items()}

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from infra_agent.lab.spec import KernelSpec, Tolerance, Variant
-from refstack.kernels import cpu_kernels
+from refstack.kernels import cpu_kda, cpu_kernels, cpu_moe
 from refstack.model.kda_ops import kda_chunked, kda_naive
 from refstack.model.moe import swiglu_experts
 
@@ -97,7 +97,7 @@ def moe_inputs(shape: Mapping[str, int], dtype: torch.dtype, seed: int, device: 
 
 
 def moe_native(rows: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, **_: Any) -> torch.Tensor:
-    return cpu_kernels.moe_experts(rows, counts.tolist(), gate_up, down)
+    return cpu_moe.moe_experts(rows, counts.tolist(), gate_up, down)
 
 
 def moe_reference(rows: torch.Tensor, counts: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
@@ -158,7 +158,7 @@ def kda_inputs(shape: Mapping[str, int], dtype: torch.dtype, seed: int, device: 
 def kda_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                state: torch.Tensor, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
     final = state.clone()
-    return cpu_kernels.kda_scan(q, k, v, g, beta, final, q.shape[-1] ** -0.5), final
+    return cpu_kda.kda_scan(q, k, v, g, beta, final, q.shape[-1] ** -0.5), final
 
 
 def kda_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

@@ -34,7 +34,7 @@ import torch
 
 from refstack.engine import Engine, EngineConfig, SamplingParams
 from refstack.engine.device import PlacementError, resolve_placement
-from refstack.kernels import cpu_kernels
+from refstack.kernels import cpu_attention, cpu_kernels
 from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk
 from refstack.model.cache import HEADROOM, QMAX, KVCodec, calibrate_kv_amax
 from refstack.model.kv_dtypes import (
@@ -151,7 +151,7 @@ def test_the_native_kernel_stores_the_bytes_torch_stores() -> None:
         keys = torch.zeros(B, 1, 1, 16, dtype={"bf16": torch.bfloat16, "fp8_e4m3": f8, "int8": torch.int8}[name])
         values = torch.zeros_like(keys)
         scales = {} if name == "bf16" else {"k_scale": scale, "v_scale": scale}
-        cpu_kernels.gqa_decode(torch.zeros(B, 1, 16), x, x, keys, values, torch.arange(B), torch.zeros(B, dtype=torch.long),
+        cpu_attention.gqa_decode(torch.zeros(B, 1, 16), x, x, keys, values, torch.arange(B), torch.zeros(B, dtype=torch.long),
                                1.0, **scales)
         want = KVCodec(name, scale, scale).encode(x, 0)
         got = keys[:, :, 0]
@@ -176,7 +176,7 @@ def test_native_decode_attention_reads_the_quantized_cache(name: str, D: int) ->
     q = torch.randn(2, Hkv * group, D, generator=gen)
     k_new, v_new = torch.randn(2, Hkv, D, generator=gen), torch.randn(2, Hkv, D, generator=gen)
     scales = {} if name == "bf16" else {"k_scale": codec.k_scale, "v_scale": codec.v_scale}
-    out = cpu_kernels.gqa_decode(q, k_new, v_new, kq, vq, slots, pos, D**-0.5, **scales)
+    out = cpu_attention.gqa_decode(q, k_new, v_new, kq, vq, slots, pos, D**-0.5, **scales)
     raw = (lambda t: t.view(torch.uint8)) if name == "fp8_e4m3" else (lambda t: t)
     for b in range(2):  # the torch path's arithmetic: decode what is stored, attend in fp32
         s, p = int(slots[b]), int(pos[b])

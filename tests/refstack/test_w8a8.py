@@ -32,7 +32,7 @@ import torch
 
 from refstack.engine import Engine, EngineConfig
 from refstack.engine.device import PlacementError, resolve_placement
-from refstack.kernels import cpu_build, cpu_kernels, cpu_packs
+from refstack.kernels import cpu_build, cpu_kernels, cpu_moe, cpu_packs
 from refstack.model import HybridConfig, HybridModel, SeqChunk, quant
 from refstack.model.quant import (
     HELD_SITES,
@@ -142,9 +142,9 @@ def test_w8a8_experts_native_match_torch_path_and_tiles_agree() -> None:
     counts = [3, 0, 5, 1, 0, 2, 8, 1]
     rows = torch.randn(sum(counts), cfg.hidden_size, generator=torch.Generator().manual_seed(5))
     gate_up, down = experts.pack()
-    native = cpu_kernels.moe_experts(rows, counts, gate_up, down)
+    native = cpu_moe.moe_experts(rows, counts, gate_up, down)
     with cpu_kernels.int8_portable():
-        portable = cpu_kernels.moe_experts(rows, counts, gate_up, down)
+        portable = cpu_moe.moe_experts(rows, counts, gate_up, down)
     assert torch.equal(native, portable)
     torch_path = experts.grouped(rows, counts, 0)
     assert (native - torch_path).abs().max() <= 1e-4 * torch_path.abs().max()

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from refstack.kernels.cpu_build import load
-from refstack.kernels.cpu_kernels import _check, _check_index
+from refstack.kernels.cpu_operands import check_fp32, check_index
 from refstack.kernels.cpu_packs import NB, check_packed, fits, packed_k
 
 __all__ = ["attn_decode_block", "attn_scratch_floats", "kda_decode_block", "kda_scratch_floats", "moe_route", "rope"]
@@ -35,7 +35,7 @@ def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tens
     ``in_proj`` / ``low_rank`` / ``o_proj`` packed by ``pack`` (all fp32 or all bf16);
     ``state`` [B, H, K, V] (contiguous) updated in place, or with ``slots`` [B] (int64,
     distinct) token b's state is ``state[slots[b]]``.  Returns the layer's output [B, D]."""
-    _check("kda_decode_block", h, dt_bias, a_log, state, o_norm_weight)
+    check_fp32("kda_decode_block", h, dt_bias, a_log, state, o_norm_weight)
     check_packed("kda_decode_block", in_proj, low_rank, o_proj)
     bf16 = in_proj.dtype == torch.bfloat16
     B, D = h.shape
@@ -43,7 +43,7 @@ def kda_decode_block(h: Tensor, in_proj: Tensor, low_rank: Tensor, dt_bias: Tens
     n_up = H * K + H * V
     n_in_exact = 2 * H * K + H * V + H + packed_k(low_rank)
     if slots is not None:
-        _check_index("kda_decode_block", slots)
+        check_index("kda_decode_block", slots)
         if slots.shape != (B,) or (B and (int(slots.min()) < 0 or int(slots.max()) >= state.shape[0])) \
                 or slots.unique().numel() != B:
             raise ValueError(f"kda_decode_block: slots must be {B} distinct indices into the {state.shape[0]} states")
@@ -76,9 +76,9 @@ def attn_decode_block(h: Tensor, qkv_proj: Tensor, o_proj: Tensor, heads: int, k
     RoPE from the tables [len, head_dim / 2] at ``positions``; k / v written into the
     cache (``keys``, ``values`` [slots, kv_heads, max_len, head_dim], in place) before
     attending.  Returns the layer's output [B, D]."""
-    _check("attn_decode_block", h, rope_cos, rope_sin, keys, values)
+    check_fp32("attn_decode_block", h, rope_cos, rope_sin, keys, values)
     check_packed("attn_decode_block", qkv_proj, o_proj)
-    _check_index("attn_decode_block", slots, positions)
+    check_index("attn_decode_block", slots, positions)
     B, D = h.shape
     n_qkv, n_o = (heads + 2 * kv_heads) * head_dim, heads * head_dim
     cache_shape = (keys.shape[0], kv_heads, keys.shape[2] if keys.dim() == 4 else -1, head_dim)
@@ -110,7 +110,7 @@ def attn_decode_block(h: Tensor, qkv_proj: Tensor, o_proj: Tensor, heads: int, k
 def moe_route(router_logits: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
     """``refstack.model.moe.route`` in C: the top-k experts per token (ties to the lower id)
     and the softmax over their logits.  Returns ids [T, k] int64, weights [T, k]."""
-    _check("moe_route", router_logits)
+    check_fp32("moe_route", router_logits)
     if router_logits.dim() != 2 or not 0 < top_k <= min(router_logits.shape[1], 64):
         raise ValueError(f"moe_route: logits {tuple(router_logits.shape)} with top_k={top_k}")
     logits = router_logits.contiguous()
@@ -126,8 +126,8 @@ def rope(x: Tensor, heads: int, head_dim: int, rope_cos: Tensor, rope_sin: Tenso
     """RoPE (rotate-half) of the first ``heads`` heads of each row of x [T, >= heads * head_dim]
     (rows may be strided) at ``positions`` [T]; tables [len, head_dim / 2].  Returns
     [T, heads, head_dim].  The decode block rotates with the same C function."""
-    _check("rope", x, rope_cos, rope_sin)
-    _check_index("rope", positions)
+    check_fp32("rope", x, rope_cos, rope_sin)
+    check_index("rope", positions)
     T = x.shape[0]
     if x.dim() != 2 or x.stride(1) != 1 or x.shape[1] < heads * head_dim or head_dim % 2 or positions.shape != (T,) \
             or rope_cos.shape != rope_sin.shape or rope_cos.dim() != 2 or rope_cos.shape[1] != head_dim // 2:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infra_agent import tracing
-from refstack.kernels import cpu_blocks, cpu_kernels
+from refstack.kernels import cpu_attention, cpu_blocks
 from refstack.model.batch import ForwardBatch, PaddedPrefill
 from refstack.model.cache import KVCodec, ModelCache
 from refstack.model.config import HybridConfig
@@ -84,7 +84,7 @@ class AttentionLayer(nn.Module):
             return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
 
     def use_native(self, on: bool) -> None:
-        """Decode attention through ``cpu_kernels.gqa_decode`` (the projections switch themselves)."""
+        """Decode attention through ``cpu_attention.gqa_decode`` (the projections switch themselves)."""
         self.native = on
 
     def _decode(self, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch, keys: Tensor, values: Tensor,
@@ -92,7 +92,7 @@ class AttentionLayer(nn.Module):
         """All decode tokens at once; shorter sequences mask the padded tail."""
         if self.native:
             # The kernel encodes the new rows and dequantizes as it reads (any storage type).
-            return cpu_kernels.gqa_decode(q, k, v, cache.keys[self.layer], cache.values[self.layer], batch.decode_slots,
+            return cpu_attention.gqa_decode(q, k, v, cache.keys[self.layer], cache.values[self.layer], batch.decode_slots,
                                           batch.decode_positions, self.head_dim**-0.5,
                                           k_scale=cache.k_scales.get(self.layer), v_scale=cache.v_scales.get(self.layer))
         B = q.shape[0]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infra_agent import tracing
-from refstack.kernels import cpu_kernels
+from refstack.kernels import cpu_kda, cpu_kernels
 from refstack.model.batch import ForwardBatch, PaddedPrefill
 from refstack.model.cache import ModelCache
 from refstack.model.config import HybridConfig
@@ -75,7 +75,7 @@ class KDALayer(nn.Module):
 
     def use_native(self, on: bool) -> None:
         """The low-rank up-projection, the q/k and output norms and the recurrence (decode
-        and prefill, see ``cpu_kernels.kda_scan_varlen``) through the native kernels (the
+        and prefill, see ``cpu_kda.kda_scan_varlen``) through the native kernels (the
         Linears and o_norm switch themselves)."""
         self.native = on
         dtype = torch.bfloat16 if self.bf16 else torch.float32
@@ -107,7 +107,7 @@ class KDALayer(nn.Module):
             # No bias add here: dt_bias goes into the decay inside kda_prepare, and the
             # gate's part of the bias is zero.
             up = cpu_kernels.gemm(proj[:, -self.split_sizes[-1] :], self.low_rank_packed, self.low_rank_up.shape[0])
-            q, k, v, g, beta = cpu_kernels.kda_prepare(proj, up, self.dt_bias, self.A_log, H, K, V, K**-0.5, 1e-12)
+            q, k, v, g, beta = cpu_kda.kda_prepare(proj, up, self.dt_bias, self.A_log, H, K, V, K**-0.5, 1e-12)
             return q, k, v, g, beta, up[:, H * K :].view(T, H, V)
         qk, v, b, f, gate = self._raw_projections(x)
         q, k, g, beta = self._gates(qk, f, b)
@@ -139,11 +139,11 @@ class KDALayer(nn.Module):
                 # state, in one call: no padding, no gathered states.
                 seqs = batch.sequences()
                 if states.dtype == torch.float32:
-                    o = cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, seqs.begins, seqs.lengths, seqs.slots,
+                    o = cpu_kda.kda_scan_varlen(q, k, v, g, beta, states, seqs.begins, seqs.lengths, seqs.slots,
                                                     seqs.fresh, self.scale)
                 else:  # a bf16 state: the step's rows in fp32, rounded back once the call is done
                     work = states.index_select(0, seqs.slots).float()
-                    o = cpu_kernels.kda_scan_varlen(q, k, v, g, beta, work, seqs.begins, seqs.lengths,
+                    o = cpu_kda.kda_scan_varlen(q, k, v, g, beta, work, seqs.begins, seqs.lengths,
                                                     torch.arange(len(seqs.slots)), seqs.fresh, self.scale)
                     states.index_copy_(0, seqs.slots, work.to(states.dtype))
                 o = cpu_kernels.rms_norm(o, self.o_norm.weight, self.o_norm.eps, gate=gate)

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infra_agent import tracing
-from refstack.kernels import cpu_blocks, cpu_kernels
+from refstack.kernels import cpu_blocks, cpu_kernels, cpu_moe
 from refstack.model.config import HybridConfig
 from refstack.model.layers import Linear, round_bf16, seeded_weight
 
@@ -120,13 +120,13 @@ def _cross_bytes(topk_ids: Tensor, num_experts: int, ep_ranks: int, hidden: int,
     """Bytes crossing ranks, counted only when a link is modelled (the count is the only cost)."""
     if ep.ns_per_byte <= 0 or ep_ranks <= 1 or not cpu_kernels.available():
         return 0
-    return cpu_kernels.ep_cross_bytes(topk_ids, num_experts, ep_ranks, hidden)
+    return cpu_moe.ep_cross_bytes(topk_ids, num_experts, ep_ranks, hidden)
 
 
 def _ep_wait(nbytes: int, ep: EPSettings) -> None:
     """The modelled wait of torch's path (its copies are torch ops); needs the kernel library."""
     if nbytes:
-        cpu_kernels.ep_wait(nbytes, ep.ns_per_byte, release_gil=ep.release_gil)
+        cpu_moe.ep_wait(nbytes, ep.ns_per_byte, release_gil=ep.release_gil)
 
 
 def dispatch(
@@ -136,7 +136,7 @@ def dispatch(
     """Group token copies by expert (a stable sort) and split them by rank.
 
     ``layout``: "grouped", "padded" (see the module docstring) or "native" (grouped,
-    built by ``cpu_kernels.ep_dispatch``).  ``ep``: the exchange's GIL and link model.
+    built by ``cpu_moe.ep_dispatch``).  ``ep``: the exchange's GIL and link model.
     """
     with tracing.span("moe.dispatch", cat="moe", tokens=int(x.shape[0])):
         cross = _cross_bytes(topk_ids, num_experts, ep_ranks, x.shape[-1], ep)
@@ -153,7 +153,7 @@ def _dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: in
     per_rank = num_experts // ep_ranks
     if layout == "native":
         # The grouped layout through one native section (a counting sort, a gather, the wait).
-        rows, counts, slot, token_ids, weights = cpu_kernels.ep_dispatch(
+        rows, counts, slot, token_ids, weights = cpu_moe.ep_dispatch(
             x, topk_ids, topk_weights, num_experts, cross, ep.ns_per_byte, release_gil=ep.release_gil)
         return Dispatched(list(rows.split(_rows_per_rank(counts, per_rank))), counts, token_ids, weights, T, slot, topk_weights,
                           grouped=rows, native=True)
@@ -202,7 +202,7 @@ def combine(outputs: list[Tensor], d: Dispatched) -> Tensor:
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
         out = out.reshape(-1, out.shape[-1])  # grouped rows, or padded [experts * capacity]
         if d.native:
-            return cpu_kernels.ep_combine(out, d.copy_slot, d.copy_weights, d.cross_bytes, d.ep.ns_per_byte,
+            return cpu_moe.ep_combine(out, d.copy_slot, d.copy_weights, d.cross_bytes, d.ep.ns_per_byte,
                                           release_gil=d.ep.release_gil)
         _ep_wait(d.cross_bytes, d.ep)
         # One gather puts each token's k expert outputs side by side; the sum runs over
@@ -300,7 +300,7 @@ class MoE(nn.Module):
             if self.packed is not None and d.grouped is not None:
                 # The ranks share this process: gate/up, silu and down of all their
                 # experts in one native call (one fork/join of the threads, not one per rank).
-                outputs = [cpu_kernels.moe_experts(d.grouped, d.counts, *self.packed)]
+                outputs = [cpu_moe.moe_experts(d.grouped, d.counts, *self.packed)]
             elif self.w8a8 is not None:  # W8A8 on torch's path: torch._int_mm per expert
                 outputs = [self.w8a8.padded(d.padded, 0)] if d.padded is not None else [
                     self.w8a8.grouped(buf, d.counts[r * per : (r + 1) * per], r * per) for r, buf in enumerate(d.buffers)]

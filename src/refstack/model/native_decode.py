@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from refstack.kernels import cpu_blocks, cpu_build, cpu_kernels
+from refstack.kernels import cpu_attention, cpu_blocks, cpu_build, cpu_kernels
 from refstack.model import decode_trace
 from refstack.model.attention import AttentionLayer
 from refstack.model.batch import ForwardBatch
@@ -234,7 +234,7 @@ class NativeDecoder:
         keys, values = cache.keys[layer.index], cache.values[layer.index]
         # The cache's storage type (fp32, bf16, fp8 e4m3, int8) and scales: the
         # kernel encodes the new rows and widens stored ones as it reads.
-        kv = cpu_kernels.kv_cache_args("native decode", keys, values, cache.k_scales.get(layer.index),
+        kv = cpu_attention.kv_cache_args("native decode", keys, values, cache.k_scales.get(layer.index),
                                        cache.v_scales.get(layer.index))
         a = layer.mixer_args
         self._check(self.lib.refstack_attn_decode_block_kv(

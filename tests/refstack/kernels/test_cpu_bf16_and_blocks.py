@@ -13,7 +13,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from refstack.kernels import cpu_blocks, cpu_build, cpu_kernels
+from refstack.kernels import (
+    cpu_attention,
+    cpu_blocks,
+    cpu_build,
+    cpu_kda,
+    cpu_kernels,
+    cpu_moe,
+)
 from refstack.model.attention import apply_rope, rope_tables
 from refstack.model.moe import route
 
@@ -63,7 +70,7 @@ def test_bf16_moe_experts_round_rows_and_hidden_to_bf16(counts: list[int]) -> No
     E, D, inner = 8, 64, 32
     w_gate_up, w_down = _rand(E, D, 2 * inner, seed=5, scale=D**-0.5), _rand(E, inner, D, seed=6, scale=inner**-0.5)
     rows = _rand(sum(counts), D, seed=7)
-    got = cpu_kernels.moe_experts(rows, counts, cpu_kernels.pack_gate_up(w_gate_up, BF16), cpu_kernels.pack_down(w_down, BF16))
+    got = cpu_moe.moe_experts(rows, counts, cpu_kernels.pack_gate_up(w_gate_up, BF16), cpu_kernels.pack_down(w_down, BF16))
     out, slack, start = [], [], 0
     for e, c in enumerate(counts):
         gate, up = (_bf(rows[start : start + c]) @ _bf(w_gate_up[e])).chunk(2, dim=-1)
@@ -83,7 +90,7 @@ def test_mixed_dtype_packs_are_refused() -> None:
     gate_up = cpu_kernels.pack_gate_up(_rand(2, 64, 64, seed=8), BF16)
     down = cpu_kernels.pack_down(_rand(2, 32, 64, seed=9))
     with pytest.raises(ValueError, match="must both be 5-d of one dtype"):
-        cpu_kernels.moe_experts(_rand(3, 64, seed=10), [1, 2], gate_up, down)
+        cpu_moe.moe_experts(_rand(3, 64, seed=10), [1, 2], gate_up, down)
     with pytest.raises(ValueError, match=r"gemm: x \(2, 66\) does not fit"):
         cpu_kernels.gemm(_rand(2, 66, seed=11), cpu_kernels.pack(_rand(64, 32, seed=12), BF16), 32)
 
@@ -100,8 +107,8 @@ def test_kda_decode_block_is_the_per_kernel_composition_bit_for_bit(dtype: torch
     got = cpu_blocks.kda_decode_block(h, packed[0], packed[1], dt_bias, a_log, s_block, o_norm, 1e-6, packed[2], K**-0.5, 1e-12)
     proj = cpu_kernels.gemm(h, packed[0], n_in)
     up = cpu_kernels.gemm(proj[:, -2 * rank :], packed[1], n_up)
-    q, k, v, g, beta = cpu_kernels.kda_prepare(proj, up, dt_bias, a_log, H, K, V, K**-0.5, 1e-12)
-    o = cpu_kernels.kda_decode(q, k, v, g, beta, s_steps, K**-0.5)
+    q, k, v, g, beta = cpu_kda.kda_prepare(proj, up, dt_bias, a_log, H, K, V, K**-0.5, 1e-12)
+    o = cpu_kda.kda_decode(q, k, v, g, beta, s_steps, K**-0.5)
     o = cpu_kernels.rms_norm(o, o_norm, 1e-6, gate=up[:, H * K :].reshape(B, H, V).contiguous())
     assert torch.equal(got, cpu_kernels.gemm(o.reshape(B, H * V), packed[2], D))
     assert torch.equal(s_block, s_steps)
@@ -121,7 +128,7 @@ def test_attn_decode_block_matches_projection_rope_attention_projection(dtype: t
     qkv = cpu_kernels.gemm(h, qkv_p, (Hq + 2 * Hkv) * hd)
     qk = apply_rope(qkv[:, : (Hq + Hkv) * hd].reshape(B, Hq + Hkv, hd), cos[positions], sin[positions])
     v = qkv[:, (Hq + Hkv) * hd :].reshape(B, Hkv, hd)
-    att = cpu_kernels.gqa_decode(qk[:, :Hq].contiguous(), qk[:, Hq:].contiguous(), v.contiguous(), k_ref, v_ref, slots, positions,
+    att = cpu_attention.gqa_decode(qk[:, :Hq].contiguous(), qk[:, Hq:].contiguous(), v.contiguous(), k_ref, v_ref, slots, positions,
                                  hd**-0.5)
     torch.testing.assert_close(got, cpu_kernels.gemm(att.reshape(B, Hq * hd), o_p, D), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(keys, k_ref, rtol=1e-6, atol=1e-6)  # the same rows written, nothing else
@@ -149,7 +156,7 @@ def _bf16_results() -> dict[str, torch.Tensor]:
     rows, counts = torch.randn(13, 64, generator=g), [5, 0, 7, 1]
     return {
         "gemm": cpu_kernels.gemm(x, cpu_kernels.pack(w, BF16), 47),
-        "experts": cpu_kernels.moe_experts(rows, counts, cpu_kernels.pack_gate_up(w_gate_up, BF16),
+        "experts": cpu_moe.moe_experts(rows, counts, cpu_kernels.pack_gate_up(w_gate_up, BF16),
                                            cpu_kernels.pack_down(w_down, BF16)),
     }
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from refstack.kernels import cpu_build, cpu_kernels
+from refstack.kernels import cpu_attention, cpu_build, cpu_kda, cpu_kernels, cpu_moe
 from refstack.model.kda_ops import kda_chunked, kda_naive, kda_recurrent_step
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason=f"native kernels unavailable: {cpu_kernels.unavailable_reason()}")
@@ -62,7 +62,7 @@ def test_moe_experts_match_per_expert_swiglu(counts: list[int]) -> None:
     w_gate_up = _rand(E, D, 2 * inner, seed=7, scale=D**-0.5)
     w_down = _rand(E, inner, D, seed=8, scale=inner**-0.5)
     rows = _rand(sum(counts), D, seed=9)
-    got = cpu_kernels.moe_experts(rows, counts, cpu_kernels.pack_gate_up(w_gate_up), cpu_kernels.pack_down(w_down))
+    got = cpu_moe.moe_experts(rows, counts, cpu_kernels.pack_gate_up(w_gate_up), cpu_kernels.pack_down(w_down))
     assert got.shape == rows.shape
     if rows.shape[0]:
         torch.testing.assert_close(got, _experts_reference(rows, counts, w_gate_up, w_down), rtol=1e-5, atol=1e-5)
@@ -96,7 +96,7 @@ def test_kda_decode_matches_the_torch_step() -> None:
     state = _rand(B, H, K, V, seed=19)
     o_ref, s_ref = kda_recurrent_step(q, k, v, g, beta, state.clone(), 0.125)
     s = state.clone()
-    o = cpu_kernels.kda_decode(q, k, v, g, beta, s, 0.125)
+    o = cpu_kda.kda_decode(q, k, v, g, beta, s, 0.125)
     torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(s, s_ref, rtol=1e-5, atol=1e-5)
 
@@ -107,7 +107,7 @@ def test_kda_prepare_matches_the_torch_activations() -> None:
     proj = _rand(T, width + 5, seed=60, scale=3.0)[:, :width]  # strided rows, as a slice of a wider buffer
     up = _rand(T, H * K + H * V, seed=61, scale=12.0)  # f spans softplus's whole range, both tails
     dt_bias, a_log = _rand(H * K, seed=62), _rand(H, seed=63, scale=0.5)
-    q, k, v, g, beta = cpu_kernels.kda_prepare(proj, up, dt_bias, a_log, H, K, V, K**-0.5, 1e-12)
+    q, k, v, g, beta = cpu_kda.kda_prepare(proj, up, dt_bias, a_log, H, K, V, K**-0.5, 1e-12)
     qk = F.rms_norm(proj[:, : 2 * H * K].reshape(T, 2 * H, K), (K,), torch.full((K,), K**-0.5), 1e-12)
     torch.testing.assert_close(torch.cat([q, k], dim=1), qk, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(v, proj[:, 2 * H * K : 2 * H * K + H * V].reshape(T, H, V), rtol=0, atol=0)
@@ -123,7 +123,7 @@ def test_kda_scan_matches_the_reference_recurrence_and_the_chunked_form() -> Non
     g = -torch.rand(B, T, H, K, generator=torch.Generator().manual_seed(34)) * 0.3
     init = _rand(B, H, K, V, seed=35, scale=0.1)
     state = init.clone()
-    o = cpu_kernels.kda_scan(q, k, v, g, beta, state, 0.2)
+    o = cpu_kda.kda_scan(q, k, v, g, beta, state, 0.2)
     o_chunk, s_chunk = kda_chunked(q, k, v, g, beta, init, 0.2, 16)
     for b in range(B):
         o_ref, s_ref = kda_naive(q[b], k[b], v[b], g[b], beta[b], init[b], 0.2)
@@ -141,8 +141,8 @@ def test_kda_scan_padding_leaves_the_state_alone_and_rows_are_independent() -> N
     k[1, 5:], g[1, 5:] = 0.0, 0.0  # sequence 1 is 5 tokens long, padded to 9
     state = _rand(B, H, K, V, seed=45, scale=0.1)
     alone = state[1:].clone()
-    o = cpu_kernels.kda_scan(q, k, v, g, beta, state, 0.25)
-    o_alone = cpu_kernels.kda_scan(q[1:, :5], k[1:, :5], v[1:, :5], g[1:, :5], beta[1:, :5], alone, 0.25)
+    o = cpu_kda.kda_scan(q, k, v, g, beta, state, 0.25)
+    o_alone = cpu_kda.kda_scan(q[1:, :5], k[1:, :5], v[1:, :5], g[1:, :5], beta[1:, :5], alone, 0.25)
     assert torch.equal(state[1:], alone) and torch.equal(o[1:, :5], o_alone)
 
 
@@ -160,7 +160,7 @@ def test_kda_scan_varlen_runs_each_sequence_from_its_slot(KV: tuple[int, int]) -
     seqs = [(0, 1, 4, False), (1, 1, 0, True), (2, 7, 2, True), (9, 6, 5, False)]  # (begin, length, slot, fresh)
     begins, lengths, slots = (torch.tensor([s[i] for s in seqs]) for i in range(3))
     fresh = torch.tensor([s[3] for s in seqs])
-    o = cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, begins, lengths, slots, fresh, 0.3)
+    o = cpu_kda.kda_scan_varlen(q, k, v, g, beta, states, begins, lengths, slots, fresh, 0.3)
     for begin, n, slot, is_fresh in seqs:
         r = slice(begin, begin + n)
         init = torch.zeros_like(before[slot]) if is_fresh else before[slot]
@@ -178,7 +178,7 @@ def test_kda_scan_varlen_runs_each_sequence_from_its_slot(KV: tuple[int, int]) -
     ]
     for bad_begins, bad_lengths, bad_slots in bad:
         with pytest.raises(ValueError, match="rejected the sequences"):
-            cpu_kernels.kda_scan_varlen(q, k, v, g, beta, states, torch.tensor(bad_begins), torch.tensor(bad_lengths),
+            cpu_kda.kda_scan_varlen(q, k, v, g, beta, states, torch.tensor(bad_begins), torch.tensor(bad_lengths),
                                         torch.tensor(bad_slots), fresh, 0.3)
 
 
@@ -190,9 +190,9 @@ def test_kda_scan_varlen_gives_kda_scans_bits_on_equal_lengths() -> None:
     dense, by_slot = _rand(B, H, K, V, seed=85, scale=0.1), torch.zeros(5, H, K, V)
     slots = torch.tensor([4, 0, 2])
     by_slot[slots] = dense
-    o = cpu_kernels.kda_scan(q, k, v, g, beta, dense, 0.125)
+    o = cpu_kda.kda_scan(q, k, v, g, beta, dense, 0.125)
     flat = [t.reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]
-    o_var = cpu_kernels.kda_scan_varlen(*flat, by_slot, torch.arange(B) * T, torch.full((B,), T), slots,
+    o_var = cpu_kda.kda_scan_varlen(*flat, by_slot, torch.arange(B) * T, torch.full((B,), T), slots,
                                         torch.zeros(B, dtype=torch.bool), 0.125)
     assert torch.equal(o_var.view(B, T, H, V), o) and torch.equal(by_slot[slots], dense)
 
@@ -207,7 +207,7 @@ def test_gqa_decode_writes_the_cache_and_attends_over_each_sequence_length(D: in
     B = 3
     q, k_new, v_new = _rand(B, Hkv * group, D, seed=52), _rand(B, Hkv, D, seed=53), _rand(B, Hkv, D, seed=54)
     ref_keys, ref_values = keys.clone(), values.clone()
-    out = cpu_kernels.gqa_decode(q, k_new, v_new, keys, values, slots, positions, D**-0.5)
+    out = cpu_attention.gqa_decode(q, k_new, v_new, keys, values, slots, positions, D**-0.5)
     for b in range(B):
         s, p = int(slots[b]), int(positions[b])
         ref_keys[s, :, p], ref_values[s, :, p] = k_new[b], v_new[b]
@@ -225,21 +225,21 @@ def test_bad_inputs_raise_value_errors_that_name_the_kernel() -> None:
     with pytest.raises(ValueError, match=r"gemm: x \(2, 63\)"):
         cpu_kernels.gemm(_rand(2, 63, seed=21), w, 64)
     with pytest.raises(ValueError, match="moe_experts"):
-        cpu_kernels.moe_experts(_rand(3, 64, seed=22), [1, 1], cpu_kernels.pack_gate_up(_rand(2, 64, 64, seed=23)),
+        cpu_moe.moe_experts(_rand(3, 64, seed=22), [1, 1], cpu_kernels.pack_gate_up(_rand(2, 64, 64, seed=23)),
                                 cpu_kernels.pack_down(_rand(2, 32, 64, seed=24)))
     with pytest.raises(ValueError, match=r"moe_dispatch: expert ids must be in \[0, 4\)"):
-        cpu_kernels.moe_dispatch(_rand(2, 8, seed=27), torch.tensor([[0, 4], [1, 2]]), torch.ones(2, 2), 4)
+        cpu_moe.moe_dispatch(_rand(2, 8, seed=27), torch.tensor([[0, 4], [1, 2]]), torch.ones(2, 2), 4)
     with pytest.raises(ValueError, match="moe_combine"):
-        cpu_kernels.moe_combine(_rand(4, 8, seed=28), torch.tensor([[0, 4]]), torch.ones(1, 2))
+        cpu_moe.moe_combine(_rand(4, 8, seed=28), torch.tensor([[0, 4]]), torch.ones(1, 2))
     with pytest.raises(ValueError, match=r"gqa_decode: positions must be in \[0, 8\)"):
         cache = torch.zeros(2, 1, 8, 4)
-        cpu_kernels.gqa_decode(torch.zeros(1, 2, 4), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4), cache, cache.clone(),
+        cpu_attention.gqa_decode(torch.zeros(1, 2, 4), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4), cache, cache.clone(),
                                torch.tensor([1]), torch.tensor([8]), 1.0)
     with pytest.raises(ValueError, match="not a multiple of 16"):
         cpu_kernels.pack_gate_up(_rand(2, 64, 2 * 24, seed=25))
     with pytest.raises(ValueError, match="state is updated in place"):
         s = _rand(2, 4, 16, 16, seed=26).transpose(2, 3)
-        cpu_kernels.kda_decode(*(_rand(2, 4, 16, seed=s_) for s_ in (1, 2, 3)), _rand(2, 4, 16, seed=4), _rand(2, 4, seed=5), s, 1.0)
+        cpu_kda.kda_decode(*(_rand(2, 4, 16, seed=s_) for s_ in (1, 2, 3)), _rand(2, 4, 16, seed=4), _rand(2, 4, seed=5), s, 1.0)
 
 
 def test_wrappers_stop_what_the_c_code_cannot_take() -> None:
@@ -248,16 +248,16 @@ def test_wrappers_stop_what_the_c_code_cannot_take() -> None:
         cpu_kernels.gemm(_rand(2, 64, seed=71), w[..., :16].contiguous(), 64)
     gate_up, down = cpu_kernels.pack_gate_up(_rand(2, 64, 64, seed=72)), cpu_kernels.pack_down(_rand(2, 32, 64, seed=73))
     with pytest.raises(ValueError, match="contiguous"):
-        cpu_kernels.moe_experts(_rand(3, 64, seed=74), [1, 2], gate_up.transpose(0, 1).contiguous().transpose(0, 1), down)
+        cpu_moe.moe_experts(_rand(3, 64, seed=74), [1, 2], gate_up.transpose(0, 1).contiguous().transpose(0, 1), down)
     with pytest.raises(ValueError, match="index tensors must be int64 on the CPU"):
-        cpu_kernels.moe_dispatch(_rand(2, 8, seed=75), torch.zeros(2, 2, dtype=torch.int64, device="meta"), torch.ones(2, 2), 4)
+        cpu_moe.moe_dispatch(_rand(2, 8, seed=75), torch.zeros(2, 2, dtype=torch.int64, device="meta"), torch.ones(2, 2), 4)
     with pytest.raises(ValueError, match="index tensors must be int64 on the CPU"):
-        cpu_kernels.moe_combine(_rand(4, 8, seed=76), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, 2))
+        cpu_moe.moe_combine(_rand(4, 8, seed=76), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, 2))
     cache = torch.zeros(2, 1, 8, 4)
     with pytest.raises(ValueError, match="index tensors must be int64 on the CPU"):
-        cpu_kernels.gqa_decode(torch.zeros(1, 2, 4), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4), cache, cache.clone(),
+        cpu_attention.gqa_decode(torch.zeros(1, 2, 4), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4), cache, cache.clone(),
                                torch.tensor([1], device="meta"), torch.tensor([0]), 1.0)
-    empty = cpu_kernels.gqa_decode(torch.zeros(0, 2, 4), torch.zeros(0, 1, 4), torch.zeros(0, 1, 4), cache, cache.clone(),
+    empty = cpu_attention.gqa_decode(torch.zeros(0, 2, 4), torch.zeros(0, 1, 4), torch.zeros(0, 1, 4), cache, cache.clone(),
                                    torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), 1.0)
     assert empty.shape == (0, 2, 4)
 

@@ -11,7 +11,7 @@ import torch
 
 import infra_agent.tracing.recorder as rec
 from infra_agent.tracing.recorder import Tracer
-from refstack.kernels import cpu_kernels
+from refstack.kernels import cpu_kernels, cpu_moe
 from refstack.model import HybridConfig, HybridModel, SeqChunk
 from refstack.model.moe import EPSettings
 
@@ -30,14 +30,14 @@ def _routing(T: int = 12, D: int = 16, E: int = 8, k: int = 2, seed: int = 0):
 @pytest.mark.parametrize("release_gil", [True, False])
 def test_ep_dispatch_and_combine_equal_the_moe_kernels(release_gil: bool) -> None:
     x, ids, w = _routing()
-    cross = cpu_kernels.ep_cross_bytes(ids, 8, 4, 16)
-    got = cpu_kernels.ep_dispatch(x, ids, w, 8, cross, 1e-3, release_gil=release_gil)
-    want = cpu_kernels.moe_dispatch(x, ids, w, 8)
+    cross = cpu_moe.ep_cross_bytes(ids, 8, 4, 16)
+    got = cpu_moe.ep_dispatch(x, ids, w, 8, cross, 1e-3, release_gil=release_gil)
+    want = cpu_moe.moe_dispatch(x, ids, w, 8)
     for a, b in zip(got, want):
         assert a == b if isinstance(a, list) else torch.equal(a, b)
     out = torch.randn(ids.numel(), 16)
-    y = cpu_kernels.ep_combine(out, got[2], w, cross, 1e-3, release_gil=release_gil)
-    assert torch.equal(y, cpu_kernels.moe_combine(out, got[2], w))
+    y = cpu_moe.ep_combine(out, got[2], w, cross, 1e-3, release_gil=release_gil)
+    assert torch.equal(y, cpu_moe.moe_combine(out, got[2], w))
 
 
 @NATIVE
@@ -45,17 +45,17 @@ def test_cross_bytes_counts_copies_leaving_their_home_rank() -> None:
     # 4 tokens, 2 ranks of 2 experts: tokens 0-1 live on rank 0, tokens 2-3 on rank 1.
     ids = torch.tensor([[0, 2], [1, 3], [0, 1], [2, 3]])
     # crossing copies: (0,2), (1,3), (2,0), (2,1) -> 4 rows of 8 floats
-    assert cpu_kernels.ep_cross_bytes(ids, 4, 2, 8) == 4 * 8 * 4
-    assert cpu_kernels.ep_cross_bytes(ids, 4, 1, 8) == 0
+    assert cpu_moe.ep_cross_bytes(ids, 4, 2, 8) == 4 * 8 * 4
+    assert cpu_moe.ep_cross_bytes(ids, 4, 1, 8) == 0
 
 
 @NATIVE
 def test_wait_is_proportional_and_bounded() -> None:
     t = time.perf_counter()
-    spun = cpu_kernels.ep_wait(20_000_000, 1.0)  # 20 MB at 1 GB/s (1 ns a byte): 20 ms
+    spun = cpu_moe.ep_wait(20_000_000, 1.0)  # 20 MB at 1 GB/s (1 ns a byte): 20 ms
     assert 20e6 <= spun and time.perf_counter() - t >= 0.02
-    assert cpu_kernels.ep_wait(10**12, 1.0) < 60e6  # capped at 50 ms
-    assert cpu_kernels.ep_wait(10**6, 0.0) == 0
+    assert cpu_moe.ep_wait(10**12, 1.0) < 60e6  # capped at 50 ms
+    assert cpu_moe.ep_wait(10**6, 0.0) == 0
 
 
 @NATIVE
@@ -79,7 +79,7 @@ def test_the_gil_is_held_only_when_asked(release_gil: bool) -> None:
         inside = []
         for _ in range(3):  # best of three: a busy machine may deschedule the stamping thread
             t0 = time.perf_counter()
-            cpu_kernels.ep_wait(40_000_000, 1.0, release_gil=release_gil)  # 40 ms
+            cpu_moe.ep_wait(40_000_000, 1.0, release_gil=release_gil)  # 40 ms
             inside.append(sum(t0 + 0.002 < x < t0 + 0.038 for x in list(stamps)))
     finally:
         stop.set()
