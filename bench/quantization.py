@@ -67,7 +67,8 @@ from refstack.engine import Engine, EngineConfig, SamplingParams
 from refstack.engine.config import resolve_dtype
 from refstack.kernels import cpu_kernels
 from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk
-from refstack.model.quant import fused_gpu_kernel, quantize_model
+from refstack.model.quant import quantize_model
+from refstack.model.quant_ops import fused_gpu_kernel
 
 GOAL_W8A8_SPEEDUP = 1.3  # at batch 32, vs bf16
 GOAL_W8A8_TOP1 = 0.98

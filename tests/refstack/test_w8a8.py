@@ -12,7 +12,7 @@
 - ``--quantization w8a8`` on torch's path without a working ``torch._int_mm`` is refused
   at startup in one line.
 
-GPU: ``torch._int_mm`` on CUDA is written (refstack.model.quant.int_mm) but untested here:
+GPU: ``torch._int_mm`` on CUDA is written (refstack.model.quant_ops.int_mm) but untested here:
 its tests (one Linear; the whole tiny model quantised on CUDA) are marked ``gpu`` and skip
 without a device.
 """
@@ -33,19 +33,17 @@ import torch
 from refstack.engine import Engine, EngineConfig
 from refstack.engine.device import PlacementError, resolve_placement
 from refstack.kernels import cpu_build, cpu_kernels, cpu_moe, cpu_packs
-from refstack.model import HybridConfig, HybridModel, SeqChunk, quant
+from refstack.model import HybridConfig, HybridModel, SeqChunk, quant, quant_ops
 from refstack.model.quant import (
     HELD_SITES,
-    HeldLinear,
-    QuantizedLinear,
     calibrate,
     calibration_prompts,
     quantize_model,
-    quantize_rows,
-    quantize_weight,
     site_names,
     smooth_and_quantize,
 )
+from refstack.model.quant_layers import HeldLinear, QuantizedLinear
+from refstack.model.quant_ops import quantize_rows, quantize_weight
 
 NATIVE = pytest.mark.skipif(not cpu_kernels.available(), reason=f"native kernels: {cpu_kernels.unavailable_reason()}")
 
@@ -300,8 +298,8 @@ def test_serve_w8a8_greedy_generates_and_agrees_with_the_unquantised_model(
 
 _FORCE_NO_INT_MM = """
 import sys
-from refstack.model import quant
-quant.int_mm_unavailable_reason = lambda device="cpu": "torch._int_mm does not run on cpu (forced by the test)"
+from refstack.model import quant_ops
+quant_ops.int_mm_unavailable_reason = lambda device="cpu": "torch._int_mm does not run on cpu (forced by the test)"
 from refstack.cli import main
 sys.exit(main(["serve", "--preset", "tiny", "--port", "0", "--quantization", "w8a8", "--cpu-kernels", "torch"]))
 """
@@ -316,11 +314,11 @@ def test_w8a8_on_torch_path_without_int_mm_is_refused_in_one_line(monkeypatch: p
     assert lines[0].startswith("refstack: error: --quantization w8a8 with --cpu-kernels torch: torch._int_mm does not "
                                "run"), lines[0]
     # In process: the same check, and nothing is refused where _int_mm works (this torch).
-    monkeypatch.setattr(quant, "int_mm_unavailable_reason", lambda device="cpu": "no int_mm here")
+    monkeypatch.setattr(quant_ops, "int_mm_unavailable_reason", lambda device="cpu": "no int_mm here")
     with pytest.raises(PlacementError, match="--quantization w8a8 with --cpu-kernels torch: no int_mm here"):
         resolve_placement(EngineConfig(quantization="w8a8", cpu_kernels="torch"))
     monkeypatch.undo()
-    assert quant.int_mm_unavailable_reason("cpu") is None
+    assert quant_ops.int_mm_unavailable_reason("cpu") is None
     assert resolve_placement(EngineConfig(quantization="w8a8", cpu_kernels="torch")).cpu_kernels == "torch"
 
 
@@ -335,12 +333,12 @@ def test_int_mm_on_cuda_matches_the_cpu_path() -> None:
     lin = QuantizedLinear(w, torch.rand(70, generator=gen) + 0.5)
     x = torch.randn(5, 70, generator=gen)
     codes, _ = quantize_rows(x, lin.inv_s)
-    exact = quant.int_mm(codes, lin.qweight_t)
+    exact = quant_ops.int_mm(codes, lin.qweight_t)
     cpu = lin(x)
     lin.to("cuda")
-    assert torch.equal(quant.int_mm(codes.cuda(), lin._mm_weight())[:, :45].cpu(), exact)
+    assert torch.equal(quant_ops.int_mm(codes.cuda(), lin._mm_weight())[:, :45].cpu(), exact)
     torch.testing.assert_close(lin(x.cuda()).cpu(), cpu, rtol=1e-6, atol=0.0)
-    assert quant.int_mm_unavailable_reason("cuda") is None
+    assert quant_ops.int_mm_unavailable_reason("cuda") is None
 
 
 @pytest.mark.gpu

@@ -160,7 +160,7 @@ def resolve_placement(config: EngineConfig, *, disagg: bool = False) -> Placemen
     kernels = config.cpu_kernels if native_possible else "torch"
     if config.quantization == "w8a8" and kernels == "torch":
         # (imports torch and the model: only when asked for)
-        from refstack.model.quant import int_mm_unavailable_reason
+        from refstack.model.quant_ops import int_mm_unavailable_reason
 
         reason = int_mm_unavailable_reason(device)  # W8A8 on torch's path is torch._int_mm
         if reason:

@@ -2,14 +2,14 @@
 activations, the int8 x int8 -> int32 product on the tensor cores, and the dequantising
 epilogue, fused.
 
-Why: the unfused path (``refstack.model.quant``: ``quantize_rows``, ``torch._int_mm``,
-``_dequant``) is about ten small kernels per GEMM, and an MoE layer's experts run it
+Why: the unfused path (``refstack.model.quant_ops``: ``quantize_rows``, ``torch._int_mm``,
+``dequantize``) is about ten small kernels per GEMM, and an MoE layer's experts run it
 once per expert.  refstack's decode step on a GPU is launch-bound at these model sizes,
 so that made W8A8 3-4x slower than bf16 on an H200 (docs/performance.md).  Here a GEMM
 is one launch, and a padded MoE buffer ``[E, capacity, K]`` is one launch for all its
 experts (the expert is the grid's third axis), as the bf16 path's one ``bmm``.
 
-The arithmetic is ``quantize_rows``' and ``_dequant``'s, operation for operation, so the
+The arithmetic is ``quantize_rows``' and ``dequantize``'s, operation for operation, so the
 result is the same bits as the unfused path (tested): ``xs = x * inv_s`` (fp32),
 ``scale = max|xs| / 127`` per row, ``codes = rint(xs * (1 / scale))`` clamped to
 [-127, 127] (0 for an all-zero row), ``y = float(sum codes * w) * (scale * w_scale)``.

@@ -14,7 +14,7 @@ from refstack.kernels import cpu_kernels
 from refstack.kernels.precision import matmul as precision_matmul
 
 if TYPE_CHECKING:
-    from refstack.model.quant import HeldLinear, QuantizedLinear
+    from refstack.model.quant_layers import HeldLinear, QuantizedLinear
 
 
 def seeded_weight(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter:

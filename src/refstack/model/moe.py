@@ -56,7 +56,7 @@ from refstack.model.config import HybridConfig
 from refstack.model.layers import Linear, round_bf16, seeded_weight
 
 if TYPE_CHECKING:
-    from refstack.model.quant import QuantizedExperts
+    from refstack.model.quant_layers import QuantizedExperts
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """The fused W8A8 GEMM (``refstack.kernels.w8a8_triton``) gives the unfused path's bits:
-``quantize_rows``, an exact int32 product and ``_dequant``.
+``quantize_rows``, an exact int32 product and ``dequantize``.
 
 - On the CPU, the real kernel under ``TRITON_INTERPRET=1`` (Triton's interpreter must be
   switched on before Triton is imported, hence a subprocess): one GEMM and a batch of
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed
 CHECK = textwrap.dedent("""
     import json, sys, torch
     from refstack.kernels.w8a8_triton import w8a8_matmul
-    from refstack.model.quant import _dequant, quantize_rows, quantize_weight
+    from refstack.model.quant_ops import dequantize, quantize_rows, quantize_weight
 
     device = sys.argv[1]
     gen = torch.Generator().manual_seed(0)
@@ -44,7 +44,7 @@ CHECK = textwrap.dedent("""
         want = []
         for e in range(E):
             xq, sx = quantize_rows(x[e], inv_s[e] if explicit else None)
-            want.append(_dequant((xq.long() @ q[e].t().long()).int(), sx, s[e]))
+            want.append(dequantize((xq.long() @ q[e].t().long()).int(), sx, s[e]))
         want = torch.stack(want)
         dev = lambda t: None if t is None else t.to(device)
         got = w8a8_matmul(dev(x), dev(q).transpose(1, 2), dev(s), dev(inv_s)).cpu()
@@ -101,13 +101,13 @@ def test_a_quantised_models_gemms_on_cuda_take_the_fused_kernel_with_the_cpus_bi
     its per-row scales can differ from the CPU's in the last bit.)"""
     import copy
 
-    from refstack.model import HybridConfig, HybridModel, quant
+    from refstack.model import HybridConfig, HybridModel, quant, quant_layers
 
     model = HybridModel(HybridConfig.preset("tiny", dtype="float32"))
     quant.quantize_model(model)
     gen = torch.Generator().manual_seed(1)
-    lin = next(m for m in model.modules() if isinstance(m, quant.QuantizedLinear))
-    experts = next(m.w8a8 for m in model.modules() if isinstance(getattr(m, "w8a8", None), quant.QuantizedExperts))
+    lin = next(m for m in model.modules() if isinstance(m, quant_layers.QuantizedLinear))
+    experts = next(m.w8a8 for m in model.modules() if isinstance(getattr(m, "w8a8", None), quant_layers.QuantizedExperts))
     x = torch.randn(7, lin.in_features, generator=gen)
     buf = torch.randn(experts.q_down.shape[0], 5, experts.q_gate_up.shape[2], generator=gen)
     buf[:, 3:] = 0  # padded rows
