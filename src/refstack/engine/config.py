@@ -85,7 +85,7 @@ class EngineConfig:
     # of known size and check that its measurements see it.
     step_delay_ms: float = 0.0
     # Calibration: each step busy-waits so that steps per second drop by this fraction
-    # under steady load (0.05 = 5% lower throughput); see Engine._slow_down.
+    # under steady load (0.05 = 5% lower throughput); see refstack.engine.step_slowdown.
     step_slowdown: float = 0.0
     # Keep spans in memory for /debug/trace even without INFRA_AGENT_TRACE.
     trace: bool = False

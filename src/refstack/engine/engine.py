@@ -22,10 +22,11 @@ import torch
 
 from infra_agent import tracing
 from refstack.engine import step_trace
-from refstack.engine.config import EngineConfig, resolve_dtype
+from refstack.engine.config import EngineConfig
 from refstack.engine.consumers import RequestStream, run_to_completion
-from refstack.engine.device import resolve_placement, select_kernels
+from refstack.engine.deltas import extend_text, take_delta
 from refstack.engine.heap import freeze_heap
+from refstack.engine.model_setup import cache_storage, prepare_model, unsampleable_ids
 from refstack.engine.request import (
     Request,
     RequestOutput,
@@ -35,7 +36,8 @@ from refstack.engine.request import (
 )
 from refstack.engine.sampling import SamplingParams, make_generator, sample_tokens
 from refstack.engine.scheduler import ScheduledChunk, Scheduler
-from refstack.model import ByteTokenizer, HybridConfig, HybridModel, SeqChunk
+from refstack.engine.step_slowdown import stretch_period
+from refstack.model import ByteTokenizer, SeqChunk
 
 log = logging.getLogger(__name__)
 THREAD_NAME = "engine-loop"
@@ -72,60 +74,25 @@ class Engine:
         self.config = config
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
-        if model is not None and config.dtype != "auto" and getattr(model.config, "dtype", config.dtype) != config.dtype:
-            raise ValueError(f"EngineConfig.dtype={config.dtype!r} but the model given was built with "
-                             f"dtype={model.config.dtype!r}; pass dtype='auto' to take the model's")
-        placement = resolve_placement(config)
-        if model is None:
-            overrides: dict[str, Any] = {"lm_head_precision": config.lm_head_precision, "seed": config.seed,
-                                          "dtype": resolve_dtype(config.dtype, placement.cpu_kernels)}
-            if config.max_seq_len:
-                overrides["max_seq_len"] = config.max_seq_len
-            # Built on the CPU from the seeded CPU generator, then moved: every device
-            # serves the same weights.
-            model = HybridModel(HybridConfig.preset(config.preset).with_overrides(**overrides))
+        served = prepare_model(config, model)
+        model = self.model = served.model
         if tokenizer is None:
             tokenizer = ByteTokenizer()
-        self.model = model
         # What "auto" became (the model's GEMM operand type): /debug/engine and the
         # server's startup line show it, since it depends on the machine.
-        self.dtype: str = getattr(model.config, "dtype", "float32")
+        self.dtype: str = served.dtype
         # What "auto" became, for /debug/engine and the startup line.
-        self.device: str = placement.device
-        self.native_kernels = select_kernels(placement.cpu_kernels, model)  # off before a move: CPU-only
-        if placement.device != "cpu":
-            model.to(placement.device)  # a model passed in moves too: the engine owns where it runs
-        if config.quantization != "none" or getattr(model, "quantization", "none") != "none":
-            from refstack.model.quant import apply_quantization
-
-            # W8A8: calibrated, smoothed and quantised here, where it runs (once per model).
-            apply_quantization(model, config.quantization)
-        if hasattr(model, "use_kda_decode_kernel"):
-            model.use_kda_decode_kernel(placement.kda_decode_kernel)
-        if hasattr(model, "configure_ep"):
-            from refstack.model.moe import EPSettings
-
-            model.configure_ep(EPSettings(release_gil=config.ep_release_gil, link_gbps=config.ep_link_gbps))
+        self.device: str = served.device
+        self.native_kernels = served.native_kernels
         self.tokenizer = tokenizer
         self.max_seq_len = config.max_seq_len or model.config.max_seq_len
-        # The cache's storage types (kv_cache_dtype, kv_cache_dtype_layers, kda_state_dtype);
-        # at the defaults new_cache is called as before (a model given may not take them).
-        cache_types: dict[str, Any] = {}
-        if config.kv_cache_dtype != "auto" or config.kv_cache_dtype_layers or config.kda_state_dtype != "fp32":
-            from refstack.model.kv_dtypes import resolve_kv_dtypes
-
-            cache_types = {"kv_dtypes": resolve_kv_dtypes(config.kv_cache_dtype, config.kv_cache_dtype_layers,
-                                                          model.config),
-                           "state_dtype": config.kda_state_dtype}
-        self.cache = model.new_cache(num_slots=config.slots, max_seq_len=self.max_seq_len, **cache_types)
+        self.cache = model.new_cache(num_slots=config.slots, max_seq_len=self.max_seq_len,
+                                     **cache_storage(config, model.config))
         self.scheduler = Scheduler(config, config.slots)
         self.observer = observer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
-        vocab = model.config.vocab_size
-        self._unsampleable = torch.zeros(vocab, dtype=torch.bool)
-        self._unsampleable[min(tokenizer.vocab_size, vocab):] = True
-        for tid in getattr(tokenizer, "prompt_only_ids", ()):
-            self._unsampleable[tid] = True
+        # Never sampled (see _sample); LogprobEngine masks its logprobs with it too.
+        self._unsampleable = unsampleable_ids(tokenizer, model.config.vocab_size)
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -284,7 +251,7 @@ class Engine:
                 with tracing.span("step_delay", cat="engine"):
                     time.sleep(self.config.step_delay_ms / 1000.0)
             if self.config.step_slowdown > 0:
-                self._slow_down(step_start, prev_start)
+                stretch_period(self.config.step_slowdown, step_start, prev_start)
         finally:
             if record is not None:
                 layout = step_trace.layout()
@@ -295,28 +262,6 @@ class Engine:
     def _on_admitted(self, req: Request) -> None:
         """A waiting request just took ``req.slot``: clear the slot's recurrent state."""
         self.cache.reset_slot(req.slot)
-
-    def _slow_down(self, step_start: float, prev_start: float | None) -> None:
-        """Calibration: stretch the step period so throughput drops by ``step_slowdown``.
-
-        The spin is a share of the previous step-to-step period (work, the serving
-        thread's turns at the GIL, and the previous spin), so in steady state the
-        period becomes (work + rest) / (1 - s): exactly a fraction s fewer steps per
-        second.  After an idle wait there is no period yet; the step's own time stands
-        in.  Spinning, unlike a sleep, keeps the core as slower compute would, and is
-        free of the OS's wake-up latency.
-        """
-        s = self.config.step_slowdown
-        # The span carries the period it stretched, so a trace (and the test) can check the
-        # spin against the engine's own clock rather than span starts, which a preemption
-        # between ``step_start`` and the step span's opening would shift.
-        with tracing.span("step_slowdown", cat="engine") as spin:
-            now = time.perf_counter()
-            base = (step_start - prev_start) if prev_start is not None else (now - step_start) / (1.0 - s)
-            spin.args = {"base_us": base * 1e6}  # recorded only when tracing is on
-            until = now + s * base
-            while time.perf_counter() < until:
-                pass
 
     def _forward(self, chunks: list[ScheduledChunk]) -> list[tuple[ScheduledChunk, torch.Tensor]]:
         logits = self._run_model(
@@ -369,28 +314,13 @@ class Engine:
 
     def _append_text(self, req: Request, tok: int) -> str | None:
         """Extend the request's text; the finish reason if an EOS or stop string ended it."""
-        if tok in self.eos_ids and not req.params.ignore_eos:
-            return "stop"
-        checked = len(req.text)
-        req.text += req.decoder.feed(tok)
-        cut = req.stop_matcher.find(req.text, checked)
-        if cut >= 0:
-            req.text = req.text[:cut]
-            req.decoder.flush()  # drop any partial character after the stop string
-            return "stop"
-        return None
+        return extend_text(req, tok, self.eos_ids)
 
     def _emit(self, req: Request, finished: bool) -> None:
-        upto = len(req.text) if finished else min(len(req.text), req.stop_matcher.safe_len(req.text))
-        upto = max(upto, req.emitted_chars)
-        delta = req.text[req.emitted_chars : upto]
-        new_ids = tuple(req.output_ids[req.emitted_tokens :])
-        if not delta and not new_ids and not finished:
-            return
-        req.emitted_chars = upto
-        req.emitted_tokens = len(req.output_ids)
-        req.sink(RequestOutput(req.request_id, delta, new_ids, finished, req.finish_reason,
-                               len(req.prompt_ids), len(req.output_ids)))
+        """Hand the request's sink what it has not seen yet (see ``deltas.take_delta``)."""
+        out = take_delta(req, finished)
+        if out is not None:
+            req.sink(out)
 
     def _finish(self, req: Request, reason: str) -> None:
         if req.state is RequestState.RUNNING:

@@ -1,6 +1,6 @@
 """Weight layouts the native CPU kernels read: packing, and the tagged-pack format.
 
-Pure torch, no native call: ``cpu_kernels`` and its siblings (the calls) and ``cpu_blocks`` (whole decode
+Pure torch, no native call: ``cpu_kernels`` (the calls) and ``cpu_blocks`` (whole decode
 blocks) check their weights against these layouts, and ``refstack.model`` packs its weights
 with them once at load time.
 
