@@ -15,7 +15,8 @@
   a ``PyDLL``), per its ``release_gil`` argument.
 
 Separate from ``cpu_kernels`` because these calls are one layer's data flow, and the
-expert-parallel forms share their checks and buffers with it (``_dispatch``, ``_combine``).
+expert-parallel forms share their checks and buffers with the plain ones (``_dispatch``,
+``_combine``).
 """
 
 from __future__ import annotations
