@@ -13,7 +13,7 @@ because it has its own life: it outlasts the server's exit, and it must never st
   draining.
 - Secrets are masked whole: a chunk is written up to its last newline and the rest waits
   for the end of its line, so a secret is not cut between two writes.  A line without
-  its end is written anyway after ``_QUIET_S`` of silence (a prompt, a progress bar), at
+  its end is written anyway after ``quiet_s`` of silence (a prompt, a progress bar), at
   the end of the stream, or once it grows past ``_MAX_PARTIAL`` bytes.
 - Bytes that are not UTF-8 reach the file unchanged (``surrogateescape``).
 - The file is opened for appending: the lifeline writes its own line into the same file.
@@ -53,9 +53,10 @@ _CLOSE_S = 5.0
 class ServerLog:
     """One log file: infra-agent's own notes, then the server's output, masked."""
 
-    def __init__(self, path: Path, secrets: Sequence[str]) -> None:
+    def __init__(self, path: Path, secrets: Sequence[str], *, quiet_s: float = _QUIET_S) -> None:
         self.path = path
         self._secrets = list(secrets)
+        self._quiet_s = quiet_s  # how long a line without its end waits for it before it is written anyway
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
         self._file = os.fdopen(fd, "wb", buffering=0)  # unbuffered: the tail is read from disk
         self._pipe: IO[bytes] | None = None
@@ -110,7 +111,7 @@ class ServerLog:
             while True:
                 if not partial:
                     self._idle.set()
-                ready = poller.poll(_QUIET_S * 1000 if partial else None)
+                ready = poller.poll(self._quiet_s * 1000 if partial else None)
                 self._idle.clear()
                 if not ready:  # quiet: the line without its end is all there is for now
                     self._write(partial)

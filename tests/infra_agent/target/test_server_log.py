@@ -80,7 +80,8 @@ def test_a_server_that_prints_a_lot_before_it_is_ready_never_blocks(tmp_path: Pa
 
 def test_a_secret_split_between_two_writes_is_masked_whole(tmp_path: Path) -> None:
     read_fd, write_fd = os.pipe()
-    log = ServerLog(tmp_path / "server.log", [CMD_KEY])
+    # A long quiet_s: the first half must wait for the rest of its line however slow this machine is.
+    log = ServerLog(tmp_path / "server.log", [CMD_KEY], quiet_s=60.0)
     log.note("# argv: ...\n")
     log.follow(os.fdopen(read_fd, "rb", buffering=0))
     os.write(write_fd, f"the key is {CMD_KEY[:10]}".encode())
