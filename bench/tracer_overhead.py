@@ -249,7 +249,7 @@ def pyspy_unavailable(pid: int) -> str | None:
 
 
 def measure(args: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
-    from infra_agent.probes.timeline import TimelineConfig
+    from infra_agent.probes.timeline_config import TimelineConfig
     from infra_agent.trace.sampler import PySpyDumpSampler
 
     interval_s = float(TimelineConfig.model_fields["sample_interval_s"].default)  # the probe's rate

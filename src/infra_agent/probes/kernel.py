@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -172,18 +173,57 @@ def run_lab(
         return _run_lab(specs, mode, config, progress, worker_for)
 
 
-def _run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any], progress: ProgressFn | None, worker_for: Any) -> tuple[Feedback, list[CheckReport | BenchReport]]:
-    mode = _mode({"mode": mode})
-    ms: list[Measurement] = []
-    fs: list[Finding] = []
-    reports: list[CheckReport | BenchReport] = []
-    n_seeds = int(config.get("seeds", 2))
+# A failed check is one table row: (spec, variant, vs, precision, output).
+_Row = tuple[str, str, str, str, str]
+
+
+@dataclass
+class _Tally:
+    """What the specs of one lab run add up to, while they run."""
+
+    measurements: list[Measurement] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    reports: list[CheckReport | BenchReport] = field(default_factory=list)
     # Counted apart so a failing check and the bench entry it refuses are not one
     # number twice; a failed check is one table row (variant, vs, precision, output),
     # the same row on check and bench shapes counting once.
-    failed: set[tuple[str, str, str, str, str]] = set()
-    faults: dict[str, set[tuple[str, str, str, str, str]]] = {"timeout": set(), "crashed": set()}
-    refused = timing_failed = checked = 0
+    failed: set[_Row] = field(default_factory=set)
+    faults: dict[str, set[_Row]] = field(default_factory=lambda: {"timeout": set(), "crashed": set()})
+    refused: int = 0
+    timing_failed: int = 0
+    checked: int = 0
+
+    def add_checks(self, spec: KernelSpec, checks: list[CheckReport]) -> None:
+        for check in checks:
+            cm, cf = check_feedback_parts(check)
+            self.measurements += cm
+            self.findings += cf
+            self.checked += check.checked
+            for r in check.rows():
+                if r.status == "failed":
+                    self.failed.add((spec.name, r.variant, r.against, r.precision, r.output))
+                    if r.fault in ("timeout", "crashed"):
+                        self.faults[r.fault].add((spec.name, r.variant, r.against, r.precision, r.output))
+
+    def error(self, skipped: list[str]) -> str | None:
+        """The run's error: what failed, or that nothing was checked at all; None when all is well."""
+        how = ", ".join(f"{len(keys)} {'timed out' if fault == 'timeout' else 'crashed'}"
+                        for fault, keys in self.faults.items() if keys)
+        problems = [
+            _plural(len(self.failed), "failed check", "failed checks") + (f" ({how})" if how else "") if self.failed else "",
+            _plural(self.refused, "refused bench entry", "refused bench entries") if self.refused else "",
+            _plural(self.timing_failed, "bench entry", "bench entries") + " raised while timed" if self.timing_failed else "",
+        ]
+        if self.checked == 0:
+            # Everything was skipped: there is no result to call a success.
+            return "nothing was checked: " + ("; ".join(skipped) or "no case ran")
+        return ", ".join(p for p in problems if p) or None
+
+
+def _run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any], progress: ProgressFn | None, worker_for: Any) -> tuple[Feedback, list[CheckReport | BenchReport]]:
+    mode = _mode({"mode": mode})
+    tally = _Tally()
+    n_seeds = int(config.get("seeds", 2))
     for spec, precisions, variants, notes in narrow(specs, _names(config.get("precisions")), _names(config.get("variants"))):
         timeout_s = timeout_for(spec, config.get("timeout_s"))
         common: dict[str, Any] = {
@@ -193,8 +233,8 @@ def _run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any], progres
         if precisions == []:  # declares none of the requested modes: nothing to run
             dev = config.get("device") or "-"
             placeholder = CheckReport(spec.name, spec.origin, dev, [], skipped=notes)
-            reports.append(placeholder if mode == "check" else BenchReport(spec.name, spec.origin, dev, [], skipped=notes))
-            fs += check_feedback_parts(placeholder)[1]
+            tally.reports.append(placeholder if mode == "check" else BenchReport(spec.name, spec.origin, dev, [], skipped=notes))
+            tally.findings += check_feedback_parts(placeholder)[1]
             continue
         if mode == "bench":
             bench = bench_spec(
@@ -205,56 +245,40 @@ def _run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any], progres
             checks = bench.checks
             m, f = bench_feedback_parts(bench)
             work = bench.work
-            refused += len(bench.refused)
-            timing_failed += len(bench.timing_failures)
-            reports.append(bench)
+            tally.refused += len(bench.refused)
+            tally.timing_failed += len(bench.timing_failures)
+            tally.reports.append(bench)
         else:
             checks = [check_spec(spec, n_seeds=n_seeds, **common)]
             m, f = [], []
             work = account_work(spec)
-            reports.append(checks[0])
+            tally.reports.append(checks[0])
         checks[0].skipped[:0] = notes
-        for check in checks:
-            cm, cf = check_feedback_parts(check)
-            ms += cm
-            fs += cf
-            checked += check.checked
-            for r in check.rows():
-                if r.status == "failed":
-                    failed.add((spec.name, r.variant, r.against, r.precision, r.output))
-                    if r.fault in ("timeout", "crashed"):
-                        faults[r.fault].add((spec.name, r.variant, r.against, r.precision, r.output))
-        ms += m
-        fs += f
+        tally.add_checks(spec, checks)
+        tally.measurements += m
+        tally.findings += f
         m, f = work_findings(spec.name, spec.origin, work)
-        ms += m
-        fs += f
-    fs = _unique_skips(fs)
+        tally.measurements += m
+        tally.findings += f
+    return _lab_feedback(specs, mode, tally), tally.reports
+
+
+def _lab_feedback(specs: list[KernelSpec], mode: str, tally: _Tally) -> Feedback:
+    fs = _unique_skips(tally.findings)
     skipped = [f.message for f in fs if f.kind == "skipped"]
-    how = ", ".join(f"{len(keys)} {'timed out' if fault == 'timeout' else 'crashed'}" for fault, keys in faults.items() if keys)
-    problems = [
-        _plural(len(failed), "failed check", "failed checks") + (f" ({how})" if how else "") if failed else "",
-        _plural(refused, "refused bench entry", "refused bench entries") if refused else "",
-        _plural(timing_failed, "bench entry", "bench entries") + " raised while timed" if timing_failed else "",
-    ]
-    if checked == 0:
-        # Everything was skipped: there is no result to call a success.
-        error: str | None = "nothing was checked: " + ("; ".join(skipped) or "no case ran")
-    else:
-        error = ", ".join(p for p in problems if p) or None
-    fb = Feedback(
+    error = tally.error(skipped)
+    return Feedback(
         probe="kernel",
         tier=MODE_TIERS[mode],
         scope=[s.name for s in specs],
         ok=error is None,
         error=error,
-        measurements=ms,
+        measurements=tally.measurements,
         findings=fs,
         meta={
             "mode": mode, "specs": [s.name for s in specs], "origin": specs[0].origin if specs else None,
-            "checked": checked, "skipped": skipped,
-            "failed_checks": len(failed), "refused_entries": refused, "timing_failures": timing_failed,
-            "timed_out": len(faults["timeout"]), "crashed": len(faults["crashed"]),
+            "checked": tally.checked, "skipped": skipped,
+            "failed_checks": len(tally.failed), "refused_entries": tally.refused, "timing_failures": tally.timing_failed,
+            "timed_out": len(tally.faults["timeout"]), "crashed": len(tally.faults["crashed"]),
         },
     )
-    return fb, reports

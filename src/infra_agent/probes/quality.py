@@ -29,7 +29,7 @@ not only a step's distance from its parent.
 
 A server that cannot answer (HTTP 400 or 422 to the request, or an answer without
 prompt logprobs) gives a ``no_logprobs`` finding and **no** metrics, never zeros, and
-the run is ``ok=False``.  ``max_kl_div`` / ``min_top1_agreement`` make the run fail
+the run is ``ok=False`` (the requests and their refusals: ``quality_echo.py``).  ``max_kl_div`` / ``min_top1_agreement`` make the run fail
 when the pooled value crosses them, for use as a check gate without a criterion.
 """
 
@@ -55,17 +55,22 @@ from infra_agent.feedback import (
     Tier,
 )
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
+from infra_agent.probes.quality_echo import (
+    NoLogprobs,
+    Side,
+    UrlTarget,
+    discover_model,
+    prompt_logprobs,
+)
 from infra_agent.probes.quality_metrics import (
     QUALITY_METRICS,
     PromptComparison,
     PromptLogprobs,
     TokenMismatch,
-    Unusable,
     compare_prompt,
     describe,
     err_metric,
     is_quality_metric,
-    parse_echo,
     per_prompt,
     pooled,
     quality_metric_direction,
@@ -74,8 +79,6 @@ from infra_agent.probes.quality_metrics import (
 from infra_agent.vocabulary import FindingKind
 
 DEFAULT_PROMPTS = "quality_prompts.txt"  # in infra_agent/probes/data/
-# Status codes that mean "this server does not do echo + logprobs" rather than "it broke".
-_UNSUPPORTED_STATUS = frozenset({400, 422, 501})
 
 
 class QualityConfig(ProbeConfig):
@@ -118,31 +121,6 @@ class QualityConfig(ProbeConfig):
             if not 0 < p <= 100:
                 raise ValueError(f"expected percentiles in (0, 100], got {p:g}")
         return pcts
-
-
-class _Url:
-    """A plain URL seen through the ``RunningTarget`` surface."""
-
-    def __init__(self, url: str, model: str | None) -> None:
-        self.url, self.model, self.log_path, self.pid = url, model, None, None
-        self.request_headers: dict[str, str] = {}
-
-    def check_alive(self) -> None:
-        return None
-
-
-class _Side:
-    def __init__(self, name: str, target: Any, model: str | None, knobs: dict[str, Any] | None) -> None:
-        self.name, self.target, self.knobs = name, target, knobs
-        self.model = model or getattr(target, "model", None)
-        self.url = str(target.url).rstrip("/")
-        self.headers = dict(getattr(target, "request_headers", None) or {})
-
-
-class _NoLogprobs(Exception):
-    def __init__(self, side: _Side, why: str, status: int | None = None) -> None:
-        super().__init__(why)
-        self.side, self.why, self.status = side, why, status
 
 
 def load_prompts(path: Path | None = None) -> list[str]:
@@ -197,7 +175,7 @@ class QualityProbe(Probe):
                         fb.artifacts.append(Artifact(kind="log", path=str(side.target.log_path),
                                                      description=f"{side.name} server log"))
                 answers = self._ask(cfg, prompts, base, cand)
-        except _NoLogprobs as exc:
+        except NoLogprobs as exc:
             return self._no_logprobs(fb, exc)
         except InfraAgentError as exc:
             fb.ok, fb.error = False, f"quality probe: {exc}"
@@ -228,63 +206,40 @@ class QualityProbe(Probe):
         values = ws.resolve_knobs(overrides)
         return stack.enter_context(open_target(ws, values, default_log_dir(ws))), dict(values)
 
-    def _baseline(self, cfg: QualityConfig, ctx: ProbeContext, stack: ExitStack) -> _Side:
+    def _baseline(self, cfg: QualityConfig, ctx: ProbeContext, stack: ExitStack) -> Side:
         if cfg.baseline_url:
-            return _Side("baseline", _Url(cfg.baseline_url, None), cfg.baseline_model or cfg.model, None)
+            return Side("baseline", UrlTarget(cfg.baseline_url, None), cfg.baseline_model or cfg.model, None)
         if ctx.workspace is None:
             raise InfraAgentError("the baseline needs a 'baseline_url' or a workspace target to launch")
         target, values = self._launch(ctx, stack, dict(cfg.baseline_knobs))
-        return _Side("baseline", target, cfg.baseline_model or cfg.model, values)
+        return Side("baseline", target, cfg.baseline_model or cfg.model, values)
 
-    def _candidate(self, cfg: QualityConfig, ctx: ProbeContext, stack: ExitStack) -> _Side:
+    def _candidate(self, cfg: QualityConfig, ctx: ProbeContext, stack: ExitStack) -> Side:
         if ctx.target is not None:
-            return _Side("candidate", ctx.target, cfg.model, {**ctx.knobs, **cfg.knobs})
+            return Side("candidate", ctx.target, cfg.model, {**ctx.knobs, **cfg.knobs})
         if cfg.candidate_url:
-            return _Side("candidate", _Url(cfg.candidate_url, None), cfg.model, None)
+            return Side("candidate", UrlTarget(cfg.candidate_url, None), cfg.model, None)
         if ctx.workspace is None:
             raise InfraAgentError("the candidate needs a running target, a 'candidate_url' or a workspace target")
         target, values = self._launch(ctx, stack, {**ctx.knobs, **cfg.knobs})
-        return _Side("candidate", target, cfg.model, values)
+        return Side("candidate", target, cfg.model, values)
 
     # ------------------------------------------------------------------ the requests
 
-    def _ask(self, cfg: QualityConfig, prompts: list[str], base: _Side,
-             cand: _Side) -> list[tuple[PromptLogprobs, PromptLogprobs]]:
+    def _ask(self, cfg: QualityConfig, prompts: list[str], base: Side,
+             cand: Side) -> list[tuple[PromptLogprobs, PromptLogprobs]]:
         """Both servers' parsed answers per prompt; the first prompt goes to both before the rest."""
         out: list[tuple[PromptLogprobs, PromptLogprobs]] = []
         with httpx.Client(trust_env=False, timeout=cfg.timeout_s) as client:
             for side in (base, cand):
                 if side.model is None:
-                    side.model = _discover_model(client, side)
+                    side.model = discover_model(client, side)
             for i, prompt in enumerate(prompts):
-                out.append((self._one(client, cfg, base, i, prompt), self._one(client, cfg, cand, i, prompt)))
+                out.append((prompt_logprobs(client, base, i, prompt, max_tokens=cfg.max_tokens, logprobs=cfg.logprobs),
+                            prompt_logprobs(client, cand, i, prompt, max_tokens=cfg.max_tokens, logprobs=cfg.logprobs)))
         return out
 
-    def _one(self, client: httpx.Client, cfg: QualityConfig, side: _Side, index: int, prompt: str) -> PromptLogprobs:
-        body: dict[str, Any] = {"prompt": prompt, "max_tokens": cfg.max_tokens, "echo": True, "logprobs": cfg.logprobs,
-                                "temperature": 0}
-        if side.model:
-            body["model"] = side.model
-        try:
-            r = client.post(side.url + "/v1/completions", json=body, headers=side.headers)
-        except httpx.HTTPError as exc:
-            side.target.check_alive()  # a dead launched server says so with its log
-            raise InfraAgentError(f"{side.name} server at {side.url}: {type(exc).__name__}: {exc}") from None
-        if r.status_code == 400 and _too_long(r):
-            raise InfraAgentError(f"prompt {index} is too long for the {side.name} server's context: {_error_text(r)} "
-                                  "(use shorter prompts: prompts_file)")
-        if r.status_code in _UNSUPPORTED_STATUS:
-            raise _NoLogprobs(side, f"HTTP {r.status_code}: {_error_text(r)}", r.status_code)
-        if r.status_code != 200:
-            raise InfraAgentError(f"{side.name} server at {side.url}: HTTP {r.status_code}: {_error_text(r)}")
-        try:
-            return parse_echo(r.json())
-        except ValueError as exc:  # Unusable, or a body that is not JSON
-            if isinstance(exc, Unusable):
-                raise _NoLogprobs(side, str(exc)) from None
-            raise InfraAgentError(f"{side.name} server at {side.url}: the answer is not JSON: {exc}") from None
-
-    def _no_logprobs(self, fb: Feedback, exc: _NoLogprobs) -> Feedback:
+    def _no_logprobs(self, fb: Feedback, exc: NoLogprobs) -> Feedback:
         side = exc.side
         msg = (f"the {side.name} server ({side.url}) gives no teacher-forced prompt logprobs "
                f"(/v1/completions with echo and logprobs): {exc.why}")
@@ -299,7 +254,7 @@ class QualityProbe(Probe):
     # ------------------------------------------------------------------ the numbers
 
     def _compare(self, cfg: QualityConfig, ctx: ProbeContext, fb: Feedback, prompts: list[str],
-                 answers: list[tuple[PromptLogprobs, PromptLogprobs]], base: _Side, cand: _Side) -> None:
+                 answers: list[tuple[PromptLogprobs, PromptLogprobs]], base: Side, cand: Side) -> None:
         comparisons: list[PromptComparison] = []
         tokens: list[list[str]] = []
         skipped: list[dict[str, Any]] = []
@@ -359,39 +314,6 @@ class QualityProbe(Probe):
                            if failures else None)))
         if failures:
             fb.ok, fb.error = False, "; ".join(failures)
-
-
-def _discover_model(client: httpx.Client, side: _Side) -> str | None:
-    """The first model the server lists, or None (then no ``model`` is sent)."""
-    try:
-        r = client.get(side.url + "/v1/models", headers=side.headers)
-        data = r.json().get("data") if r.status_code == 200 else None
-        if isinstance(data, list) and data and isinstance(data[0], dict) and isinstance(data[0].get("id"), str):
-            return str(data[0]["id"])
-    except (httpx.HTTPError, ValueError, AttributeError):
-        pass
-    return None
-
-
-def _error_text(r: httpx.Response) -> str:
-    try:
-        err = r.json().get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:300]
-        if isinstance(err, str):
-            return err[:300]
-    except (ValueError, AttributeError):
-        pass
-    return r.text[:300]
-
-
-def _too_long(r: httpx.Response) -> bool:
-    try:
-        err = r.json().get("error")
-    except (ValueError, AttributeError):
-        return False
-    return isinstance(err, dict) and (err.get("code") == "context_length_exceeded"
-                                      or "maximum context length" in str(err.get("message", "")))
 
 
 def _changed_knobs(base: dict[str, Any] | None, cand: dict[str, Any] | None) -> dict[str, Any]:

@@ -17,6 +17,10 @@ keeps a server running, else the workspace target launched with this run's knobs
   (GIL contention, missing overlap, idle threads, span trends ...) whose locations name
   a component and, where the workspace allows, a knob.
 
+Its parts: the config (``timeline_config.py``), the sampled window
+(``timeline_sampling.py``), the analysis (``timeline_analysis.py``), the locating of
+findings (``timeline_locate.py``) and the target's profiler (``timeline_profile.py``).
+
 The Feedback holds the serving probe's measurements of the window (the same names, so
 the judge compares e2e metrics across probes), the timeline's own (``overlap_share``,
 ``gil_wait_share``, ``thread_busy_share``, ``gil_holder_share``, and from the collector's
@@ -40,12 +44,8 @@ value, so its findings describe the configuration under test.
 from __future__ import annotations
 
 import json
-import threading
 from contextlib import ExitStack
-from pathlib import Path
-from typing import Any, ClassVar, Literal
-
-from pydantic import Field
+from typing import Any, ClassVar
 
 from infra_agent.errors import InfraAgentError
 from infra_agent.feedback import (
@@ -58,63 +58,16 @@ from infra_agent.feedback import (
 from infra_agent.probes import timeline_profile
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
 from infra_agent.probes.knob_compare import pair_ratios, record_verdict, resolve_pair
-from infra_agent.probes.target_processes import pick_process
-from infra_agent.probes.timeline_locate import knobs_for, locate, span_categories
+from infra_agent.probes.timeline_analysis import analyse_window
+from infra_agent.probes.timeline_config import TimelineConfig
+from infra_agent.probes.timeline_sampling import sampled_window
 from infra_agent.vocabulary import FindingKind
 from infra_agent.workspace.models import Scenario
 
-# Span category (or name prefix) -> the component a finding about it is located in.
-DEFAULT_SPAN_COMPONENTS: dict[str, str] = {
-    "ep": "comm", "comm": "comm", "nccl": "comm", "kv": "kv_transfer", "transfer": "kv_transfer",
-    "engine": "engine", "http": "server", "model": "model", "gc": "runtime.gc",
-}
 # Metrics a timeline run reports beside the serving ones.
 TIMELINE_METRICS: tuple[str, ...] = ("overlap_share", "gil_wait_share", "thread_busy_share", "gil_holder_share",
                                      "gc_pause_ms", "gc_share",
                                      "input_throughput")
-
-
-class TimelineConfig(ProbeConfig):
-    """What to run, how to trace it, and what to expect; every key is optional."""
-
-    scenarios: list[str] | None = Field(None, description="workspace scenarios; the first one is traced (default: the first declared)")
-    scenario: Scenario | None = Field(None, description="an inline scenario, run as 'inline'")
-    knobs: dict[str, Any] = Field(default_factory=dict, description="knob overrides on top of the context's knobs")
-    trace_knobs: dict[str, Any] = Field(default_factory=lambda: {"trace": True, "trace_level": "layer"},
-                                        description="knobs that turn tracing on when this probe launches the target "
-                                                    "(only those the workspace declares are applied); trace_level "
-                                                    "layer: the per-layer spans its EP and GIL findings need")
-    trace_path: str = Field("/debug/trace", description="GET path of the server's Chrome trace")
-    reset: bool = Field(True, description="clear the server's span buffer (?reset=true) before the window")
-    sample: bool = Field(True, description="sample GIL holders with py-spy dump during the window")
-    profile: bool = Field(False, description="also run the target's torch.profiler over the traced window (POST "
-                                             "/start_profile, /stop_profile: refstack, vLLM, SGLang); its Kineto trace "
-                                             "joins the timeline, with a GPU's streams and the launch_bound finding")
-    sample_process: str = Field(
-        "auto", min_length=1,
-        description="auto: the busiest of the server and its child processes over the first lead_s; server: the "
-                    "server; any other value: the child process of that name (/proc/PID/comm, e.g. prefill-worker)")
-    lead_s: float = Field(0.5, ge=0, le=30, description="load time before the process is picked and sampling starts")
-    sample_interval_s: float = Field(0.0, ge=0, le=5)
-    expect_overlap: list[str] = Field(default_factory=list,
-                                      description="'A:B' span groups (names or categories, '|' joins) that should overlap")
-    knob_hints: dict[str, str] = Field(default_factory=dict,
-                                       description="pattern -> knob: a finding whose holder file, function or span holds "
-                                                   "the pattern names the knob")
-    span_components: dict[str, str] = Field(default_factory=dict,
-                                            description="span category -> component, over the defaults (ep -> comm ...)")
-    by: Literal["cat", "name"] = "cat"
-    repeats: int = Field(1, ge=1, le=20, description="sampled windows (the first is traced and analysed)")
-    compare_knob: str | None = Field(None, description="run two servers differing only in this knob, interleaved")
-    compare_values: list[Any] | None = Field(None, description="[reference, tested]; default [false, true] for a bool knob")
-    compare_pairs: int = Field(3, ge=1, le=50)
-    compare_metric: str = Field("input_throughput", description="result key (or input_throughput) the ratio is of")
-    ratio_name: str | None = Field(None, description="measurement name of the ratio (default <knob>_ratio)")
-    min_ratio: float | None = Field(None, gt=0, description="a gate on the ratio: ok=False when its 95% interval lies wholly below this")
-    # The serving probe's keys, so the executor's A/B job can pass them on.
-    result_metrics: list[str] | None = None
-    percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
-    queue_share: float = Field(0.5, gt=0, le=1)
 
 
 class TimelineProbe(Probe):
@@ -216,7 +169,9 @@ class TimelineProbe(Probe):
             for i in range(cfg.repeats):
                 if i == 0:
                     try:
-                        result, sampler_res, picked = self._sampled_window(cfg, ctx, target, name, sc, values)
+                        result, sampler_res, picked = sampled_window(
+                            cfg, lambda: self._window(cfg, ctx, target, name, sc, values, "0"), target.pid,
+                            ctx.workdir / f"gil-{name}.jsonl")
                     finally:  # the profile covers the traced window only, and never outlives it
                         if profiling:
                             kineto, note = timeline_profile.stop(target.url)
@@ -249,120 +204,7 @@ class TimelineProbe(Probe):
         spans_path = ctx.workdir / f"spans-{name}.json"
         spans_path.write_text(json.dumps(doc))
         fb.artifacts.append(Artifact(kind="trace", path=str(spans_path), description="server spans of the window"))
-        self._analyse(cfg, ctx, fb, name, spans_path, sampler_res, picked, runs[0], arm, kineto, profile_notes)
-
-    def _sampled_window(self, cfg: TimelineConfig, ctx: ProbeContext, target: Any, name: str, sc: Scenario,
-                        values: dict[str, Any]) -> tuple[dict[str, Any], Any, dict[str, Any]]:
-        from infra_agent.trace.sampler import PySpyDumpSampler, PySpyResult
-
-        box: dict[str, Any] = {}
-
-        def load() -> None:
-            try:
-                box["result"] = self._window(cfg, ctx, target, name, sc, values, "0")
-            except BaseException as exc:  # noqa: BLE001 - re-raised on the probe's thread
-                box["error"] = exc
-
-        worker = threading.Thread(target=load, name="timeline-load", daemon=True)
-        worker.start()
-        sampler = None
-        picked: dict[str, Any] = {}
-        res = None
-        if not cfg.sample:
-            res = PySpyResult(None, None, None)
-        elif target.pid is None:
-            res = PySpyResult(None, None, "py-spy unavailable, spans only: the target's process id is unknown "
-                                           "(a server given by URL)")
-        else:
-            pid, picked = pick_process(int(target.pid), cfg.sample_process, cfg.lead_s, worker)
-            if worker.is_alive():
-                sampler = PySpyDumpSampler(pid, ctx.workdir / f"gil-{name}.jsonl", interval_s=cfg.sample_interval_s).start()
-        worker.join()
-        if sampler is not None:
-            res = sampler.stop()
-        elif res is None:
-            res = PySpyResult(None, None, "py-spy unavailable, spans only: the window ended before sampling started "
-                                           f"(lead_s {cfg.lead_s:g} s is longer than the window)")
-        if "error" in box:
-            raise box["error"]
-        return box["result"], res, picked
-
-    # ------------------------------------------------------------------ analysis
-
-    def _analyse(self, cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: str, spans_path: Path,
-                 sampler_res: Any, picked: dict[str, Any], result: dict[str, Any], arm: str | None,
-                 kineto: Path | None = None, profile_notes: list[str] | None = None) -> None:
-        from infra_agent.trace.analyze import analyze
-        from infra_agent.trace.feedback import timeline_feedback
-        from infra_agent.trace.load import TraceLoadError, load_timeline
-        from infra_agent.trace.merge import write_merged
-
-        pyspy = sampler_res.path if sampler_res is not None else None
-        notes = list(profile_notes or [])
-        try:
-            try:
-                tl = load_timeline([spans_path], pyspy=pyspy, kineto=[kineto] if kineto is not None else [])
-            except TraceLoadError as exc:
-                if kineto is None or str(kineto) not in str(exc):
-                    raise
-                notes.append(f"torch.profiler trace left out: {exc}")  # it costs the Kineto part only
-                tl = load_timeline([spans_path], pyspy=pyspy)
-        except TraceLoadError as exc:
-            fb.findings.append(Finding(kind=FindingKind.OVERLAP_UNMEASURABLE, severity="warning",
-                                       message=f"the span trace could not be read: {exc}"))
-            return
-        if sampler_res is not None and sampler_res.warning:
-            tl.warnings.append(sampler_res.warning)
-        tl.warnings.extend(notes)
-        if pyspy is not None:
-            fb.artifacts.append(Artifact(kind="trace", path=str(pyspy), description="py-spy dump samples (JSON lines)"))
-        expect = []
-        for pair in cfg.expect_overlap:
-            a, sep, b = pair.partition(":")
-            if sep and a and b:
-                expect.append((a, b))
-        report = analyze(tl, by=cfg.by, expect_overlap=expect)
-        hints = {**self._workspace_hints(ctx.workspace, tl, cfg), **cfg.knob_hints}
-        tfb = timeline_feedback(report, knob_hints=hints, serving_result=result if result.get("ok", True) else None,
-                                meta={"sampled_process": picked})
-        components = {**DEFAULT_SPAN_COMPONENTS, **cfg.span_components}
-        cats = span_categories(tl)
-        tags = {"scenario": name, **({"knob": arm} if arm else {})}
-        for f in tfb.findings:
-            locate(f, components, cats, ctx.workspace, hints)
-            f.evidence.setdefault("scenario", name)
-            fb.findings.append(f)
-        for m in tfb.measurements:
-            m.tags.update(tags)
-            fb.measurements.append(m)
-        for w in report.waits[:8]:
-            for thread, share in list(w.holder_threads.items())[:3]:
-                fb.measurements.append(Measurement.from_samples("gil_holder_share", "ratio", [share], None, thread=thread,
-                                                                interval=f"{w.group}@{w.thread}", **tags))
-        merged = ctx.workdir / f"timeline-{name}.perfetto.json"
-        try:
-            write_merged(tl, merged)
-            fb.artifacts.append(Artifact(kind="trace", path=str(merged),
-                                         description="spans + GIL holder track on one clock (open in Perfetto)"))
-        except (OSError, ValueError) as exc:
-            tl.warnings.append(f"merged trace not written: {exc}")
-        fb.meta.setdefault("timeline", {}).update({**tfb.meta, "report": _small_report(report)})
-
-    @staticmethod
-    def _workspace_hints(ws: Any, tl: Any, cfg: TimelineConfig) -> dict[str, str]:
-        """Span name -> knob for span categories whose component exactly one workspace knob acts on."""
-        if ws is None:
-            return {}
-        components = {**DEFAULT_SPAN_COMPONENTS, **cfg.span_components}
-        out: dict[str, str] = {}
-        for span_name, cat in span_categories(tl).items():
-            comp = components.get(cat) or components.get(span_name.split(".", 1)[0])
-            if comp is None:
-                continue
-            knobs = knobs_for(ws, comp)
-            if len(knobs) == 1:
-                out[span_name] = knobs[0]
-        return out
+        analyse_window(cfg, ctx, fb, name, spans_path, sampler_res, picked, runs[0], arm, kineto, profile_notes)
 
     # ------------------------------------------------------------------ two values of a knob
 
@@ -433,11 +275,4 @@ def _get_json(url: str, timeout_s: float = 60.0) -> tuple[Any, str | None]:
     return timeline_profile.request_json(url, timeout_s=timeout_s)
 
 
-def _small_report(report: Any) -> dict[str, Any]:
-    d = report.to_dict()
-    return {"duration_us": d["duration_us"], "samples": d["samples"], "warnings": d["warnings"],
-            "threads": d["threads"][:8], "expected_overlap": d["expected_overlap"], "waits": d["waits"][:4],
-            "holder_spans": d["holder_spans"], "sources": d["sources"]}
-
-
-__all__ = ["TimelineConfig", "TimelineProbe"]
+__all__ = ["TimelineProbe"]

@@ -149,59 +149,18 @@ async def send_request(client: aiohttp.ClientSession, base_url: str, req: Reques
     """Send one streaming request and time it.  Never raises for request-level trouble."""
     rec = RequestRecord(prompt_len=req.prompt_len)
     url = base_url.rstrip("/") + endpoint_path(opts.endpoint)
-    chat = opts.endpoint == "chat"
     payload = build_payload(req, opts)
     headers = dict(opts.headers) if opts.headers else None
-    usage_tokens: int | None = None
-    saw_data = False
-    perf = time.perf_counter
-    rec.start = st = perf()
+    rec.start = st = time.perf_counter()
     clock = StreamClock(st)
-    end = st
     try:
         async with client.post(url, json=payload, headers=headers) as resp:
-            if resp.status != 200:
-                body = (await resp.content.read(300)).decode(errors="replace")
-                rec.error, rec.error_kind = f"HTTP {resp.status} from {url}: {body}", "http"
+            if await _refused(resp, url, rec):
                 return rec
-            ctype = resp.headers.get("content-type", "")
-            if "text/event-stream" not in ctype:
-                body = (await resp.content.read(200)).decode(errors="replace")
-                rec.error_kind = "protocol"
-                rec.error = (
-                    f"{url} answered with content-type {ctype or '<none>'!r}, not a server-sent event stream; "
-                    f"expected an OpenAI-compatible server that honours stream=true (body starts: {body!r})"
-                )
+            read = await _read_stream(resp, url, opts.endpoint == "chat", rec, clock)
+            if read is None:
                 return rec
-            async for line in resp.content:
-                # Cheap SSE parsing: only "data:" lines matter; comments, event names
-                # and blank separators are skipped without decoding.
-                if not line.startswith(b"data:"):
-                    continue
-                body_b = line[5:].strip()
-                if body_b == b"[DONE]":
-                    break
-                now = perf()
-                try:
-                    data = json.loads(body_b)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    rec.error = f"{url} streamed a non-JSON data line: {body_b[:120].decode(errors='replace')!r}"
-                    rec.error_kind = "protocol"
-                    return rec
-                saw_data = True
-                if "error" in data and not data.get("choices"):
-                    rec.error, rec.error_kind = f"server error in stream: {str(data['error'])[:200]}", "http"
-                    return rec
-                usage = data.get("usage")
-                if usage and usage.get("completion_tokens") is not None:
-                    usage_tokens = int(usage["completion_tokens"])
-                    if usage.get("prompt_tokens"):
-                        rec.prompt_len = rec.usage_prompt_tokens = int(usage["prompt_tokens"])
-                # A chunk with choices is a token even when its text is empty (a
-                # special token, half a UTF-8 character): vLLM's client counts it.
-                has_text = bool(_chunk_content(data, chat))
-                clock.chunk(now, bool(data.get("choices")) and (has_text or not _role_announcement(data, chat)), has_text)
-            end = perf()
+            end = time.perf_counter()
     except aiohttp.ClientConnectorError as exc:
         rec.error, rec.error_kind = f"cannot connect to {url}: {exc}", "connect"
         return rec
@@ -213,9 +172,72 @@ async def send_request(client: aiohttp.ClientSession, base_url: str, req: Reques
         # ClientPayloadError); ValueError is aiohttp's answer to an over-long line.
         rec.error, rec.error_kind = f"{type(exc).__name__} from {url}: {exc}", "other"
         return rec
+    saw_data, usage_tokens = read
     if not saw_data:
         rec.error, rec.error_kind = f"{url} sent an event stream without any OpenAI 'data:' chunks", "protocol"
         return rec
+    return _timed(rec, clock, end, usage_tokens)
+
+
+async def _refused(resp: aiohttp.ClientResponse, url: str, rec: RequestRecord) -> bool:
+    """Whether the answer is no event stream at all (an HTTP error, another content type); ``rec`` says which."""
+    if resp.status != 200:
+        body = (await resp.content.read(300)).decode(errors="replace")
+        rec.error, rec.error_kind = f"HTTP {resp.status} from {url}: {body}", "http"
+        return True
+    ctype = resp.headers.get("content-type", "")
+    if "text/event-stream" not in ctype:
+        body = (await resp.content.read(200)).decode(errors="replace")
+        rec.error_kind = "protocol"
+        rec.error = (
+            f"{url} answered with content-type {ctype or '<none>'!r}, not a server-sent event stream; "
+            f"expected an OpenAI-compatible server that honours stream=true (body starts: {body!r})"
+        )
+        return True
+    return False
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, url: str, chat: bool, rec: RequestRecord,
+                       clock: StreamClock) -> tuple[bool, int | None] | None:
+    """Feed every chunk of the stream to ``clock``: (whether any data line came, the usage's
+    completion tokens), or None when the stream broke the protocol (``rec`` says how)."""
+    usage_tokens: int | None = None
+    saw_data = False
+    perf = time.perf_counter
+    async for line in resp.content:
+        # Cheap SSE parsing: only "data:" lines matter; comments, event names
+        # and blank separators are skipped without decoding.
+        if not line.startswith(b"data:"):
+            continue
+        body_b = line[5:].strip()
+        if body_b == b"[DONE]":
+            break
+        now = perf()
+        try:
+            data = json.loads(body_b)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            rec.error = f"{url} streamed a non-JSON data line: {body_b[:120].decode(errors='replace')!r}"
+            rec.error_kind = "protocol"
+            return None
+        saw_data = True
+        if "error" in data and not data.get("choices"):
+            rec.error, rec.error_kind = f"server error in stream: {str(data['error'])[:200]}", "http"
+            return None
+        usage = data.get("usage")
+        if usage and usage.get("completion_tokens") is not None:
+            usage_tokens = int(usage["completion_tokens"])
+            if usage.get("prompt_tokens"):
+                rec.prompt_len = rec.usage_prompt_tokens = int(usage["prompt_tokens"])
+        # A chunk with choices is a token even when its text is empty (a
+        # special token, half a UTF-8 character): vLLM's client counts it.
+        has_text = bool(_chunk_content(data, chat))
+        clock.chunk(now, bool(data.get("choices")) and (has_text or not _role_announcement(data, chat)), has_text)
+    return saw_data, usage_tokens
+
+
+def _timed(rec: RequestRecord, clock: StreamClock, end: float, usage_tokens: int | None) -> RequestRecord:
+    """``rec`` with the stream's timings under both definitions, or its error when no token came."""
+    st = rec.start
     tokens, text = clock.chunks, clock.content
     rec.chunks, rec.content_chunks = tokens.events, text.events
     if tokens.first is None or tokens.last is None:

@@ -15,7 +15,7 @@ from infra_agent.errors import InfraAgentError, ServerStartError
 from infra_agent.serving.results import failed_result
 
 if TYPE_CHECKING:
-    from infra_agent.serving.runner import _Run
+    from infra_agent.serving.window import MeasuredWindow
 
 AliveCheck = Callable[[], None]  # raises ServerStartError when the server is gone
 _ALIVE_POLL_S = 0.25
@@ -31,7 +31,7 @@ async def _watch(alive: AliveCheck) -> None:
         await asyncio.sleep(_ALIVE_POLL_S)
 
 
-async def run_guarded(run: _Run, coro_factory: Callable[[], Any], alive_check: AliveCheck | None) -> dict[str, Any]:
+async def run_guarded(run: MeasuredWindow, coro_factory: Callable[[], Any], alive_check: AliveCheck | None) -> dict[str, Any]:
     if alive_check is None:
         return await coro_factory()
     main = asyncio.create_task(coro_factory())

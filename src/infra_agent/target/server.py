@@ -4,22 +4,17 @@ The server runs as the leader of a new session (``start_new_session=True``), so 
 process group holds everything it spawns and a terminal's Ctrl-C reaches only us.
 Stopping sends SIGTERM to the group, then SIGKILL after a grace period.  It runs on
 every way out of the ``with`` block: normal exit, exceptions, Ctrl-C, and SIGTERM or
-SIGHUP to this process (handlers are installed only while the block is active).
+SIGHUP to this process (``exit_signals.py``: handlers are installed only while the
+block is active).
 
-Two more ways out are covered, for a launcher that dies without running any code
-(SIGKILL, an OOM kill, a crash):
+A launcher that dies without running any code (SIGKILL, an OOM kill, a crash) is
+covered by the parent-death signal and the lifeline (``orphan_guard.py``).  By default
+(``parent_death_signal=None``) the parent-death signal is set only for launches from
+the main thread, since it follows the launching thread; pass True from another
+long-lived thread.
 
-- **parent-death signal** (Linux): the server gets SIGTERM from the kernel when the
-  thread that launched it exits (``prctl(PR_SET_PDEATHSIG)``).  It is tied to the
-  *thread*, not the process, so servers must be started from a thread that lives as
-  long as they do.  By default (``parent_death_signal=None``) it is set only for
-  launches from the main thread; pass True from another long-lived thread.  It
-  reaches only the direct child.
-- **lifeline**: a small watchdog (``lifeline.py``) in its own session holds the read
-  end of a pipe whose write end only this process holds; on EOF it stops the whole
-  group, TERM then KILL.  It covers a shell's children and non-Linux systems.  A child
-  made with a bare ``os.fork()`` (no exec) inherits the write end and keeps the
-  lifeline armed until it exits too.
+The server's output goes to its log file through ``ServerLog`` (``server_log.py``),
+which masks the launch's secrets before they reach the disk.
 
 Every server's environment carries ``INFRA_AGENT_OWNER=<launcher pid>:<token>`` (see
 ``procgroup.find_owned_groups``), so a later process can find and stop what a dead
@@ -30,18 +25,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import Any
+from types import TracebackType
 from urllib.parse import urlsplit
-
-import httpx
 
 from infra_agent.errors import ServerStartError
 from infra_agent.safety import (
@@ -51,7 +41,9 @@ from infra_agent.safety import (
     secret_values,
 )
 from infra_agent.target.auth import request_headers
+from infra_agent.target.exit_signals import ExitSignals
 from infra_agent.target.launch import LaunchPlan, plan_launch
+from infra_agent.target.orphan_guard import Lifeline, parent_death_preexec
 from infra_agent.target.ports import LOOPBACK, free_port
 from infra_agent.target.procgroup import (
     OWNER_ENV,
@@ -60,52 +52,14 @@ from infra_agent.target.procgroup import (
     owner_mark,
     signal_group,
 )
+from infra_agent.target.readiness import taken_ready_port, wait_ready
+from infra_agent.target.server_log import ServerLog
 from infra_agent.workspace import template
 from infra_agent.workspace.knobs import KnobValue
 from infra_agent.workspace.models import ServerTargetSpec
 
 _PORT_RETRIES = 3
-_POLL_S = 0.1
-
-
-class _Terminated(SystemExit):
-    """SIGTERM/SIGHUP turned into an exception, so ``with`` blocks unwind and clean up."""
-
-
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise _Terminated(128 + signum)
-
-
-_PR_SET_PDEATHSIG = 1
-_LIFELINE = Path(__file__).with_name("lifeline.py")
 _ADDRESS_IN_USE = "address already in use"
-
-
-def _parent_death_preexec() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking the kernel to SIGTERM the child when our thread exits.
-
-    Everything is looked up before the fork: between fork and exec the child only
-    makes one foreign call and one system call.  None where prctl does not exist.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    parent = os.getpid()
-    term = int(signal.SIGTERM)
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, term, 0, 0, 0)
-        if os.getppid() != parent:  # we died between fork and prctl: no signal will come
-            os._exit(128 + term)
-
-    return preexec
 
 
 class ServerProcess:
@@ -140,14 +94,14 @@ class ServerProcess:
         # None: only from the main thread; a worker thread that ends would kill the server.
         self.parent_death_signal = parent_death_signal
         self.lifeline = lifeline
-        self._lifeline: subprocess.Popen[bytes] | None = None
-        self._lifeline_fd: int | None = None  # write end of its pipe; only we hold it
+        self._lifeline: Lifeline | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopped = False  # the group has been stopped; _proc is kept for pid/returncode
         self._plan: LaunchPlan | None = None
         self._port: int | None = None
         self._log_path: Path | None = None
-        self._saved_handlers: dict[int, Any] = {}
+        self._log: ServerLog | None = None
+        self._exit_signals = ExitSignals()
 
     # ------------------------------------------------------------ surface
 
@@ -206,6 +160,8 @@ class ServerProcess:
         environment and argv are known."""
         if self._log_path is None or not self._log_path.exists():
             return ""
+        if self._log is not None and self._proc is not None and self._proc.poll() is not None:
+            self._log.settle()  # its last lines may still be on their way to the file
         with self._log_path.open("rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - 64 * 1024))
@@ -217,11 +173,15 @@ class ServerProcess:
         the values after secret flags of its argv, and its secret header values."""
         if self._plan is None:
             return scrub_text(text)
+        return scrub_text(text, self._launch_secrets())
+
+    def _launch_secrets(self) -> list[str]:
+        assert self._plan is not None
         headers = dict(self.spec.headers)
         if self.spec.api_key_env and os.environ.get(self.spec.api_key_env):
             headers["Authorization"] = f"Bearer {os.environ[self.spec.api_key_env]}"
         extra = command_secrets(self._plan.argv) + header_secrets(headers)
-        return scrub_text(text, secret_values(self._plan.env, extra=extra))
+        return secret_values(self._plan.env, extra=extra)
 
     def check_alive(self) -> None:
         """Raise ``ServerStartError`` with the log tail if the server has exited."""
@@ -235,11 +195,11 @@ class ServerProcess:
     # ------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> ServerProcess:
-        self._install_signal_handlers()
+        self._exit_signals.install()
         try:
             self.start()
         except BaseException:
-            self._restore_signal_handlers()
+            self._exit_signals.restore()
             raise
         return self
 
@@ -247,7 +207,7 @@ class ServerProcess:
         try:
             self.stop()
         finally:
-            self._restore_signal_handlers()
+            self._exit_signals.restore()
 
     def start(self) -> ServerProcess:
         """Launch and wait for readiness; on failure the group is stopped before raising."""
@@ -280,22 +240,13 @@ class ServerProcess:
         return any("port" in template.placeholders(p) for p in parts)
 
     def _check_ready_url_free(self, port: int) -> None:
-        """Refuse to launch when ``ready_url`` points at a loopback port someone already serves.
-
-        Readiness would then be read from the other process, and our server would die
-        on its bind in the middle of the run.
-        """
+        """Refuse to launch when ``ready_url`` points at a loopback port someone already serves."""
         assert self._plan is not None
-        parts = urlsplit(self._plan.ready_url)
-        if parts.hostname not in ("127.0.0.1", "localhost", "::1") or parts.port in (None, port):
+        taken = taken_ready_port(self._plan.ready_url, port)
+        if taken is None:
             return
-        try:
-            with socket.create_connection((parts.hostname, parts.port), timeout=1.0):
-                pass
-        except OSError:
-            return  # nothing listens: free
         raise ServerStartError(
-            self._masked(f"port {parts.port} is already in use: {self._plan.ready_url} answers before {self.name} was "
+            self._masked(f"port {taken} is already in use: {self._plan.ready_url} answers before {self.name} was "
                          "started, so readiness would be read from another process; stop it, or use {port} in the "
                          "command and ready_url"),
             None, "",
@@ -309,91 +260,48 @@ class ServerProcess:
         pdeathsig = self.parent_death_signal
         if pdeathsig is None:
             pdeathsig = threading.current_thread() is threading.main_thread()
-        preexec = _parent_death_preexec() if pdeathsig else None
+        preexec = parent_death_preexec() if pdeathsig else None
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self._log_path = self.log_dir / f"{self.name}-{stamp}-{port}.log"
-        with self._log_path.open("wb") as log:
-            log.write(self._masked(f"# argv: {self._plan.argv}\n# cwd: {self._plan.cwd}\n").encode())
-            log.flush()
-            self._proc, self._stopped = None, False
-            try:
-                # The child keeps its own copy of the log fd; ours closes with the block.
-                self._proc = subprocess.Popen(
-                    self._plan.argv,
-                    cwd=self._plan.cwd,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=preexec,  # noqa: PLW1509 -- one prctl call, nothing imported or locked (see _parent_death_preexec)
-                )
-            except OSError as exc:
-                raise ServerStartError(self._masked(f"cannot launch {self._plan.argv[0]!r}: {exc.strerror}"), None, "",
-                                       str(self._log_path)) from None
-            if self.lifeline:
-                self._start_lifeline(self._proc.pid, log)
-
-    def _start_lifeline(self, pgid: int, log: Any) -> None:
-        read_fd, write_fd = os.pipe()  # both close-on-exec; Popen dup2s the read end to 0
+        self._log = ServerLog(self._log_path, self._launch_secrets())
+        self._log.note(self._masked(f"# argv: {self._plan.argv}\n# cwd: {self._plan.cwd}\n"))
+        self._proc, self._stopped = None, False
         try:
-            self._lifeline = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(_LIFELINE), str(pgid), f"{self.spec.stop_grace_s:g}"],
-                stdin=read_fd,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-                start_new_session=True,  # a signal to our group must not take it along
+            # A pipe, not the file: ServerLog masks what the server prints before it is written.
+            self._proc = subprocess.Popen(
+                self._plan.argv,
+                cwd=self._plan.cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=preexec,  # noqa: PLW1509 -- one prctl call, nothing imported or locked (see parent_death_preexec)
             )
-        except OSError:
-            os.close(write_fd)
-            self._lifeline = None  # the parent-death signal and stop() still cover it
-            return
-        finally:
-            os.close(read_fd)
-        self._lifeline_fd = write_fd
-
-    def _disarm_lifeline(self) -> None:
-        if self._lifeline_fd is not None:
-            try:
-                os.write(self._lifeline_fd, b"x")
-            except OSError:
-                pass
-            os.close(self._lifeline_fd)
-            self._lifeline_fd = None
-        if self._lifeline is not None:
-            try:
-                self._lifeline.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                self._lifeline.kill()
-                self._lifeline.wait()
-            self._lifeline = None
+        except OSError as exc:
+            self._log.close()
+            raise ServerStartError(self._masked(f"cannot launch {self._plan.argv[0]!r}: {exc.strerror}"), None, "",
+                                   str(self._log_path)) from None
+        assert self._proc.stdout is not None
+        self._log.follow(self._proc.stdout)
+        if self.lifeline:
+            self._lifeline = Lifeline.start(self._proc.pid, self.spec.stop_grace_s, self._log_path)
 
     def _wait_ready(self) -> None:
         assert self._proc is not None and self._plan is not None
-        deadline = time.monotonic() + self.ready_timeout_s
-        last = "no answer yet"
-        # trust_env=False: a proxy from the environment must not intercept loopback.
-        with httpx.Client(trust_env=False, timeout=2.0, headers=self._ready_headers()) as client:
-            while True:
-                code = self._proc.poll()
-                if code is not None:
-                    raise ServerStartError(f"{self.name} exited before it was ready", code, self.log_tail(), str(self._log_path))
-                try:
-                    resp = client.get(self._plan.ready_url)
-                    if resp.status_code == 200:
-                        return
-                    last = f"HTTP {resp.status_code}"
-                except httpx.TransportError as exc:
-                    last = type(exc).__name__
-                if time.monotonic() >= deadline:
-                    raise ServerStartError(
-                        self._masked(f"{self.name} not ready after {self.ready_timeout_s:g}s (GET {self._plan.ready_url}: "
-                                     f"{last}); stopped it"),
-                        None,
-                        self.log_tail(),
-                        str(self._log_path),
-                    )
-                time.sleep(_POLL_S)
+        not_ready = wait_ready(self._proc, self._plan.ready_url, self._ready_headers(), self.ready_timeout_s)
+        if not_ready is None:
+            return
+        if not_ready.exit_code is not None:
+            raise ServerStartError(f"{self.name} exited before it was ready", not_ready.exit_code, self.log_tail(),
+                                   str(self._log_path))
+        raise ServerStartError(
+            self._masked(f"{self.name} not ready after {self.ready_timeout_s:g}s (GET {self._plan.ready_url}: "
+                         f"{not_ready.last}); stopped it"),
+            None,
+            self.log_tail(),
+            str(self._log_path),
+        )
 
     def _ready_headers(self) -> dict[str, str]:
         # The auth headers go only to the server's own origin.
@@ -421,7 +329,11 @@ class ServerProcess:
             except (KeyboardInterrupt, SystemExit) as exc:
                 pending, sig = exc, signal.SIGKILL
         self._stopped = True
-        self._disarm_lifeline()
+        if self._lifeline is not None:
+            self._lifeline.disarm()
+            self._lifeline = None
+        if self._log is not None:
+            self._log.close()  # the group is gone: the rest of its output goes to the file
         if pending is not None:
             raise pending
         return self._proc.returncode
@@ -442,25 +354,3 @@ class ServerProcess:
                     time.sleep(0.01)
                 return
             time.sleep(0.02)
-
-    # ------------------------------------------------------------ signals
-
-    def _install_signal_handlers(self) -> None:
-        # signal.signal only works on the main thread; elsewhere the owner of the
-        # main thread is responsible for turning signals into exceptions.
-        if threading.current_thread() is not threading.main_thread():
-            return
-        # Only default dispositions are replaced: a handler the application installed
-        # (or SIG_IGN it chose) stays in charge.
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(sig) is signal.SIG_DFL:
-                self._saved_handlers[sig] = signal.signal(sig, _raise_terminated)
-        # Python normally maps SIGINT to KeyboardInterrupt already; an embedding host may
-        # not, and the default action would kill us and orphan the server's session.
-        if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:
-            self._saved_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    def _restore_signal_handlers(self) -> None:
-        for sig, handler in self._saved_handlers.items():
-            signal.signal(sig, handler)
-        self._saved_handlers.clear()

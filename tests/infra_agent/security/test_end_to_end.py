@@ -191,8 +191,6 @@ def test_secrets_are_masked_where_they_were_and_nothing_else(written: Written) -
     assert "--api-key ***" in written.outputs["mcp validate_workspace"].decode()
 
 
-@pytest.mark.xfail(strict=True, reason="the server's own output goes to its log file as it printed it; masking the "
-                   "file on disk is a change to ServerProcess's log writing (target/server.py), not made here")
 def test_the_server_log_on_disk_is_masked(written: Written) -> None:
     logs = [p.read_bytes() for p in written.files() if _server_log(p)]
     assert logs and not any(s.encode() in log for s in SECRETS for log in logs)

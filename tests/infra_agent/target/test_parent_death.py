@@ -114,14 +114,16 @@ def test_parent_death_signal_alone_stops_the_server_but_not_a_grandchild(tmp_pat
 def test_owner_mark_finds_what_an_unprotected_launch_leaves(tmp_path: Path, reap: list[int]) -> None:
     # Without either protection (the state before them), SIGKILL orphans the whole group.
     token = f"t-mark-{os.getpid()}"
-    launcher, pgid, url = _launch(tmp_path, reap, token, pdeathsig=False, lifeline=False)
+    launcher, pgid, _ = _launch(tmp_path, reap, token, pdeathsig=False, lifeline=False)
     assert find_owned_groups(token) == [pgid]
     assert find_owned_groups(token, orphaned_only=True) == []  # its launcher still runs
     assert kill_owned_groups(token) == []  # so the default cleanup leaves it alone
     assert find_owned_groups("another-token") == []
     _sigkill(launcher)
     time.sleep(1.0)
-    assert len(group_members(pgid)) == 2 and _answers(url)  # orphaned, still serving
+    # Orphaned, still running.  (Not answering: its output pipe went with the launcher's log
+    # writer, and http.server fails each request on its access-log line.)
+    assert len(group_members(pgid)) == 2
     assert find_owned_groups(token, orphaned_only=True) == [pgid]
     assert kill_owned_groups(token, grace_s=2) == [pgid]
     assert group_members(pgid) == [] and find_owned_groups(token) == []

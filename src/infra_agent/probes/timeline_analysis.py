@@ -1,0 +1,106 @@
+"""The timeline probe's analysis: one traced window's spans and GIL samples, as findings.
+
+Apart from the probe because it is the step after the measuring: it loads the spans (and
+the py-spy samples, and the torch.profiler trace when there is one) into one timeline,
+runs the analysis of :mod:`infra_agent.trace`, locates each finding in a component and,
+where the workspace allows, a knob, and writes the merged Perfetto trace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from infra_agent.feedback import Artifact, Feedback, Finding, Measurement
+from infra_agent.probes.base import ProbeContext
+from infra_agent.probes.timeline_config import DEFAULT_SPAN_COMPONENTS, TimelineConfig
+from infra_agent.probes.timeline_locate import knobs_for, locate, span_categories
+from infra_agent.vocabulary import FindingKind
+
+
+def analyse_window(cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: str, spans_path: Path,
+                   sampler_res: Any, picked: dict[str, Any], result: dict[str, Any], arm: str | None,
+                   kineto: Path | None = None, profile_notes: list[str] | None = None) -> None:
+    """Add the findings, measurements and merged trace of one traced window to ``fb``.
+
+    ``sampler_res`` is the py-spy result (None: not sampled), ``picked`` the process it
+    sampled, ``result`` the window's serving result, ``arm`` the compared knob's side.
+    """
+    from infra_agent.trace.analyze import analyze
+    from infra_agent.trace.feedback import timeline_feedback
+    from infra_agent.trace.load import TraceLoadError, load_timeline
+    from infra_agent.trace.merge import write_merged
+
+    pyspy = sampler_res.path if sampler_res is not None else None
+    notes = list(profile_notes or [])
+    try:
+        try:
+            tl = load_timeline([spans_path], pyspy=pyspy, kineto=[kineto] if kineto is not None else [])
+        except TraceLoadError as exc:
+            if kineto is None or str(kineto) not in str(exc):
+                raise
+            notes.append(f"torch.profiler trace left out: {exc}")  # it costs the Kineto part only
+            tl = load_timeline([spans_path], pyspy=pyspy)
+    except TraceLoadError as exc:
+        fb.findings.append(Finding(kind=FindingKind.OVERLAP_UNMEASURABLE, severity="warning",
+                                   message=f"the span trace could not be read: {exc}"))
+        return
+    if sampler_res is not None and sampler_res.warning:
+        tl.warnings.append(sampler_res.warning)
+    tl.warnings.extend(notes)
+    if pyspy is not None:
+        fb.artifacts.append(Artifact(kind="trace", path=str(pyspy), description="py-spy dump samples (JSON lines)"))
+    expect = []
+    for pair in cfg.expect_overlap:
+        a, sep, b = pair.partition(":")
+        if sep and a and b:
+            expect.append((a, b))
+    report = analyze(tl, by=cfg.by, expect_overlap=expect)
+    hints = {**_workspace_hints(ctx.workspace, tl, cfg), **cfg.knob_hints}
+    tfb = timeline_feedback(report, knob_hints=hints, serving_result=result if result.get("ok", True) else None,
+                            meta={"sampled_process": picked})
+    components = {**DEFAULT_SPAN_COMPONENTS, **cfg.span_components}
+    cats = span_categories(tl)
+    tags = {"scenario": name, **({"knob": arm} if arm else {})}
+    for f in tfb.findings:
+        locate(f, components, cats, ctx.workspace, hints)
+        f.evidence.setdefault("scenario", name)
+        fb.findings.append(f)
+    for m in tfb.measurements:
+        m.tags.update(tags)
+        fb.measurements.append(m)
+    for w in report.waits[:8]:
+        for thread, share in list(w.holder_threads.items())[:3]:
+            fb.measurements.append(Measurement.from_samples("gil_holder_share", "ratio", [share], None, thread=thread,
+                                                            interval=f"{w.group}@{w.thread}", **tags))
+    merged = ctx.workdir / f"timeline-{name}.perfetto.json"
+    try:
+        write_merged(tl, merged)
+        fb.artifacts.append(Artifact(kind="trace", path=str(merged),
+                                     description="spans + GIL holder track on one clock (open in Perfetto)"))
+    except (OSError, ValueError) as exc:
+        tl.warnings.append(f"merged trace not written: {exc}")
+    fb.meta.setdefault("timeline", {}).update({**tfb.meta, "report": _small_report(report)})
+
+
+def _workspace_hints(ws: Any, tl: Any, cfg: TimelineConfig) -> dict[str, str]:
+    """Span name -> knob for span categories whose component exactly one workspace knob acts on."""
+    if ws is None:
+        return {}
+    components = {**DEFAULT_SPAN_COMPONENTS, **cfg.span_components}
+    out: dict[str, str] = {}
+    for span_name, cat in span_categories(tl).items():
+        comp = components.get(cat) or components.get(span_name.split(".", 1)[0])
+        if comp is None:
+            continue
+        knobs = knobs_for(ws, comp)
+        if len(knobs) == 1:
+            out[span_name] = knobs[0]
+    return out
+
+
+def _small_report(report: Any) -> dict[str, Any]:
+    d = report.to_dict()
+    return {"duration_us": d["duration_us"], "samples": d["samples"], "warnings": d["warnings"],
+            "threads": d["threads"][:8], "expected_overlap": d["expected_overlap"], "waits": d["waits"][:4],
+            "holder_spans": d["holder_spans"], "sources": d["sources"]}
