@@ -178,20 +178,43 @@ def compare_metric(
     ok_a, ok_b = _ok(baseline_runs), _ok(candidate_runs)
     failed = {side: _failure(runs) for side, runs, ok in (("A", baseline_runs, ok_a), ("B", candidate_runs, ok_b)) if not ok}
     if failed:
-        shown = {side: float(np.mean([_number(r, metric, side, i) for i, r in enumerate(ok)]))
-                 for side, ok in (("A", ok_a), ("B", ok_b)) if ok and all(metric in r for r in ok)}
-        note = "; ".join(f"{_SIDE[s]} failed" for s in failed)
-        return MetricComparison(metric, shown.get("A"), shown.get("B"), None, "none", note, failed=failed)
+        return _failed_sides(metric, ok_a, ok_b, failed)
+    base, cand = _cycles(baseline_runs, candidate_runs, ok_a, ok_b)
+    if not base or not cand:
+        msg = "no cycle in which both A and B succeeded; repeat the pairs"
+        return MetricComparison(metric, None, None, None, "none", msg, refusal=msg, more_runs=MIN_SAMPLES)
+    _require_metric(metric, base, cand)
+    a = [_number(r, metric, "A", i) for i, r in enumerate(base)]
+    b = [_number(r, metric, "B", i) for i, r in enumerate(cand)]
+    if len(base) >= 2 and len(cand) >= 2:
+        return _per_run(metric, base, cand, a, b, run_stat=run_stat, confidence=confidence, n_boot=n_boot, seed=seed,
+                        process_noise=process_noise, interval=interval)
+    return _few_runs(metric, base, cand, a, b, confidence=confidence, n_boot=n_boot, seed=seed,
+                     process_noise=process_noise, per_request=per_request)
+
+
+def _failed_sides(metric: str, ok_a: Sequence[dict[str, Any]], ok_b: Sequence[dict[str, Any]],
+                  failed: dict[str, str]) -> MetricComparison:
+    """A side with no successful run: reported as failed, with the other side's value when it has one."""
+    shown = {side: float(np.mean([_number(r, metric, side, i) for i, r in enumerate(ok)]))
+             for side, ok in (("A", ok_a), ("B", ok_b)) if ok and all(metric in r for r in ok)}
+    note = "; ".join(f"{_SIDE[s]} failed" for s in failed)
+    return MetricComparison(metric, shown.get("A"), shown.get("B"), None, "none", note, failed=failed)
+
+
+def _cycles(baseline_runs: Sequence[dict[str, Any]], candidate_runs: Sequence[dict[str, Any]],
+            ok_a: list[dict[str, Any]], ok_b: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The runs to compare: whole cycles when the counts match, else each side's successful runs."""
     if len(baseline_runs) == len(candidate_runs):
         # Interleaved files hold run i of both sides from the same cycle: drop a failed
         # run together with its partner, or later runs would pair across cycles.
         keep = [i for i in range(len(baseline_runs)) if _ok([baseline_runs[i]]) and _ok([candidate_runs[i]])]
-        base, cand = [baseline_runs[i] for i in keep], [candidate_runs[i] for i in keep]
-    else:
-        base, cand = ok_a, ok_b
-    if not base or not cand:
-        msg = "no cycle in which both A and B succeeded; repeat the pairs"
-        return MetricComparison(metric, None, None, None, "none", msg, refusal=msg, more_runs=MIN_SAMPLES)
+        return [baseline_runs[i] for i in keep], [candidate_runs[i] for i in keep]
+    return ok_a, ok_b
+
+
+def _require_metric(metric: str, base: Sequence[dict[str, Any]], cand: Sequence[dict[str, Any]]) -> None:
+    """Raise ``BenchmarkError`` naming the first run without ``metric``, and the keys it may have meant."""
     for side, runs in (("A", base), ("B", cand)):
         missing = [i for i, r in enumerate(runs) if metric not in r]
         if missing:
@@ -199,27 +222,37 @@ def compare_metric(
             close = difflib.get_close_matches(metric, keys, n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else f"; it holds {', '.join(keys[:16])}"
             raise BenchmarkError(f"metric {metric!r} is not in {_SIDE[side]} run {missing[0]}{hint}")
-    a = [_number(r, metric, "A", i) for i, r in enumerate(base)]
-    b = [_number(r, metric, "B", i) for i, r in enumerate(cand)]
-    if len(base) >= 2 and len(cand) >= 2:
-        paired = len(a) == len(b)
-        restarts = _restarts(base, cand)
-        if interval == "bootstrap" or min(a + b) <= 0:
-            # Opt-in (or values with no logarithm): the percentile bootstrap of the ratio of ``run_stat``s.
-            ci = bootstrap_ratio(b, a, stat=run_stat, confidence=confidence, n_boot=n_boot, seed=seed, paired=paired,
-                                 process_noise=process_noise, restarts=restarts)
-            note = f"bootstrap of the {run_stat} of {len(a)}+{len(b)} runs" + (", paired" if paired else "")
-            shown = (float(np.mean(a)), float(np.mean(b))) if run_stat == "mean" else (float(np.median(a)), float(np.median(b)))
-        else:
-            # The judge's one family (stats/intervals.py): per-pair log ratios, t-interval.
-            how = paired_ratio_interval if paired else unpaired_ratio_interval
-            ci = how(b, a, confidence=confidence, process_noise=process_noise, restarts=restarts)
-            note = (f"geometric mean of {len(a)} per-pair ratios, t-interval" if paired
-                    else f"ratio of geometric means of {len(a)}+{len(b)} runs, Welch t-interval")
-            shown = (_geomean(a), _geomean(b))
-        if process_noise > 0:
-            note += f", process noise {process_noise:.2%} over {restarts} restart(s)"
-        return MetricComparison(metric, shown[0], shown[1], ci, "per-run", note)
+
+
+def _per_run(metric: str, base: Sequence[dict[str, Any]], cand: Sequence[dict[str, Any]], a: list[float],
+             b: list[float], *, run_stat: str, confidence: float, n_boot: int, seed: int, process_noise: float,
+             interval: Literal["t", "bootstrap"]) -> MetricComparison:
+    """Two or more runs per side: the interval of B/A over the runs' values."""
+    paired = len(a) == len(b)
+    restarts = _restarts(base, cand)
+    if interval == "bootstrap" or min(a + b) <= 0:
+        # Opt-in (or values with no logarithm): the percentile bootstrap of the ratio of ``run_stat``s.
+        ci = bootstrap_ratio(b, a, stat=run_stat, confidence=confidence, n_boot=n_boot, seed=seed, paired=paired,
+                             process_noise=process_noise, restarts=restarts)
+        note = f"bootstrap of the {run_stat} of {len(a)}+{len(b)} runs" + (", paired" if paired else "")
+        shown = (float(np.mean(a)), float(np.mean(b))) if run_stat == "mean" else (float(np.median(a)), float(np.median(b)))
+    else:
+        # The judge's one family (stats/intervals.py): per-pair log ratios, t-interval.
+        how = paired_ratio_interval if paired else unpaired_ratio_interval
+        ci = how(b, a, confidence=confidence, process_noise=process_noise, restarts=restarts)
+        note = (f"geometric mean of {len(a)} per-pair ratios, t-interval" if paired
+                else f"ratio of geometric means of {len(a)}+{len(b)} runs, Welch t-interval")
+        shown = (_geomean(a), _geomean(b))
+    if process_noise > 0:
+        note += f", process noise {process_noise:.2%} over {restarts} restart(s)"
+    return MetricComparison(metric, shown[0], shown[1], ci, "per-run", note)
+
+
+def _few_runs(metric: str, base: Sequence[dict[str, Any]], cand: Sequence[dict[str, Any]], a: list[float],
+              b: list[float], *, confidence: float, n_boot: int, seed: int, process_noise: float,
+              per_request: bool) -> MetricComparison:
+    """Fewer than two runs on a side: no interval and the refusal, unless ``per_request``
+    bootstraps a latency metric over the requests of one run per side."""
     refusal, more = _single_run_refusal(len(base), len(cand))
     m = _LATENCY_KEY.match(metric)
     if len(base) == 1 and len(cand) == 1:

@@ -15,7 +15,8 @@ Tools:
   ``propose_diff``) and returns the verdict;
 - the environment's: ``validate_workspace``, ``list_knobs``, ``run_probe``,
   ``list_runs``, ``list_experiments``, ``read_findings`` (the read-only ones in
-  :mod:`infra_agent.mcp.views`).
+  :mod:`infra_agent.mcp.views`, ``run_probe`` in :mod:`infra_agent.mcp.probe_tool`;
+  their arguments in :mod:`infra_agent.mcp.tool_args`).
 
 The run: the first ``run_experiment`` opens a run record in the workspace's ledger
 (proposer ``mcp``), or resumes the one named by ``--run``, and measures the baseline;
@@ -36,20 +37,26 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra_agent.errors import InfraAgentError
 from infra_agent.mcp import views
-from infra_agent.mcp.progress import Heartbeat, SinkProgress, describe_event
-from infra_agent.mcp.views import measurement_row
+from infra_agent.mcp.probe_tool import FEEDBACK_CHARS, run_probe
+from infra_agent.mcp.progress import Heartbeat, SinkProgress
+from infra_agent.mcp.tool_args import (
+    ListExperimentsArgs,
+    McpRunExperimentArgs,
+    NoArgs,
+    ReadFindingsArgs,
+    RunProbeArgs,
+)
 from infra_agent.records import Experiment, RunRecord, Step
 from infra_agent.tools import code as code_tools
 from infra_agent.tools import experiment as exp_tools
 from infra_agent.tools.registry import (
     Tool,
-    ToolArgs,
     ToolContext,
     ToolRegistry,
     ToolResult,
@@ -60,7 +67,6 @@ log = logging.getLogger(__name__)
 PROPOSER = "mcp"
 # Seconds between "still running" progress messages while a probe or experiment runs.
 HEARTBEAT_S = 5.0
-_FEEDBACK_CHARS = 8000
 
 Progress = Callable[[str], None]
 
@@ -77,45 +83,6 @@ class McpOptions(BaseModel):
     check_timeout_s: float = Field(300.0, gt=0)
     run: str | None = Field(None, description="a run of the ledger to continue instead of opening a new one")
     heartbeat_s: float = Field(HEARTBEAT_S, gt=0)
-
-
-# ---------------------------------------------------------------- tool arguments
-
-
-class NoArgs(ToolArgs):
-    pass
-
-
-class RunProbeArgs(ToolArgs):
-    probe: str = Field(min_length=1, description="a probe ('serving', 'kernel', 'command', a dotted path to a Probe "
-                                                 "class) or the name of a workspace check (its config is the base)")
-    config: dict[str, Any] = Field(default_factory=dict, description="the probe's typed config (validated by the "
-                                                                     "probe's Config; unknown keys are refused)")
-    knobs: dict[str, bool | int | float | str] = Field(default_factory=dict, description="knob values to run with, "
-                                                                                        "over the current best's")
-    timeout_s: float | None = Field(None, gt=0, description="kill the probe after this long (at most the session's "
-                                                            "probe timeout)")
-
-
-class McpRunExperimentArgs(exp_tools.RunExperimentArgs):
-    """The registry's run_experiment (one hypothesis) with the change inline."""
-
-    knobs: dict[str, bool | int | float | str | None] | None = Field(
-        None, description="knob values to test (as set_knobs: checked against each knob's domain; merged into the "
-                          "pending change)")
-    diff: str | None = Field(None, description="a unified diff in git format to test (as propose_diff: checked with "
-                                               "git apply --check and the protected paths)")
-
-
-class ListExperimentsArgs(ToolArgs):
-    run: str | None = Field(None, description="a run id (default: this session's run, else the newest run)")
-    last_n: int = Field(20, ge=1, le=500, description="how many of the latest experiments to list")
-
-
-class ReadFindingsArgs(ToolArgs):
-    experiment: str = Field(min_length=1, description="an experiment id, e.g. e1")
-    run: str | None = Field(None, description="its run id (default: this session's run, else the run that holds it)")
-    side: Literal["candidate", "baseline", "both"] = Field("candidate", description="which side's findings")
 
 
 # ---------------------------------------------------------------- the session
@@ -180,7 +147,7 @@ class McpSession:
         from infra_agent.agent.executors.cleanup import kill_marked
 
         found: list[str] = []
-        n = kill_marked(f"{self._marker_run}/")
+        n = kill_marked(f"{self.marker_run}/")
         if n:
             found.append(f"{n} probe process(es)")
         if self.loop is not None:
@@ -198,7 +165,7 @@ class McpSession:
         s = self.opts.budget_s
         return None if s is None else s - (time.monotonic() - self.started)
 
-    def _budget_refusal(self, what: str, experiment: bool) -> ToolResult | None:
+    def budget_refusal(self, what: str, experiment: bool) -> ToolResult | None:
         left = self.seconds_left()
         if left is not None and left <= 0:
             return ToolResult.fail(f"{what}: the session's wall budget of {self.opts.budget_s:g} s is spent; "
@@ -211,7 +178,7 @@ class McpSession:
     # ------------------------------------------------------------ the run
 
     @property
-    def _marker_run(self) -> str:
+    def marker_run(self) -> str:
         return f"mcp-{self.id}"
 
     def open_ledger(self) -> Any:
@@ -295,7 +262,7 @@ class McpSession:
                  "components each affects.", NoArgs, partial(views.list_knobs, self)),
             Tool("run_probe", "Run one probe on the workspace (its code as it is, with the given knob values) in a "
                  "worker subprocess with a timeout, and return its Feedback (measurements, findings). Nothing is "
-                 "judged or recorded in the ledger.", RunProbeArgs, self._run_probe),
+                 "judged or recorded in the ledger.", RunProbeArgs, partial(run_probe, self)),
             *tools,
             Tool("list_runs", "List the runs in the workspace's ledger, newest first.", NoArgs, partial(views.list_runs, self)),
             Tool("list_experiments", "List a run's experiments from the ledger: hypothesis, change, verdict, cost.",
@@ -312,69 +279,13 @@ class McpSession:
         except InfraAgentError:
             return {}
 
-    def _run_probe(self, ctx: ToolContext, args: RunProbeArgs) -> ToolResult:
-        from infra_agent.agent.executors.jobs import ProbeTimeout, run_job
-        from infra_agent.errors import ConfigError
-        from infra_agent.feedback import Feedback
-        from infra_agent.probes.base import get_probe
-        from infra_agent.safety import bound
-
-        if (refused := self._budget_refusal("run_probe", experiment=False)) is not None:
-            return refused
-        try:
-            knobs = self.ws.resolve_knobs({**self.best_knobs(), **args.knobs})
-        except ConfigError as exc:
-            return ToolResult.fail(f"run_probe: field 'knobs': {exc}", problem="invalid_arguments")
-        check = next((c for c in self.ws.checks if c.name == args.probe), None)
-        probe_name = check.probe if check is not None else args.probe
-        try:
-            cls = get_probe(probe_name)
-        except ConfigError as exc:
-            return ToolResult.fail(f"run_probe: field 'probe': expected a probe ('serving', 'kernel', 'command', a "
-                                   f"dotted path) or a workspace check ({', '.join(c.name for c in self.ws.checks) or 'none'}), "
-                                   f"got {args.probe!r} ({exc})", problem="invalid_arguments")
-        config = {**(check.render(knobs) if check is not None else {}), **args.config}
-        try:
-            cfg = cls.parse_config(config, where=f"run_probe config of the {cls.name} probe")
-        except ConfigError as exc:
-            return ToolResult.fail(f"run_probe: {exc}", problem="invalid_config")
-        tier = cls.tier(cfg)
-        limit = self.opts.probe_timeout_s if tier.value in ("e2e", "trace") else self.opts.check_timeout_s
-        timeout = min(args.timeout_s or limit, self.opts.probe_timeout_s)
-        self.probes_run += 1
-        job_id = f"p{self.probes_run}"
-        source = self.ws.source or (self.ws.root / "infra-agent.yaml")
-        what = f"probe {cls.name!r} ({tier.value})"
-        self.report(f"{what} starts (timeout {timeout:g} s)")
-        beat = Heartbeat(self, what, self.opts.heartbeat_s)
-        t0 = time.monotonic()
-        try:
-            out = run_job(self.ws.root / ".infra-agent" / "mcp" / self.id, self._marker_run, job_id,
-                          {"kind": "probe", "probe": probe_name, "config": config, "workspace": str(source),
-                           "knobs": knobs}, timeout, lambda ev: self.report(describe_event(ev)), what)
-        except ProbeTimeout as exc:
-            return ToolResult.fail(f"run_probe: {exc}", problem="timeout", probe=cls.name)
-        finally:
-            beat.close()
-        wall = time.monotonic() - t0
-        if "feedback" not in out:
-            return ToolResult.fail(f"run_probe: {what} could not run: {out.get('error', 'the probe worker failed')}",
-                                   problem="probe_failed", probe=cls.name)
-        fb = Feedback.model_validate(out["feedback"])
-        head = f"{what} {'ok' if fb.ok else 'FAILED'} in {wall:.1f} s with knobs " + \
-               ", ".join(f"{k}={v}" for k, v in knobs.items())
-        data = {"probe": cls.name, "tier": tier.value, "ok": fb.ok, "error": fb.error, "wall_s": round(wall, 2),
-                "knobs": knobs, "measurements": [measurement_row(m) for m in fb.measurements],
-                "findings": [f.model_dump(mode="json", exclude_none=True) for f in fb.findings[:50]]}
-        return ToolResult(text=head + "\n" + bound(fb.render_text(), _FEEDBACK_CHARS), data=data, error=not fb.ok)
-
     def _run_experiment(self, ctx: ToolContext, args: McpRunExperimentArgs) -> ToolResult:
         from infra_agent.agent.proposers.llm_prompt import experiment_result
 
         if self.closed_reason is not None:
             return ToolResult.fail(f"run_experiment: this session's run is closed ({self.closed_reason}); start a new "
                                    "session to run more experiments", problem="closed")
-        if (refused := self._budget_refusal("run_experiment", experiment=True)) is not None:
+        if (refused := self.budget_refusal("run_experiment", experiment=True)) is not None:
             return refused
         # The change and the hypothesis are checked before anything is opened or measured.
         if self.loop is not None:
@@ -423,9 +334,10 @@ class McpSession:
         summary["best"] = state.best.id
         summary["run"] = loop.run.id
         summary["gates"] = [g.model_dump(mode="json", exclude_none=True) for g in state.gates]
-        text = f"run {loop.run.id}: " + experiment_result(exp, _FEEDBACK_CHARS) + f"\ncurrent best: {state.best.id}"
+        text = f"run {loop.run.id}: " + experiment_result(exp, FEEDBACK_CHARS) + f"\ncurrent best: {state.best.id}"
         # Never ran (screened out, or no probe could answer it): the call failed; a verdict, even a refuted one, did not.
         return ToolResult(text=text, data=summary, error=exp.probe is None and exp.status != "done")
+
 
 class _SubmittedStep:
     """The loop's proposer in an MCP session: steps come from tool calls, so it never proposes."""

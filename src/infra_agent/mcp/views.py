@@ -13,12 +13,8 @@ from infra_agent.tools import experiment as exp_tools
 from infra_agent.tools.registry import ToolContext, ToolResult
 
 if TYPE_CHECKING:
-    from infra_agent.mcp.session import (
-        ListExperimentsArgs,
-        McpSession,
-        NoArgs,
-        ReadFindingsArgs,
-    )
+    from infra_agent.mcp.session import McpSession
+    from infra_agent.mcp.tool_args import ListExperimentsArgs, NoArgs, ReadFindingsArgs
 
 
 def validate_workspace(session: McpSession, ctx: ToolContext, args: NoArgs) -> ToolResult:

@@ -46,7 +46,24 @@ def _pct(x: float) -> str:
 
 def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
              position: PositionLatency | None = None) -> list[Finding]:
+    """Every finding the report supports, one kind after another (the order the agent reads them in)."""
     hints = knob_hints or {}
+    return [
+        *_gil_contention(report, hints),
+        *_absent_expected(report),
+        *_no_overlap(report, hints),
+        *_unobserved(report),
+        *_thread_idle(report),
+        *_launch_bound(report),
+        *_span_trends(report),
+        *_step_overhead(report),
+        *_gc_pause(report, hints),
+        *_position_latency(position),
+    ]
+
+
+def _gil_contention(report: TimelineReport, hints: dict[str, str]) -> list[Finding]:
+    """A group that waited most of its time while one other thread held the GIL: who held it, and where."""
     out: list[Finding] = []
     for w in report.waits:
         if w.waiting_share < WAIT_SHARE_MIN or w.waiting_us < WAIT_US_MIN or not w.holders:
@@ -77,7 +94,12 @@ def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
                            + (f"Try knob {knob}." if knob else f"Release it there (Py_BEGIN_ALLOW_THREADS / a knob "
                               f"that releases it) so {w.thread} can run during {span or top.function}.")),
         ))
-    out.extend(_absent_expected(report))
+    return out
+
+
+def _no_overlap(report: TimelineReport, hints: dict[str, str]) -> list[Finding]:
+    """An expected overlap whose sides both ran but hardly overlapped, with the GIL holder during them."""
+    out: list[Finding] = []
     for e in report.expected:
         if e.a_us > 0 and e.b_us > 0 and e.share_of_a < EXPECT_SHARE_MIN:
             a_on = f" (thread {', '.join(e.a_threads)})" if e.a_threads else ""
@@ -97,6 +119,12 @@ def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
             out.append(Finding(kind=FindingKind.NO_OVERLAP, severity="warning", message=msg, location=loc,
                                evidence={k: v for k, v in e.to_dict().items() if k not in ("a_threads", "b_threads")},
                                next_question=question))
+    return out
+
+
+def _unobserved(report: TimelineReport) -> list[Finding]:
+    """What the trace could not see: overlap with uninstrumented threads, GIL holders without a sampler."""
+    out: list[Finding] = []
     if report.overlap.note:
         out.append(Finding(kind=FindingKind.OVERLAP_UNMEASURABLE, message=report.overlap.note,
                            next_question="Instrument the other threads (transfer, communication) with spans to see "
@@ -105,18 +133,29 @@ def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
         out.append(Finding(kind=FindingKind.SAMPLER_UNAVAILABLE, severity="warning",
                            message=next(w for w in report.warnings if "py-spy" in w),
                            next_question="Run with ptrace allowed (root or CAP_SYS_PTRACE) to attribute waits to GIL holders."))
+    return out
+
+
+def _thread_idle(report: TimelineReport) -> list[Finding]:
+    """The busiest host thread idle for most of the window."""
     streams = {r.stream for r in report.streams}
     host_threads = [t for t in report.threads if t.thread.strip() not in streams]
-    if host_threads:
-        busiest = host_threads[0]
-        if busiest.window_us > 0 and busiest.idle_us / busiest.window_us >= IDLE_SHARE_MIN:
-            gap = (report.gaps.get(busiest.thread) or [(0.0, 0.0)])[0]
-            out.append(Finding(
-                kind=FindingKind.THREAD_IDLE, message=f"the busiest thread {busiest.thread} was idle "
-                f"{_pct(busiest.idle_us / busiest.window_us)} of the window; longest gap {(gap[1] - gap[0]) / 1e3:.1f} ms",
-                location=Location(thread=busiest.thread), evidence=busiest.to_dict(),
-                next_question="Is the load too light to keep it busy, or does it wait on input (queue, HTTP, transfer)?"))
-    out.extend(_launch_bound(report))
+    if not host_threads:
+        return []
+    busiest = host_threads[0]
+    if not (busiest.window_us > 0 and busiest.idle_us / busiest.window_us >= IDLE_SHARE_MIN):
+        return []
+    gap = (report.gaps.get(busiest.thread) or [(0.0, 0.0)])[0]
+    return [Finding(
+        kind=FindingKind.THREAD_IDLE, message=f"the busiest thread {busiest.thread} was idle "
+        f"{_pct(busiest.idle_us / busiest.window_us)} of the window; longest gap {(gap[1] - gap[0]) / 1e3:.1f} ms",
+        location=Location(thread=busiest.thread), evidence=busiest.to_dict(),
+        next_question="Is the load too light to keep it busy, or does it wait on input (queue, HTTP, transfer)?")]
+
+
+def _span_trends(report: TimelineReport) -> list[Finding]:
+    """A span whose duration rises over the window, beside the model's spans that stayed flat."""
+    out: list[Finding] = []
     flat = [t.name for t in report.trends if t.flat and t.name in ("model.forward", "decode")]
     for t in report.trends:
         if not t.rising:
@@ -129,43 +168,58 @@ def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
                       **({"slope": best.slope, "slope_unit": best.unit, "r2": best.r2} if best else {})},
             next_question=f"What in {t.name} scales with {best.regressor if best else 'time'}? Look for work over all "
                           "tokens generated so far (O(n) per step, O(n²) per request)."))
-    ss = report.step_shares
-    if ss is not None and ss.step_us > 0 and ss.non_model_share >= STEP_OVERHEAD_MIN:
-        shares = {k: v / ss.step_us for k, v in ss.by_name.items()}
-        top_name = next(iter(shares), "untraced")
-        out.append(Finding(
-            kind=FindingKind.STEP_OVERHEAD, severity="warning",
-            message=f"non-model work took {_pct(ss.non_model_share)} of {ss.step_span} time over {ss.steps} steps "
-                    f"(largest: {top_name} {_pct(shares.get(top_name, ss.untraced_us / ss.step_us))})",
-            location=Location(span=top_name, component="engine.loop"), evidence=ss.to_dict(),
-            next_question=f"Can {top_name} move off the step's critical path (overlap it with the forward pass, or batch it)?"))
-    gcp = report.gc
-    if gcp is not None and (gcp.longest_us >= GC_PAUSE_MIN_US or gcp.share >= GC_SHARE_MIN):
-        thread = max(gcp.by_thread, key=gcp.by_thread.__getitem__, default=None)
-        full = gcp.by_generation.get(2, {})
-        knob = _knob(hints, "gc")
-        out.append(Finding(
-            kind=FindingKind.GC_PAUSE, severity="warning",
-            message=f"Python's garbage collector stopped the process for {gcp.total_us / 1e3:.1f} ms in {gcp.count} "
-                    f"collection(s), {_pct(gcp.share)} of the window; the longest, generation "
-                    f"{gcp.longest_generation}, took {gcp.longest_us / 1e3:.1f} ms"
-                    + (f" ({int(full['count'])} full collection(s), {full['total_us'] / 1e3:.1f} ms)" if full else "")
-                    + (f", on thread {thread}" if thread else ""),
-            location=Location(component="runtime.gc", span="gc", thread=thread, knob=knob),
-            evidence=gcp.to_dict(),
-            next_question="Does a full collection walk objects that live for the whole run (the model's modules and "
-                          "tensors, the imports)? Freeze them once startup is done (gc.collect(); gc.freeze(), as vLLM "
-                          "and SGLang do)" + (f": try knob {knob}." if knob else ", or raise the collector's thresholds.")))
-    if position is not None and position.rising and position.fit is not None:
-        out.append(Finding(
-            kind=FindingKind.LATENCY_RISES_WITH_POSITION, severity="warning",
-            message=f"inter-token latency rises with output position: {position.mean_first_ms:.2f} → "
-                    f"{position.mean_last_ms:.2f} ms, slope {position.fit.slope * 1e3:.3g} µs per position "
-                    f"(r²={position.fit.r2:.2f}, {position.requests} requests)",
-            location=Location(component="engine"), evidence={k: v for k, v in position.to_dict().items() if k != "per_position_ms"},
-            next_question="Which per-step work scans every generated token (sampling penalties, detokenisation, "
-                          "stop-string checks)? That is O(n²) per request."))
     return out
+
+
+def _step_overhead(report: TimelineReport) -> list[Finding]:
+    """Non-model work taking a large share of the engine's steps."""
+    ss = report.step_shares
+    if ss is None or not (ss.step_us > 0 and ss.non_model_share >= STEP_OVERHEAD_MIN):
+        return []
+    shares = {k: v / ss.step_us for k, v in ss.by_name.items()}
+    top_name = next(iter(shares), "untraced")
+    return [Finding(
+        kind=FindingKind.STEP_OVERHEAD, severity="warning",
+        message=f"non-model work took {_pct(ss.non_model_share)} of {ss.step_span} time over {ss.steps} steps "
+                f"(largest: {top_name} {_pct(shares.get(top_name, ss.untraced_us / ss.step_us))})",
+        location=Location(span=top_name, component="engine.loop"), evidence=ss.to_dict(),
+        next_question=f"Can {top_name} move off the step's critical path (overlap it with the forward pass, or batch it)?")]
+
+
+def _gc_pause(report: TimelineReport, hints: dict[str, str]) -> list[Finding]:
+    """Garbage collection that stopped the process long enough, or often enough, to matter."""
+    gcp = report.gc
+    if gcp is None or not (gcp.longest_us >= GC_PAUSE_MIN_US or gcp.share >= GC_SHARE_MIN):
+        return []
+    thread = max(gcp.by_thread, key=gcp.by_thread.__getitem__, default=None)
+    full = gcp.by_generation.get(2, {})
+    knob = _knob(hints, "gc")
+    return [Finding(
+        kind=FindingKind.GC_PAUSE, severity="warning",
+        message=f"Python's garbage collector stopped the process for {gcp.total_us / 1e3:.1f} ms in {gcp.count} "
+                f"collection(s), {_pct(gcp.share)} of the window; the longest, generation "
+                f"{gcp.longest_generation}, took {gcp.longest_us / 1e3:.1f} ms"
+                + (f" ({int(full['count'])} full collection(s), {full['total_us'] / 1e3:.1f} ms)" if full else "")
+                + (f", on thread {thread}" if thread else ""),
+        location=Location(component="runtime.gc", span="gc", thread=thread, knob=knob),
+        evidence=gcp.to_dict(),
+        next_question="Does a full collection walk objects that live for the whole run (the model's modules and "
+                      "tensors, the imports)? Freeze them once startup is done (gc.collect(); gc.freeze(), as vLLM "
+                      "and SGLang do)" + (f": try knob {knob}." if knob else ", or raise the collector's thresholds."))]
+
+
+def _position_latency(position: PositionLatency | None) -> list[Finding]:
+    """Inter-token latency that rises with the output position (from a serving result, when given)."""
+    if position is None or not position.rising or position.fit is None:
+        return []
+    return [Finding(
+        kind=FindingKind.LATENCY_RISES_WITH_POSITION, severity="warning",
+        message=f"inter-token latency rises with output position: {position.mean_first_ms:.2f} → "
+                f"{position.mean_last_ms:.2f} ms, slope {position.fit.slope * 1e3:.3g} µs per position "
+                f"(r²={position.fit.r2:.2f}, {position.requests} requests)",
+        location=Location(component="engine"), evidence={k: v for k, v in position.to_dict().items() if k != "per_position_ms"},
+        next_question="Which per-step work scans every generated token (sampling penalties, detokenisation, "
+                      "stop-string checks)? That is O(n²) per request.")]
 
 
 def measurements(report: TimelineReport) -> list[Measurement]:

@@ -16,9 +16,9 @@ import pytest
 from optuna.trial import TrialState
 
 from infra_agent.agent.proposers.base import LoopState, Proposer
-from infra_agent.agent.proposers.search import (
+from infra_agent.agent.proposers.search import SearchProposer
+from infra_agent.agent.proposers.search_objective import (
     Objective,
-    SearchProposer,
     distribution,
     metric_value,
     objective_for,
@@ -488,5 +488,5 @@ def test_a_knob_a_check_compares_is_never_searched() -> None:
     ws = load_workspace(Path(__file__).resolve().parents[3] / "examples" / "kv-transfer")
     p = SearchProposer(seed=0, blind=True)
     p._bind(ws)
-    assert "kv_transfer" in ws.knobs and "kv_transfer" not in p._dists  # the check's compare_knob
-    assert "kv_page_tokens" in p._dists and "ep_release_gil" in p._dists
+    assert "kv_transfer" in ws.knobs and "kv_transfer" not in p.searchable  # the check's compare_knob
+    assert "kv_page_tokens" in p.searchable and "ep_release_gil" in p.searchable

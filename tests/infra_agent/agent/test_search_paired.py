@@ -13,7 +13,8 @@ import pytest
 from optuna.trial import TrialState
 
 from infra_agent.agent.proposers.base import LoopState
-from infra_agent.agent.proposers.search import SearchProposer, paired_ratio
+from infra_agent.agent.proposers.search import SearchProposer
+from infra_agent.agent.proposers.search_objective import paired_ratio
 from infra_agent.feedback import Feedback, Finding, Location, Measurement, Tier
 from infra_agent.records import (
     Change,
