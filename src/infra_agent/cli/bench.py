@@ -15,15 +15,15 @@ import math
 import os
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
+from infra_agent.cli.bench_render import render_result
 from infra_agent.cli.output import emit, user_errors
 from infra_agent.errors import ConfigError, InfraAgentError, ServerStartError
 
@@ -39,6 +39,10 @@ from infra_agent.serving.results import (
     write_result,
 )
 from infra_agent.workspace.models import Scenario
+
+if TYPE_CHECKING:
+    from infra_agent.serving.datasets import Tokenizer
+    from infra_agent.serving.timing import LatencyDefinition
 
 _URL = re.compile(r"^https?://", re.IGNORECASE)
 LATENCY_DEFINITIONS = ("vllm", "content")  # as bench.timing; not imported, so --help stays light
@@ -111,74 +115,171 @@ def _url_dataset(kind: str, input_len: int, output_len: int, range_ratio: float,
     raise ConfigError(None, "--dataset", "random, jsonl or shared_prefix", kind)
 
 
-def render_result(result: dict[str, Any], console: Console, output: Path | None = None) -> None:
-    if "completed" in result:
-        _render_table(result, console)
-    if not result.get("ok", True):
-        console.print(Text.assemble(("run failed: ", "bold red"), str(result.get("error"))))
-        if result.get("log_path"):
-            console.print(f"log: {result['log_path']}", markup=False, highlight=False)
-        if result.get("log_tail"):
-            console.print("--- log tail ---", markup=False, highlight=False)
-            console.print(result["log_tail"].rstrip(), markup=False, highlight=False)
-    if output is not None:
-        console.print(f"result written to {output}", markup=False, highlight=False)
-    if result.get("requests_file"):
-        console.print(f"per-request records in {result['requests_file']}", markup=False, highlight=False)
+class RunnerOptions(TypedDict):
+    """What both modes hand their runner unchanged, checked before any server starts."""
+
+    progress: bool
+    percentiles: list[float]
+    max_failed_fraction: float
+    tokenizer: Tokenizer | None
+    latency_definition: LatencyDefinition
 
 
-def _render_table(result: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"serving benchmark: {result.get('url')} ({result.get('endpoint')})", show_header=True)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    rows: list[tuple[str, str]] = [
-        ("completed / failed", f"{result['completed']} / {result['failed']}"),
-        ("duration [s]", f"{result['duration']:.2f}"),
-        ("request throughput [req/s]", f"{result['request_throughput']:.3f}"),
-        ("output throughput [tok/s]", f"{result['output_throughput']:.1f}"),
-        ("total token throughput [tok/s]", f"{result['total_token_throughput']:.1f}"),
-    ]
-    if result.get("request_goodput") is not None:
-        rows.append(("request goodput [req/s]", f"{result['request_goodput']:.3f}"))
-    pkeys = sorted({k.split("_", 1)[0] for k in result if re.match(r"^p[\d.]+_ttft_ms$", k)}, key=lambda s: float(s[1:]))
-    definition = result.get("latency_definition", "vllm")
-    for m in ("ttft", "tpot", "itl", "e2el"):
-        parts = [f"mean {result[f'mean_{m}_ms']:.2f}", f"median {result[f'median_{m}_ms']:.2f}"]
-        parts += [f"{p} {result[f'{p}_{m}_ms']:.2f}" for p in pkeys if p != "p50"]  # p50 is the median
-        rows.append((f"{m.upper()} [ms]" + (f" ({definition})" if "latency_definition" in result else ""), "  ".join(parts)))
-    for other in ("vllm", "content"):
-        alt = result.get(f"{other}_latency")
-        if other == definition or not isinstance(alt, dict):
-            continue
-        for m in ("ttft", "tpot", "itl"):
-            rows.append((f"{m.upper()} [ms] ({other}, {alt.get('timed', 0)} req)",
-                         f"mean {alt[f'mean_{m}_ms']:.2f}  median {alt[f'median_{m}_ms']:.2f}"))
-    for phase, d in (result.get("server_metrics") or {}).items():
-        if d.get("missing"):
-            rows.append((f"server {phase}", "missing: no " + " or ".join(d.get("expected") or [])))
-            continue
-        mean = "reset" if d.get("reset") else ("-" if d["mean_s"] is None else f"{d['mean_s'] * 1e3:.2f}")
-        rows.append((f"server {phase} mean [ms] (n)", f"{mean} ({d.get('count')})"))
-    if result.get("tokenizer_id"):
-        check = f" ({result['tokenizer_check']})" if result.get("tokenizer_check") else ""
-        rows.append(("prompt lengths counted by", f"{result['tokenizer_id']}{check}"))
-    for name, value in rows:
-        table.add_row(Text(name), Text(value))  # Text: "[ms]" is a unit, not rich markup
-    console.print(table)
-    errors = [e for e in result.get("errors", []) if e]
-    if errors:
-        console.print(Text(f"{len(errors)} failed request(s); first: {errors[0]}", style="yellow"))
-    if result.get("server_metrics_error"):
-        console.print(Text(f"server metrics: {result['server_metrics_error']}", style="yellow"))
+def _runner_options(percentiles: str, latency_def: str, tokenizer: str | None, max_failed_fraction: float,
+                    progress: bool) -> RunnerOptions:
+    from infra_agent.serving.datasets import load_tokenizer
+
+    pcts = parse_percentiles(percentiles)
+    if latency_def not in LATENCY_DEFINITIONS:
+        raise ConfigError(None, "--latency-def", f"one of {', '.join(LATENCY_DEFINITIONS)}", latency_def)
+    # Before any server is started or request sent: a missing folder or a
+    # missing transformers is the user's to fix.
+    tok = load_tokenizer(tokenizer, "--tokenizer") if tokenizer is not None else None
+    if not 0.0 <= max_failed_fraction <= 1.0:
+        raise ConfigError(None, "--max-failed-fraction", "a fraction in [0, 1]", max_failed_fraction)
+    return RunnerOptions(progress=progress, percentiles=pcts, max_failed_fraction=max_failed_fraction, tokenizer=tok,
+                         latency_definition=cast("LatencyDefinition", latency_def))
 
 
-def _result_path(output: Path | None, result_dir: Path | None, sc: Scenario | None, model: str | None) -> Path | None:
-    """-o FILE as given, or under --result-dir a vLLM-style name from the run."""
-    if result_dir is None:
-        return output
-    backend = backend_name(sc.endpoint) if sc is not None else "openai"
-    rate = sc.request_rate if sc is not None else math.inf
-    return unique_path(result_dir / result_filename(backend, rate, sc.max_concurrency if sc is not None else None, model))
+@dataclass(frozen=True)
+class UrlFlags:
+    """The flags only URL mode reads: in workspace mode the scenario and target own them."""
+
+    dataset: str | None
+    input_len: int | None
+    output_len: int | None
+    range_ratio: float | None
+    dataset_path: Path | None
+    prefix_len: int | None
+    num_prefixes: int | None
+    seed: int | None
+    model: str | None
+    metrics_url: str | None
+    api_key_env: str | None
+    header: list[str]
+
+    def given(self) -> list[str]:
+        """The flags given on the command line, sorted."""
+        flags = {"--dataset": self.dataset, "--input-len": self.input_len, "--output-len": self.output_len,
+                 "--range-ratio": self.range_ratio, "--dataset-path": self.dataset_path, "--prefix-len": self.prefix_len,
+                 "--num-prefixes": self.num_prefixes, "--seed": self.seed, "--model": self.model,
+                 "--metrics-url": self.metrics_url, "--api-key-env": self.api_key_env, "--header": self.header or None}
+        return sorted(flag for flag, v in flags.items() if v is not None)
+
+    def dataset_config(self) -> dict[str, Any]:
+        """The scenario's ``dataset``, with URL mode's defaults for what was not given."""
+        return _url_dataset(self.dataset or "random", self.input_len or 128, self.output_len or 64, self.range_ratio or 0.0,
+                            self.dataset_path, self.prefix_len or 256, self.num_prefixes or 1, self.seed or 0)
+
+
+@dataclass
+class _Attempt:
+    """What is known of the run so far, filled in as each step succeeds: when the run
+    fails before it has a result, the failed result is written from this."""
+
+    scenario: Scenario | None = None
+    model: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _run_url(target: str, flags: UrlFlags, load: dict[str, Any], slo: dict[str, float], attempt: _Attempt,
+             options: RunnerOptions, requests_path: Path | None) -> dict[str, Any]:
+    from infra_agent.serving.runner import run_benchmark
+    from infra_agent.target.auth import parse_header, request_headers
+
+    given_url, target = target, base_url(target)
+    if target != given_url.rstrip("/"):
+        Console(stderr=True).print(f"bench: using the base URL {target} (requests go to {target}/v1/...)",
+                                   markup=False, highlight=False)
+    ds = flags.dataset_config()
+    rest = dict(load)
+    attempt.scenario = _scenario({"dataset": ds, "num_requests": rest.pop("num_requests", 100), "endpoint": "completions",
+                                  "warmup_requests": 0, "temperature": 0.0, **rest, "slo": slo or None})
+    headers = dict(parse_header(h) for h in flags.header)
+    headers = request_headers(flags.api_key_env, headers, field="--api-key-env")
+    if flags.api_key_env:
+        attempt.extra["api_key_env"] = flags.api_key_env  # the name only
+    return run_benchmark(target, attempt.scenario, model=flags.model, metrics_url=flags.metrics_url, headers=headers,
+                         requests_path=requests_path, **options)
+
+
+def _run_workspace(target: str, scenario: str | None, sets: list[str], flags: UrlFlags, load: dict[str, Any],
+                   slo: dict[str, float], attempt: _Attempt, options: RunnerOptions,
+                   requests_path: Path | None) -> dict[str, Any]:
+    from infra_agent.serving.runner import only_scenario, run_workspace_scenario
+
+    given = flags.given()
+    if given:
+        # The workspace scenario and target own these; silently ignoring them
+        # would benchmark something other than what the user asked for.
+        raise ConfigError(target, ", ".join(given), "no dataset/model/metrics/auth flags in workspace mode "
+                          "(edit the scenario or target in infra-agent.yaml)", "given")
+    # Here, not at the top: the probes package loads numpy, and --help stays light.
+    from infra_agent.probes.workspace_checks import load_workspace
+
+    ws = load_workspace(target)
+    from infra_agent.extras import target_needs
+
+    if (why := target_needs(ws.target)) is not None:  # a base install: name the extra, exit 2
+        raise InfraAgentError(f"{ws.root / 'infra-agent.yaml'}: {why}")
+    name = scenario or only_scenario(ws)
+    base = ws.scenario(name)
+    merged = {**base.model_dump(), **load, **({"slo": slo} if slo else {})}
+    attempt.scenario = _scenario(merged) if (load or slo) else base
+    attempt.model = ws.target.model
+    attempt.extra["workspace"] = workspace_record(ws)
+    return run_workspace_scenario(ws, name, parse_sets(sets), scenario=attempt.scenario,
+                                  requests_path=requests_path, **options)
+
+
+@dataclass(frozen=True)
+class ResultDestination:
+    """Where the result goes: ``-o FILE`` as given, or under ``--result-dir`` a file
+    named after the run, once its model is known."""
+
+    output: Path | None
+    result_dir: Path | None
+    # Known before the run, so a killed run leaves its per-request records; under
+    # --result-dir they get a provisional name until the model is known.
+    requests_path: Path | None
+
+    @classmethod
+    def from_flags(cls, output: Path | None, result_dir: Path | None) -> ResultDestination:
+        if output is not None and result_dir is not None:
+            raise ConfigError(None, "--output, --result-dir", "one of them (a file, or a folder to name the file in)", "both")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        requests_path = (requests_path_for(output) if output is not None else
+                         result_dir / f"bench-{stamp}-{os.getpid()}.requests.jsonl" if result_dir is not None else None)
+        return cls(output, result_dir, requests_path)
+
+    def result_path(self, sc: Scenario | None, model: str | None) -> Path | None:
+        """-o FILE as given, or under --result-dir a vLLM-style name from the run."""
+        if self.result_dir is None:
+            return self.output
+        backend = backend_name(sc.endpoint) if sc is not None else "openai"
+        rate = sc.request_rate if sc is not None else math.inf
+        return unique_path(self.result_dir / result_filename(backend, rate, sc.max_concurrency if sc is not None else None,
+                                                             model))
+
+    def write_failed(self, exc: InfraAgentError, attempt: _Attempt) -> None:
+        """No run: still leave a result saying why, where one was asked for."""
+        path = self.result_path(attempt.scenario, attempt.model)
+        if path is not None and attempt.scenario is not None:
+            tail = exc.log_tail if isinstance(exc, ServerStartError) else ""
+            log = exc.log_path if isinstance(exc, ServerStartError) else None
+            write_result({**failed_result(str(exc).split("\n", 1)[0], tail, log), **attempt.extra}, path)
+
+    def write(self, result: dict[str, Any], attempt: _Attempt) -> Path | None:
+        """Write the result (renaming the per-request records to match it); the path written, if any."""
+        path = self.result_path(attempt.scenario, result.get("model_id") or attempt.model)
+        requests_path = self.requests_path
+        if self.result_dir is not None and path is not None and requests_path is not None and requests_path.exists():
+            final = requests_path_for(path)
+            os.replace(requests_path, final)
+            result["requests_file"] = str(final)
+        if path is not None:
+            write_result(result, path)
+        return path
 
 
 def register(app: typer.Typer) -> None:
@@ -227,102 +328,29 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     ) -> None:
         """Run one serving benchmark and print vLLM-style metrics (+ server phases)."""
-        from infra_agent.serving.datasets import load_tokenizer
-        from infra_agent.serving.runner import (
-            only_scenario,
-            run_benchmark,
-            run_workspace_scenario,
-        )
-        from infra_agent.target.auth import parse_header, request_headers
-
         with user_errors(as_json):
             check_target_text(target)
-            pcts = parse_percentiles(percentiles)
-            if latency_def not in LATENCY_DEFINITIONS:
-                raise ConfigError(None, "--latency-def", f"one of {', '.join(LATENCY_DEFINITIONS)}", latency_def)
-            # Before any server is started or request sent: a missing folder or a
-            # missing transformers is the user's to fix.
-            tok = load_tokenizer(tokenizer, "--tokenizer") if tokenizer is not None else None
-            if not 0.0 <= max_failed_fraction <= 1.0:
-                raise ConfigError(None, "--max-failed-fraction", "a fraction in [0, 1]", max_failed_fraction)
-            if output is not None and result_dir is not None:
-                raise ConfigError(None, "--output, --result-dir", "one of them (a file, or a folder to name the file in)", "both")
+            options = _runner_options(percentiles, latency_def, tokenizer, max_failed_fraction, not no_progress)
+            destination = ResultDestination.from_flags(output, result_dir)
             load = {k: v for k, v in (("num_requests", num_requests), ("max_concurrency", max_concurrency),
                                        ("request_rate", request_rate), ("burstiness", burstiness),
                                        ("endpoint", endpoint), ("warmup_requests", warmup),
                                        ("temperature", temperature)) if v is not None}
             slo = {k: v for k, v in (("ttft_ms", slo_ttft_ms), ("tpot_ms", slo_tpot_ms), ("e2el_ms", slo_e2el_ms)) if v is not None}
-            url_only = {"--dataset": dataset, "--input-len": input_len, "--output-len": output_len,
-                        "--range-ratio": range_ratio, "--dataset-path": dataset_path, "--prefix-len": prefix_len,
-                        "--num-prefixes": num_prefixes, "--seed": seed, "--model": model, "--metrics-url": metrics_url,
-                        "--api-key-env": api_key_env, "--header": header or None}
-            # Known before the run, so a killed run leaves its per-request records; under
-            # --result-dir they get a provisional name until the model is known.
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            requests_path = (requests_path_for(output) if output is not None else
-                             result_dir / f"bench-{stamp}-{os.getpid()}.requests.jsonl" if result_dir is not None else None)
-            sc: Scenario | None = None
-            run_model = model
-            extra: dict[str, Any] = {}
+            flags = UrlFlags(dataset, input_len, output_len, range_ratio, dataset_path, prefix_len, num_prefixes, seed,
+                             model, metrics_url, api_key_env, header)
+            attempt = _Attempt(model=model)
             try:
                 if _URL.match(target):
-                    given_url, target = target, base_url(target)
-                    if target != given_url.rstrip("/"):
-                        Console(stderr=True).print(f"bench: using the base URL {target} (requests go to {target}/v1/...)",
-                                                   markup=False, highlight=False)
-                    ds = _url_dataset(dataset or "random", input_len or 128, output_len or 64, range_ratio or 0.0,
-                                      dataset_path, prefix_len or 256, num_prefixes or 1, seed or 0)
-                    sc = _scenario({"dataset": ds, "num_requests": load.pop("num_requests", 100), "endpoint": "completions",
-                                    "warmup_requests": 0, "temperature": 0.0, **load, "slo": slo or None})
-                    headers = dict(parse_header(h) for h in header)
-                    headers = request_headers(api_key_env, headers, field="--api-key-env")
-                    if api_key_env:
-                        extra["api_key_env"] = api_key_env  # the name only
-                    result = run_benchmark(target, sc, model=model, metrics_url=metrics_url, progress=not no_progress,
-                                           percentiles=pcts, headers=headers, requests_path=requests_path,
-                                           max_failed_fraction=max_failed_fraction, tokenizer=tok,
-                                           latency_definition=latency_def)  # type: ignore[arg-type]
+                    result = _run_url(target, flags, load, slo, attempt, options, destination.requests_path)
                 else:
-                    given = sorted(flag for flag, v in url_only.items() if v is not None)
-                    if given:
-                        # The workspace scenario and target own these; silently ignoring them
-                        # would benchmark something other than what the user asked for.
-                        raise ConfigError(target, ", ".join(given), "no dataset/model/metrics/auth flags in workspace mode "
-                                          "(edit the scenario or target in infra-agent.yaml)", "given")
-                    # Here, not at the top: the probes package loads numpy, and --help stays light.
-                    from infra_agent.probes.workspace_checks import load_workspace
-
-                    ws = load_workspace(target)
-                    from infra_agent.extras import target_needs
-
-                    if (why := target_needs(ws.target)) is not None:  # a base install: name the extra, exit 2
-                        raise InfraAgentError(f"{ws.root / 'infra-agent.yaml'}: {why}")
-                    name = scenario or only_scenario(ws)
-                    base = ws.scenario(name)
-                    merged = {**base.model_dump(), **load, **({"slo": slo} if slo else {})}
-                    sc = _scenario(merged) if (load or slo) else base
-                    run_model = ws.target.model
-                    extra["workspace"] = workspace_record(ws)
-                    result = run_workspace_scenario(ws, name, parse_sets(set_), scenario=sc, progress=not no_progress,
-                                                    percentiles=pcts, requests_path=requests_path,
-                                                    max_failed_fraction=max_failed_fraction, tokenizer=tok,
-                                                    latency_definition=latency_def)  # type: ignore[arg-type]
+                    result = _run_workspace(target, scenario, set_, flags, load, slo, attempt, options,
+                                            destination.requests_path)
             except InfraAgentError as exc:
-                # No run: still leave a result saying why, where one was asked for.
-                path = _result_path(output, result_dir, sc, run_model)
-                if path is not None and sc is not None:
-                    tail = exc.log_tail if isinstance(exc, ServerStartError) else ""
-                    log = exc.log_path if isinstance(exc, ServerStartError) else None
-                    write_result({**failed_result(str(exc).split("\n", 1)[0], tail, log), **extra}, path)
+                destination.write_failed(exc, attempt)
                 raise
-            result = {**extra, **result}
-            path = _result_path(output, result_dir, sc, result.get("model_id") or run_model)
-            if result_dir is not None and path is not None and requests_path is not None and requests_path.exists():
-                final = requests_path_for(path)
-                os.replace(requests_path, final)
-                result["requests_file"] = str(final)
-            if path is not None:
-                write_result(result, path)
+            result = {**attempt.extra, **result}
+            path = destination.write(result, attempt)
             emit(result, as_json, lambda console: render_result(result, console, path))
             if not result.get("ok", True):
                 raise typer.Exit(code=1)

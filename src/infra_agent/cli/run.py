@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from infra_agent.cli.output import err_console, user_errors
 from infra_agent.cli.runlog import drive_run
+
+if TYPE_CHECKING:
+    from infra_agent.agent.runner import RunOptions
 
 # Options that only one proposer reads: giving one to another proposer is a mistake
 # (``--model`` without ``--proposer llm`` would otherwise run the rules silently).
@@ -79,44 +83,64 @@ def register(app: typer.Typer) -> None:
         when interrupted.
         """
         with user_errors(as_json):
-            from pydantic import ValidationError
+            from infra_agent.agent.runner import start_run
 
-            from infra_agent.agent.runner import RunOptions, start_run
-            from infra_agent.errors import ConfigError
-
-            from infra_agent.target.host_load import parse_max_foreign_cpu
-
-            load_opt: dict[str, float | None] = {}
-            if max_foreign_cpu is not None:
-                try:
-                    load_opt["max_foreign_cpu"] = parse_max_foreign_cpu(max_foreign_cpu)
-                except ValueError:
-                    raise ConfigError("--max-foreign-cpu", None, "a number of cores >= 0, or off", max_foreign_cpu) from None
-            try:
-                opts = RunOptions(proposer=proposer, budget_runs=budget_runs, budget_s=budget_s, pairs=pairs, max_pairs=max_pairs,  # type: ignore[arg-type]
-                                  scenarios=list(scenario) or None, playbook=playbook, seed=seed, blind=blind, model=model,
-                                  base_url=base_url, probe_timeout_s=probe_timeout_s, confirm=not no_confirm, top_up=not no_top_up, look_again=not no_look_again,
-                                  keep_going=keep_going, executor=executor, address=address,  # type: ignore[arg-type]
-                                  task_cpus=task_cpus, task_gpus=task_gpus, **load_opt)
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                raise ConfigError(f"--{str(err['loc'][0]).replace('_', '-')}", None, err["msg"].removeprefix("Input should be "),
-                                  err.get("input")) from None
-            given = {"playbook": playbook, "model": model, "base_url": base_url, "blind": blind}
-            for key, value in given.items():
-                flag, owner = _PROPOSER_OPTIONS[key]
-                if value and proposer != owner:
-                    raise ConfigError(flag, None, f"--proposer {owner} ({flag} applies only to it)",
-                                      f"--proposer {proposer}")
-            ray_only: dict[str, object] = {"--address": address, "--task-cpus": task_cpus, "--task-gpus": task_gpus}
-            for flag, given_value in ray_only.items():
-                if given_value is not None and executor != "ray":
-                    raise ConfigError(flag, None, f"--executor ray ({flag} applies only to it)", f"--executor {executor}")
+            opts = _run_options(max_foreign_cpu, proposer=proposer, budget_runs=budget_runs, budget_s=budget_s,
+                                pairs=pairs, max_pairs=max_pairs, scenarios=list(scenario) or None, playbook=playbook,
+                                seed=seed, blind=blind, model=model, base_url=base_url, probe_timeout_s=probe_timeout_s,
+                                confirm=not no_confirm, top_up=not no_top_up, look_again=not no_look_again,
+                                keep_going=keep_going, executor=executor, address=address, task_cpus=task_cpus,
+                                task_gpus=task_gpus)
+            _check_proposer_options(proposer, {"playbook": playbook, "model": model, "base_url": base_url, "blind": blind})
+            _check_ray_options(executor, {"--address": address, "--task-cpus": task_cpus, "--task-gpus": task_gpus})
             from infra_agent.agent.executors.factory import check_executor
 
             check_executor(opts)  # Ray missing: one line naming the extra, before anything is loaded
             check_target_installed(workspace)
         drive_run(lambda: start_run(workspace, opts, console=err_console, progress=True), workspace, no_report, as_json)
+
+
+def _run_options(max_foreign_cpu: str | None, **fields: Any) -> RunOptions:
+    """The run's options from the flags, a pydantic complaint named by its flag (``--pairs``)."""
+    from pydantic import ValidationError
+
+    from infra_agent.agent.runner import RunOptions
+    from infra_agent.errors import ConfigError
+    from infra_agent.target.host_load import parse_max_foreign_cpu
+
+    # Absent unless given: RunOptions' default reads INFRA_AGENT_MAX_FOREIGN_CPU.
+    load_opt: dict[str, float | None] = {}
+    if max_foreign_cpu is not None:
+        try:
+            load_opt["max_foreign_cpu"] = parse_max_foreign_cpu(max_foreign_cpu)
+        except ValueError:
+            raise ConfigError("--max-foreign-cpu", None, "a number of cores >= 0, or off", max_foreign_cpu) from None
+    try:
+        return RunOptions(**fields, **load_opt)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(f"--{str(err['loc'][0]).replace('_', '-')}", None, err["msg"].removeprefix("Input should be "),
+                          err.get("input")) from None
+
+
+def _check_proposer_options(proposer: str, given: dict[str, object]) -> None:
+    """An option of one proposer given to another is refused (see ``_PROPOSER_OPTIONS``)."""
+    from infra_agent.errors import ConfigError
+
+    for key, value in given.items():
+        flag, owner = _PROPOSER_OPTIONS[key]
+        if value and proposer != owner:
+            raise ConfigError(flag, None, f"--proposer {owner} ({flag} applies only to it)",
+                              f"--proposer {proposer}")
+
+
+def _check_ray_options(executor: str, given: dict[str, object]) -> None:
+    """Flags that only the Ray executor reads, given with another executor, are refused."""
+    from infra_agent.errors import ConfigError
+
+    for flag, given_value in given.items():
+        if given_value is not None and executor != "ray":
+            raise ConfigError(flag, None, f"--executor ray ({flag} applies only to it)", f"--executor {executor}")
 
 
 def check_target_installed(workspace: Path) -> None:

@@ -15,7 +15,7 @@ entries where the host is the bottleneck.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,7 +37,7 @@ from infra_agent.lab.roofline import (
     merge,
     time_copy_of,
 )
-from infra_agent.lab.spec import KernelSpec, Variant, shape_label
+from infra_agent.lab.spec import KernelSpec, Shape, Variant, shape_label
 from infra_agent.lab.timing import Method, Timing, time_call
 from infra_agent.lab.work import WorkCounter
 from infra_agent.lab.worker import CheckWorker, NotIsolatable
@@ -189,25 +189,7 @@ def bench_spec(
     that hangs there is refused); the timing itself runs in this process.
     """
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    own: CheckWorker | None = None
-    if worker is None and timeout_s:
-        try:
-            worker = own = CheckWorker(spec)  # one worker for both checks
-        except NotIsolatable:
-            pass  # check_spec notes why and runs the calls here
-    try:
-        gate: dict[str, Any] = {"device": dev, "precisions": precisions, "variants": variants, "timeout_s": timeout_s,
-                                "worker": worker, "progress": progress}
-        checks = [check_spec(spec, n_seeds=n_seeds, **gate)]
-        bench_shapes = list(spec.bench_shapes or spec.shapes)
-        # One fresh seed for the timed inputs; on bench shapes the same inputs are checked.
-        seed = (spec.seeds or draw_seeds(1))[0]
-        if spec.bench_shapes:
-            on_bench = dataclasses.replace(spec, shapes=bench_shapes, seeds=[seed])
-            checks.append(check_spec(on_bench, unit="calls on bench shapes", **gate))
-    finally:
-        if own is not None:
-            own.close()
+    checks, bench_shapes, seed = _gate(spec, dev, precisions, variants, n_seeds, timeout_s, worker, progress)
     report = BenchReport(spec=spec.name, origin=spec.origin, device=dev, checks=checks)
     report.skipped = list(dict.fromkeys(s for c in checks for s in c.skipped))
     if not any(c.results for c in checks):
@@ -217,7 +199,7 @@ def bench_spec(
     modes = [p for p in (precisions or spec.precisions) if p in spec.precisions and (gpu or p not in spec.gpu_only_precisions)]
     chosen: list[tuple[str, Any]] = [(KERNEL, spec.kernel)]
     chosen += [(v.name, v) for v in spec.variants if (variants is None or v.name in variants) and (gpu or not v.gpu_only)]
-    refused = _failed_pairs(checks)
+    plan = _TimingPlan(spec, dev, seed, modes, chosen, _failed_pairs(checks), budget_s, method)
 
     n_entries = len(bench_shapes) * len(spec.dtypes) * len(modes) * len(chosen)
 
@@ -230,45 +212,103 @@ def bench_spec(
     report.ceilings = ceilings or measure_ceilings(dev, modes, copy_bytes=copy_bytes, matmul_n=matmul_n, budget_s=budget_s)
     for shape in bench_shapes:
         for dtype in spec.dtypes:
-            inputs = spec.inputs(shape, dtype, seed, dev)
-            flops = spec.flops(shape) if spec.flops else None
-            nbytes = spec.bytes_moved(shape, dtype) if spec.bytes_moved else None
-            label, dtype_name = shape_label(shape), str(dtype).replace("torch.", "")
-            timed_any = False
-            for precision in modes:
-                for name, target in chosen:
-                    entry = BenchEntry(name, precision, label, dtype_name, "timed", flops=flops, bytes=nbytes)
-                    if isinstance(target, Variant) and not target.supports(shape):
-                        entry.status, entry.message = "skipped", "variant does not apply to this shape"
-                    elif (name, precision) in refused or (KERNEL, precision) in refused:
-                        entry.status = "refused"
-                        entry.message = "no speed reported: " + refused.get((name, precision), refused.get((KERNEL, precision), ""))
-                    else:
-                        fn = target.fn if isinstance(target, Variant) else target
-                        _time_entry(entry, fn, inputs, precision, dev, budget_s, method)
-                        timed_any = timed_any or entry.timing is not None
-                    report.entries.append(entry)
-                    tick()
-            if nbytes and timed_any:
-                key = input_key(label, dtype_name)
-                copy = _time_copy(nbytes, dev, budget_s, method)
-                if isinstance(copy, str):
-                    report.skipped.append(f"no copy of the bytes of [{key}] beside its entries: {copy}")
-                else:
-                    report.copies[key] = copy
+            plan.time_input(shape, dtype, report, tick)
     if measured_here:
         after = measure_ceilings(dev, modes, copy_bytes=copy_bytes, matmul_n=matmul_n, budget_s=budget_s)
         report.ceilings = merge(report.ceilings, after)
+    _place_on_roofline(report, report.ceilings)
+    report.work = account_work(spec, dev)
+    return report
+
+
+def _gate(
+    spec: KernelSpec,
+    device: str,
+    precisions: Sequence[str] | None,
+    variants: Sequence[str] | None,
+    n_seeds: int,
+    timeout_s: float | None,
+    worker: CheckWorker | None,
+    progress: ProgressFn | None,
+) -> tuple[list[CheckReport], list[Shape], int]:
+    """The correctness gate: the checks, the shapes to time and the seed of the timed inputs."""
+    own: CheckWorker | None = None
+    if worker is None and timeout_s:
+        try:
+            worker = own = CheckWorker(spec)  # one worker for both checks
+        except NotIsolatable:
+            pass  # check_spec notes why and runs the calls here
+    try:
+        gate: dict[str, Any] = {"device": device, "precisions": precisions, "variants": variants, "timeout_s": timeout_s,
+                                "worker": worker, "progress": progress}
+        checks = [check_spec(spec, n_seeds=n_seeds, **gate)]
+        bench_shapes = list(spec.bench_shapes or spec.shapes)
+        # One fresh seed for the timed inputs; on bench shapes the same inputs are checked.
+        seed = (spec.seeds or draw_seeds(1))[0]
+        if spec.bench_shapes:
+            on_bench = dataclasses.replace(spec, shapes=bench_shapes, seeds=[seed])
+            checks.append(check_spec(on_bench, unit="calls on bench shapes", **gate))
+    finally:
+        if own is not None:
+            own.close()
+    return checks, bench_shapes, seed
+
+
+@dataclass(frozen=True)
+class _TimingPlan:
+    """What stays fixed while the bench inputs are timed: the kernels and precisions
+    to time, and the (variant, precision) pairs the gate refused."""
+
+    spec: KernelSpec
+    device: str
+    seed: int
+    modes: list[str]
+    chosen: list[tuple[str, Any]]
+    refused: dict[tuple[str, str], str]
+    budget_s: float
+    method: Method | None
+
+    def time_input(self, shape: Shape, dtype: torch.dtype, report: BenchReport, tick: Callable[[], None]) -> None:
+        """One entry per (precision, kernel) on this input, then a plain copy of its bytes beside them."""
+        spec = self.spec
+        inputs = spec.inputs(shape, dtype, self.seed, self.device)
+        flops = spec.flops(shape) if spec.flops else None
+        nbytes = spec.bytes_moved(shape, dtype) if spec.bytes_moved else None
+        label, dtype_name = shape_label(shape), str(dtype).replace("torch.", "")
+        timed_any = False
+        for precision in self.modes:
+            for name, target in self.chosen:
+                entry = BenchEntry(name, precision, label, dtype_name, "timed", flops=flops, bytes=nbytes)
+                if isinstance(target, Variant) and not target.supports(shape):
+                    entry.status, entry.message = "skipped", "variant does not apply to this shape"
+                elif (name, precision) in self.refused or (KERNEL, precision) in self.refused:
+                    entry.status = "refused"
+                    entry.message = "no speed reported: " + self.refused.get((name, precision),
+                                                                            self.refused.get((KERNEL, precision), ""))
+                else:
+                    fn = target.fn if isinstance(target, Variant) else target
+                    _time_entry(entry, fn, inputs, precision, self.device, self.budget_s, self.method)
+                    timed_any = timed_any or entry.timing is not None
+                report.entries.append(entry)
+                tick()
+        if nbytes and timed_any:
+            key = input_key(label, dtype_name)
+            copy = _time_copy(nbytes, self.device, self.budget_s, self.method)
+            if isinstance(copy, str):
+                report.skipped.append(f"no copy of the bytes of [{key}] beside its entries: {copy}")
+            else:
+                report.copies[key] = copy
+
+
+def _place_on_roofline(report: BenchReport, c: Ceilings) -> None:
+    """Each timed entry against the ceilings and its input's copy; a fraction above 1 gets a warning."""
     for e in report.entries:
         if e.timing is not None:
-            c = report.ceilings
             copy = report.copies.get(e.input_key)
             e.roofline = classify(e.flops, e.bytes, e.timing.median_s, c.bandwidth_Bps, c.compute(e.precision),
                                   copy.median_s if copy is not None else None)
             if e.roofline.fraction is not None and e.roofline.fraction > 1.0:
                 e.message = "above the measured ceiling: the ceiling measurement was disturbed (shared machine?) or the declared counts are too high"
-    report.work = account_work(spec, dev)
-    return report
 
 
 def _time_copy(nbytes: float, device: str, budget_s: float, method: Method | None) -> Timing | str:

@@ -173,47 +173,93 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, condition: Con
     if n == 0:
         return ErrorStats(0.0, 0.0, 0.0, 0.0, (), 0.0, 0.0, 0, condition=condition)
 
-    nonfinite = ~torch.isfinite(x) & ~((x == r) | (torch.isnan(x) & torch.isnan(r)))
-    diff = (x - r).abs()
-    diff = torch.where(nonfinite, torch.full_like(diff, math.inf), torch.nan_to_num(diff, nan=0.0))
-    absref = r.abs()
-    nonzero = absref > 0
-    rel = torch.where(nonzero, diff / torch.where(nonzero, absref, 1.0), torch.zeros_like(diff))
-    ulp = ulp_distance(out.detach().cpu(), ref.detach().cpu()) if out.dtype in _INT_VIEW else torch.zeros_like(diff)
+    e = _ElementErrors.of(out, ref, x, r, tol)
+    max_ulp = float(torch.where(e.ulp_counted, e.ulp, 0.0).max())
+    violation, score = _violations(e, tol)
+    flat = int(torch.argmax(torch.where(e.nonfinite, math.inf, score).reshape(-1)))
+    n_nonfinite = int(e.nonfinite.sum())
+    n_viol = int(violation.sum())
+    reasons, violated = _failed_criteria(tol, n_nonfinite, n_viol, max_ulp, e.ulp_floor, e.rel_fro)
+    return ErrorStats(
+        max_abs=float(e.diff.max()),
+        max_rel=float(e.rel.max()),
+        max_ulp=max_ulp,
+        rel_fro=e.rel_fro,
+        worst_index=_unravel(flat, x.shape),
+        worst_value=float(x.reshape(-1)[flat]),
+        worst_ref=float(r.reshape(-1)[flat]),
+        n_elements=n,
+        n_nonfinite=n_nonfinite,
+        n_violations=n_viol,
+        passed=not reasons,
+        reason="; ".join(reasons),
+        violated=violated,
+        condition=condition,
+        max_ulp_all=float(e.ulp.max()),
+        ulp_floor=e.ulp_floor,
+    )
 
-    finite_r = torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0)
-    ref_norm = float(torch.linalg.vector_norm(finite_r))
-    err_norm = float(torch.linalg.vector_norm(diff))
-    rel_fro = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
-    # ULP only where it means something: |ref| at or above a floor relative to the
-    # reference's RMS.  Non-finite values stay in, so an inf still shows.
-    n_finite = int(torch.isfinite(r).sum())
-    ulp_floor = tol.ulp_floor_rel * (ref_norm / math.sqrt(n_finite) if n_finite else 0.0)
-    ulp_counted = (absref >= ulp_floor) | ~torch.isfinite(ulp)
-    ulp_all = float(ulp.max())
-    max_ulp = float(torch.where(ulp_counted, ulp, 0.0).max())
 
+@dataclass(frozen=True)
+class _ElementErrors:
+    """Each element's errors (float64, on the CPU) and the whole tensor's relative
+    Frobenius error: what the criteria of a ``Tolerance`` are judged on."""
+
+    nonfinite: torch.Tensor  # non-finite where the reference is not the same non-finite value
+    diff: torch.Tensor  # |out - ref|, inf where ``nonfinite``
+    absref: torch.Tensor
+    rel: torch.Tensor  # diff / |ref|; 0 where the reference is 0
+    ulp: torch.Tensor
+    ulp_counted: torch.Tensor  # elements the ULP criterion covers
+    ulp_floor: float
+    rel_fro: float
+
+    @classmethod
+    def of(cls, out: torch.Tensor, ref: torch.Tensor, x: torch.Tensor, r: torch.Tensor, tol: Tolerance) -> _ElementErrors:
+        """``x``/``r``: ``out``/``ref`` in float64 on the CPU; ULPs are taken in ``out``'s own dtype."""
+        nonfinite = ~torch.isfinite(x) & ~((x == r) | (torch.isnan(x) & torch.isnan(r)))
+        diff = (x - r).abs()
+        diff = torch.where(nonfinite, torch.full_like(diff, math.inf), torch.nan_to_num(diff, nan=0.0))
+        absref = r.abs()
+        nonzero = absref > 0
+        rel = torch.where(nonzero, diff / torch.where(nonzero, absref, 1.0), torch.zeros_like(diff))
+        ulp = ulp_distance(out.detach().cpu(), ref.detach().cpu()) if out.dtype in _INT_VIEW else torch.zeros_like(diff)
+
+        finite_r = torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0)
+        ref_norm = float(torch.linalg.vector_norm(finite_r))
+        err_norm = float(torch.linalg.vector_norm(diff))
+        rel_fro = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+        # ULP only where it means something: |ref| at or above a floor relative to the
+        # reference's RMS.  Non-finite values stay in, so an inf still shows.
+        n_finite = int(torch.isfinite(r).sum())
+        ulp_floor = tol.ulp_floor_rel * (ref_norm / math.sqrt(n_finite) if n_finite else 0.0)
+        ulp_counted = (absref >= ulp_floor) | ~torch.isfinite(ulp)
+        return cls(nonfinite, diff, absref, rel, ulp, ulp_counted, ulp_floor, rel_fro)
+
+
+def _violations(e: _ElementErrors, tol: Tolerance) -> tuple[torch.Tensor, torch.Tensor]:
+    """(elements past an elementwise criterion or non-finite, each element's score: how far past it is)."""
     if tol.elementwise:
-        bound = (tol.atol or 0.0) + (tol.rtol or 0.0) * absref
-        violation = diff > bound
+        bound = (tol.atol or 0.0) + (tol.rtol or 0.0) * e.absref
+        violation = e.diff > bound
         # Ratio of error to allowance: the worst element is the one furthest past it.
-        score = torch.where(bound > 0, diff / torch.where(bound > 0, bound, 1.0), torch.where(diff > 0, math.inf, 0.0))
+        score = torch.where(bound > 0, e.diff / torch.where(bound > 0, bound, 1.0), torch.where(e.diff > 0, math.inf, 0.0))
     else:
-        violation = torch.zeros_like(diff, dtype=torch.bool)
-        score = diff
+        violation = torch.zeros_like(e.diff, dtype=torch.bool)
+        score = e.diff
     if tol.ulp is not None:
-        violation = violation | ((ulp > tol.ulp) & ulp_counted)
-    violation = violation | nonfinite
-    flat = int(torch.argmax(torch.where(nonfinite, math.inf, score).reshape(-1)))
-    worst = _unravel(flat, x.shape)
+        violation = violation | ((e.ulp > tol.ulp) & e.ulp_counted)
+    return violation | e.nonfinite, score
 
+
+def _failed_criteria(tol: Tolerance, n_nonfinite: int, n_viol: int, max_ulp: float, ulp_floor: float,
+                     rel_fro: float) -> tuple[list[str], list[str]]:
+    """(why the result fails, one phrase per criterion; the failed criteria's names), in criterion order."""
     reasons: list[str] = []
     violated: list[str] = []
-    n_nonfinite = int(nonfinite.sum())
     if n_nonfinite:
         reasons.append(f"{n_nonfinite} non-finite value(s)")
         violated.append("nonfinite")
-    n_viol = int(violation.sum())
     if tol.elementwise and n_viol > n_nonfinite:
         reasons.append(f"{n_viol} element(s) beyond atol={tol.atol or 0:g} rtol={tol.rtol or 0:g}")
         violated.append("atol/rtol")
@@ -224,22 +270,4 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, condition: Con
     if tol.rel_fro is not None and not rel_fro <= tol.rel_fro:
         reasons.append(f"relative Frobenius error {rel_fro:.3e} > {tol.rel_fro:g}")
         violated.append("rel_fro")
-
-    return ErrorStats(
-        max_abs=float(diff.max()),
-        max_rel=float(rel.max()),
-        max_ulp=max_ulp,
-        rel_fro=rel_fro,
-        worst_index=worst,
-        worst_value=float(x.reshape(-1)[flat]),
-        worst_ref=float(r.reshape(-1)[flat]),
-        n_elements=n,
-        n_nonfinite=n_nonfinite,
-        n_violations=n_viol,
-        passed=not reasons,
-        reason="; ".join(reasons),
-        violated=violated,
-        condition=condition,
-        max_ulp_all=ulp_all,
-        ulp_floor=ulp_floor,
-    )
+    return reasons, violated
