@@ -48,7 +48,10 @@ _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 # Values this short are too likely to occur by chance (a "1" or "true") to be replaced.
 _MIN_SECRET_LEN = 6
-_VALUE_END = "\\s'\",;(){}\\[\\]<>"  # what ends a value in free text: space, quotes, brackets
+# What ends a value in free text: space, quotes, brackets, and a backslash, so that in
+# JSON-encoded text (a log tail inside --json output: "A=1\\nB=2") an escaped newline ends
+# the value instead of carrying the lines after it into one masked run.
+_VALUE_END = "\\s'\",;(){}\\[\\]<>\\\\"
 _URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@?#]*:)([^\s/@?#]+)(@)")
 _AUTH_HEADER = re.compile(r"(?i)\b((?:proxy-)?authorization['\"]?[ \t]*[:=][ \t]*['\"]?)(?:(bearer|basic|token|digest)[ \t]+)?"
                           rf"([^{_VALUE_END}]+)")
@@ -196,7 +199,13 @@ def _bearer(m: re.Match[str]) -> str:
 
 
 def _assigned(m: re.Match[str]) -> str:
-    if not holds_secret(m.group(2)) or not _credential_like(m.group(5)):
+    if not holds_secret(m.group(2)):
+        # The value may hold an assignment of its own ('"log_tail": "HF_TOKEN=hf_..."'):
+        # a match consumes its text, so look inside the value (shorter than the match: this ends).
+        value = m.group(5)
+        inner = _ASSIGNED.sub(_assigned, value)
+        return m.group(0) if inner == value else m.group(0)[: m.start(5) - m.start(0)] + inner
+    if not _credential_like(m.group(5)):
         return m.group(0)
     return f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}{MASK}"
 

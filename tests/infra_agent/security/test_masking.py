@@ -102,6 +102,13 @@ def test_an_environment_secret_is_masked_inside_any_text(monkeypatch: pytest.Mon
     assert scrub({"note": ["x hf_FAKEabcdefghij y"], 64: "hf_FAKEabcdefghij"}) == {"note": ["x *** y"], 64: MASK}
 
 
+def test_an_escaped_newline_ends_a_masked_value() -> None:
+    # A log tail inside --json output: its lines are joined by the two characters \\ and n.
+    tail = "HF_TOKEN=hf_FAKE0123abcdefghij\nstarting up\nOPENAI_API_KEY=sk-FAKE0123456789\nready on port 8000"
+    masked = scrub_text(json.dumps({"log_tail": tail}), [])
+    assert json.loads(masked)["log_tail"] == "HF_TOKEN=***\nstarting up\nOPENAI_API_KEY=***\nready on port 8000"
+
+
 def test_header_values_are_masked() -> None:
     for text in ("Authorization: Bearer abcdefghijklmnop", "authorization: Basic dXNlcjpwYXNz",
                  "curl -H 'Authorization: Bearer abcdefghijklmnop'", "got bearer eyJhbGciOi.J9xyz"):
