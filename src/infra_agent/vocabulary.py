@@ -67,6 +67,8 @@ class FindingKind:
     CLIENT_SERVER_TTFT_GAP: Final = "client_server_ttft_gap"
     BURSTY_STREAM: Final = "bursty_stream"
     FAILED_REQUESTS: Final = "failed_requests"
+    # answers not of the length the request fixed (ignore_eos + max_tokens): short or long
+    WRONG_ANSWER_LENGTH: Final = "wrong_answer_length"
     RUN_FAILED: Final = "run_failed"
     # kernel lab
     MISMATCH: Final = "mismatch"

@@ -81,7 +81,8 @@ def judge(workspace: Any, exp: Experiment, ex: Runs, plan: Design, best_gates: d
     broken = [g for g in guards if g.outcome == "fail"]
     undecided = [g for g in guards if g.outcome in ("inconclusive", "error")]
     lost = failed_requests(ex.candidate) - failed_requests(ex.baseline)
-    accepted = outcome == "supported" and not broken and not undecided and lost <= 0
+    miscut = wrong_lengths(ex.candidate) - wrong_lengths(ex.baseline)
+    accepted = outcome == "supported" and not broken and not undecided and lost <= 0 and miscut <= 0
     if outcome != "supported":
         why = f"not accepted: the hypothesis is {outcome} ({hyp_gate.message})"
     elif lost > 0:
@@ -89,6 +90,11 @@ def judge(workspace: Any, exp: Experiment, ex: Runs, plan: Design, best_gates: d
         # requests fail (a queue cap, a crash under load) can look faster while serving less.
         why = (f"not accepted: {lost} more request(s) failed than on the baseline side; latencies of failed "
                "requests are not in the metrics, so the numbers would flatter the change")
+    elif miscut > 0:
+        # A server that answers fewer tokens than asked (or ignores max_tokens) is faster at
+        # a different job: the speed is not the system's.
+        why = (f"not accepted: {miscut} more answer(s) than on the baseline side were not the length the request "
+               "fixed (max_tokens with ignore_eos); the candidate's numbers are for less (or other) work")
     elif broken:
         why = "not accepted: it breaks " + ", ".join(f"{g.name} ({g.message})" for g in broken)
     elif undecided:
@@ -98,7 +104,8 @@ def judge(workspace: Any, exp: Experiment, ex: Runs, plan: Design, best_gates: d
         why = f"accepted: {hyp_gate.message}"
     return Verdict(outcome=outcome, effect=hyp_gate.value, low=hyp_gate.low, high=hyp_gate.high,
                    interval=hyp_gate.interval, gates=[hyp_gate, *gates], accepted=accepted,
-                   held=outcome == "supported" and not broken and bool(undecided) and lost <= 0, message=why)
+                   held=outcome == "supported" and not broken and bool(undecided) and lost <= 0 and miscut <= 0,
+                   message=why)
 
 
 def undecided_guards(workspace: Any, verdict: Verdict, best_gates: dict[str, GateResult]) -> list[GateResult]:
@@ -115,6 +122,14 @@ def failed_requests(side: dict[str, list[Feedback]]) -> int:
 
     return sum(int(f.evidence.get("failed", 0) or 0) for runs in side.values() for fb in runs for f in fb.findings
                if f.kind == FindingKind.FAILED_REQUESTS)
+
+
+def wrong_lengths(side: dict[str, list[Feedback]]) -> int:
+    """Answers of the wrong length over a side's serving windows (the ``wrong_answer_length`` findings)."""
+    from infra_agent.vocabulary import FindingKind
+
+    return sum(int(f.evidence.get("short", 0) or 0) + int(f.evidence.get("long", 0) or 0)
+               for runs in side.values() for fb in runs for f in fb.findings if f.kind == FindingKind.WRONG_ANSWER_LENGTH)
 
 
 def held_on_parent(workspace: Any, gate: GateResult, parent: dict[str, GateResult]) -> bool:
@@ -146,4 +161,4 @@ def update_table(table: dict[str, GateResult], gates: list[GateResult], decisive
 
 
 __all__ = ["Design", "Runs", "check_runs", "failed_requests", "gates_of", "held_on_parent", "judge", "undecided_guards",
-           "update_table"]
+           "update_table", "wrong_lengths"]

@@ -285,6 +285,18 @@ class ServingProbe(Probe):
                 evidence={"failed": failed, "first_error": first[:300]},
                 next_question="Are failures load-dependent (timeouts, capacity) or a protocol problem?",
             ))
+        lengths = [r["answer_lengths"] for r in ok if isinstance(r.get("answer_lengths"), dict)]
+        short, long = sum(int(a.get("short", 0)) for a in lengths), sum(int(a.get("long", 0)) for a in lengths)
+        if short or long:
+            checked = sum(int(a.get("checked", 0)) for a in lengths)
+            fb.findings.append(Finding(
+                kind=FindingKind.WRONG_ANSWER_LENGTH, severity="error",
+                message=(f"{short + long} of {checked} answers in scenario {name} were not the length the request fixed "
+                         f"(max_tokens with ignore_eos): {short} shorter, {long} longer; the server did not do the "
+                         "work it is timed on"),
+                evidence={"short": short, "long": long, "checked": checked, "scenario": name},
+                next_question="Does the server stop early or ignore max_tokens (a cap, a cache of answers, a changed stop rule)?",
+            ))
         client_ttft = sum(r["mean_ttft_ms"] for r in ok) / len(ok)
         queue = sum(phases.get("queue", [])) / len(phases["queue"]) if phases.get("queue") else None
         ttft_ref = sum(phases["ttft"]) / len(phases["ttft"]) if phases.get("ttft") else client_ttft

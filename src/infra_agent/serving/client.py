@@ -59,6 +59,11 @@ class RequestRecord:
     content_itl: list[float] = field(default_factory=list)
     content_latency: float | None = None
     usage_prompt_tokens: int | None = None  # the server's count of the prompt, when it said
+    # What was asked: ``max_tokens``, and whether ``ignore_eos`` was sent with it (then the
+    # answer's length is the request's, not the model's: see ``answer_lengths``).
+    max_tokens: int = 0
+    ignore_eos: bool = False
+    output_from_usage: bool = False  # output_len is the server's usage count, not chunks counted
     chunks: int = 0  # chunks with choices
     content_chunks: int = 0  # of them, those with text
 
@@ -147,7 +152,7 @@ def _role_announcement(data: dict[str, Any], chat: bool) -> bool:
 
 async def send_request(client: aiohttp.ClientSession, base_url: str, req: RequestInput, opts: RequestOptions) -> RequestRecord:
     """Send one streaming request and time it.  Never raises for request-level trouble."""
-    rec = RequestRecord(prompt_len=req.prompt_len)
+    rec = RequestRecord(prompt_len=req.prompt_len, max_tokens=req.output_len, ignore_eos=opts.ignore_eos)
     url = base_url.rstrip("/") + endpoint_path(opts.endpoint)
     payload = build_payload(req, opts)
     headers = dict(opts.headers) if opts.headers else None
@@ -250,5 +255,6 @@ def _timed(rec: RequestRecord, clock: StreamClock, end: float, usage_tokens: int
     if text.first is not None:
         rec.content_ttft, rec.content_itl, rec.content_latency = text.first - st, text.gaps, end - st
     rec.output_len = usage_tokens if usage_tokens is not None else tokens.events
+    rec.output_from_usage = usage_tokens is not None
     rec.success = True
     return rec

@@ -166,7 +166,21 @@ def compute_metrics(
     result["itls"] = [list(t[1]) if t else [] for t in lines]
     result["e2els"] = [t[2] if t else (None if r.success else 0.0) for r, t in zip(records, lines)]
     result["errors"] = [r.error for r in records]
+    result["answer_lengths"] = answer_lengths(records)
     return result
+
+
+def answer_lengths(records: Sequence[RequestRecord]) -> dict[str, int]:
+    """How many completed answers had the length they were asked for.
+
+    With ``ignore_eos`` the request fixes the answer's length (``max_tokens``), so an answer
+    shorter than asked (a server that stops early) or longer (one that ignores
+    ``max_tokens``) is a server not doing the work it is timed on: its latencies and
+    throughput flatter it.  Counted only where the server reported its usage (a streamed
+    chunk may carry several tokens, so chunks counted are no length)."""
+    asked = [r for r in records if r.success and r.ignore_eos and r.max_tokens > 0 and r.output_from_usage]
+    return {"checked": len(asked), "short": sum(r.output_len < r.max_tokens for r in asked),
+            "long": sum(r.output_len > r.max_tokens for r in asked)}
 
 
 def request_samples(result: dict[str, Any], metric: str) -> list[float]:

@@ -69,3 +69,15 @@ def test_empty_window_reports_zero_not_nan() -> None:
     res = compute_metrics([failed()], duration=1.0)
     assert res["completed"] == 0 and res["failed"] == 1
     assert res["mean_ttft_ms"] == 0.0 and res["output_throughput"] == 0.0
+
+
+def test_answer_lengths_count_only_what_the_request_fixed() -> None:
+    def asked(out: int, max_tokens: int = 8, ignore_eos: bool = True, usage: bool = True) -> RequestRecord:
+        rec = ok(0.1, 0.5, out)
+        rec.max_tokens, rec.ignore_eos, rec.output_from_usage = max_tokens, ignore_eos, usage
+        return rec
+
+    recs = [asked(8), asked(4), asked(12), failed(),
+            asked(3, ignore_eos=False),  # the model may stop at EOS: no length was fixed
+            asked(3, usage=False)]  # chunks counted: a chunk may carry several tokens
+    assert compute_metrics(recs, duration=1.0)["answer_lengths"] == {"checked": 3, "short": 1, "long": 1}

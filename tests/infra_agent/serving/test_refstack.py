@@ -24,6 +24,7 @@ def test_refstack_client_and_server_phases(refstack_server, endpoint: str) -> No
     res = run_benchmark(refstack_server.url, sc, metrics_url=refstack_server.url + "/metrics", progress=False)
     assert res["completed"] == 12 and res["failed"] == 0, res["errors"]
     assert res["total_output_tokens"] == 12 * 8  # usage counts: ignore_eos honoured
+    assert res["answer_lengths"] == {"checked": 12, "short": 0, "long": 0}
     assert res["model_id"].startswith("refstack")
     sm = res["server_metrics"]
     for phase in ("queue", "prefill", "decode", "ttft", "e2e"):
