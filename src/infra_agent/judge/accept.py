@@ -27,6 +27,7 @@ from infra_agent.judge.gates import (
 )
 from infra_agent.judge.pooling import pool_runs
 from infra_agent.records import Experiment, GateResult, Verdict
+from infra_agent.vocabulary import FindingKind
 
 
 class Runs(Protocol):
@@ -82,7 +83,9 @@ def judge(workspace: Any, exp: Experiment, ex: Runs, plan: Design, best_gates: d
     undecided = [g for g in guards if g.outcome in ("inconclusive", "error")]
     lost = failed_requests(ex.candidate) - failed_requests(ex.baseline)
     miscut = wrong_lengths(ex.candidate) - wrong_lengths(ex.baseline)
-    accepted = outcome == "supported" and not broken and not undecided and lost <= 0 and miscut <= 0
+    # Latencies and throughput count only what was served, and served as asked.
+    served = lost <= 0 and miscut <= 0
+    accepted = outcome == "supported" and not broken and not undecided and served
     if outcome != "supported":
         why = f"not accepted: the hypothesis is {outcome} ({hyp_gate.message})"
     elif lost > 0:
@@ -104,8 +107,7 @@ def judge(workspace: Any, exp: Experiment, ex: Runs, plan: Design, best_gates: d
         why = f"accepted: {hyp_gate.message}"
     return Verdict(outcome=outcome, effect=hyp_gate.value, low=hyp_gate.low, high=hyp_gate.high,
                    interval=hyp_gate.interval, gates=[hyp_gate, *gates], accepted=accepted,
-                   held=outcome == "supported" and not broken and bool(undecided) and lost <= 0 and miscut <= 0,
-                   message=why)
+                   held=outcome == "supported" and not broken and bool(undecided) and served, message=why)
 
 
 def undecided_guards(workspace: Any, verdict: Verdict, best_gates: dict[str, GateResult]) -> list[GateResult]:
@@ -116,20 +118,20 @@ def undecided_guards(workspace: Any, verdict: Verdict, best_gates: dict[str, Gat
             and held_on_parent(workspace, g, best_gates)]
 
 
+def _evidence_total(side: dict[str, list[Feedback]], kind: str, *keys: str) -> int:
+    """The sum of ``keys`` in the evidence of every ``kind`` finding over a side's runs."""
+    return sum(int(f.evidence.get(key, 0) or 0) for runs in side.values() for fb in runs for f in fb.findings
+               if f.kind == kind for key in keys)
+
+
 def failed_requests(side: dict[str, list[Feedback]]) -> int:
     """Failed requests over a side's serving windows (from the probes' ``failed_requests`` findings)."""
-    from infra_agent.vocabulary import FindingKind
-
-    return sum(int(f.evidence.get("failed", 0) or 0) for runs in side.values() for fb in runs for f in fb.findings
-               if f.kind == FindingKind.FAILED_REQUESTS)
+    return _evidence_total(side, FindingKind.FAILED_REQUESTS, "failed")
 
 
 def wrong_lengths(side: dict[str, list[Feedback]]) -> int:
     """Answers of the wrong length over a side's serving windows (the ``wrong_answer_length`` findings)."""
-    from infra_agent.vocabulary import FindingKind
-
-    return sum(int(f.evidence.get("short", 0) or 0) + int(f.evidence.get("long", 0) or 0)
-               for runs in side.values() for fb in runs for f in fb.findings if f.kind == FindingKind.WRONG_ANSWER_LENGTH)
+    return _evidence_total(side, FindingKind.WRONG_ANSWER_LENGTH, "short", "long")
 
 
 def held_on_parent(workspace: Any, gate: GateResult, parent: dict[str, GateResult]) -> bool:
