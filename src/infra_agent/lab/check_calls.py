@@ -115,7 +115,7 @@ def _judge(
     expected_dtypes: dict[str, torch.dtype],
     tol: Tolerance,
 ) -> tuple[list[CheckResult], dict[str, torch.Tensor] | None]:
-    """Run one callable and compare its outputs with ``truth``; never raises for kernel faults."""
+    """Run one callable here and judge its outputs; never raises for kernel faults."""
     try:
         got = as_outputs(call())
         if case.device.startswith("cuda"):
@@ -124,6 +124,21 @@ def _judge(
     except Exception as exc:  # noqa: BLE001 - a faulty kernel is a finding, not a crash
         msg = f"raised {type(exc).__name__}: {exc}"
         return [case.result(variant, against, precision, "*", "failed", message=msg, tolerance=tol.describe(), fault="raised")], None
+    return judge_outputs(case, variant, against, precision, got, truth, expected_dtypes, tol)
+
+
+def judge_outputs(
+    case: _Case,
+    variant: str,
+    against: str,
+    precision: str,
+    got: dict[str, torch.Tensor],
+    truth: dict[str, torch.Tensor],
+    expected_dtypes: dict[str, torch.dtype],
+    tol: Tolerance,
+) -> tuple[list[CheckResult], dict[str, torch.Tensor] | None]:
+    """Compare named outputs with ``truth``; the outputs too, when they can serve as the
+    baseline for variants (every one of the right shape and dtype)."""
     if sorted(got) != sorted(truth):
         msg = f"returned outputs {sorted(got)}, expected {sorted(truth)}"
         return [case.result(variant, against, precision, "*", "failed", message=msg, tolerance=tol.describe())], None
@@ -149,7 +164,6 @@ def _judge(
     # even when they miss the reference: partitions must agree with the kernel as is.
     well_formed = all(r.stats is not None for r in results)
     return results, (got if well_formed else None)
-
 
 
 @dataclass
@@ -179,41 +193,19 @@ class _Plan:
         self.tick()
 
 
-def _no_begin(key: StepKey, replay: bool) -> None:
-    return None
-
-
 def _run_case(
-    case: _Case,
-    ci: int,
-    precisions: Sequence[str],
-    variants: Sequence[Variant],
-    *,
-    begin: Callable[[StepKey, bool], None] = _no_begin,
-    done: frozenset[StepKey] | set[StepKey] = frozenset(),
-    no_baseline: Mapping[tuple[int, str], str] | None = None,
+    case: _Case, ci: int, precisions: Sequence[str], variants: Sequence[Variant]
 ) -> Iterator[tuple[StepKey, list[CheckResult]]]:
-    """The calls of one input case, yielding ``(key, results)`` as each finishes.
-
-    ``begin(key, replay)`` is called before each step that runs spec code, so a worker
-    can tell its parent what is running.  ``done`` holds calls already recorded (by a
-    worker that was killed): they are not yielded again, but the unpartitioned kernel
-    is re-run (``replay``) when a variant still needs it as the baseline.
-    ``no_baseline`` maps (case, precision) to why there is no kernel output to compare
-    variants with.
-    """
+    """The calls of one input case in this process, yielding ``(key, results)`` as each
+    finishes: what the lab does when a check is not isolated (``timeout_s`` 0, or a spec
+    built in code).  Isolated checks run the same steps across workers
+    (:mod:`infra_agent.lab.check_isolated`)."""
     spec = case.spec
-    no_baseline = no_baseline or {}
     shaped = [v for v in variants if v.supports(case.shape)]
-    pending = [("call", ci, p, name) for p in precisions for name in [KERNEL, *(v.name for v in shaped)]]
-    if all(k in done for k in pending):
-        return
-    begin(("inputs", ci), False)
     try:
         inputs = spec.inputs(case.shape, case.dtype, case.seed, case.device)
     except Exception as exc:  # noqa: BLE001
         raise spec_error(spec, "input factory", f"raised {type(exc).__name__}: {exc} [{case.input_label()}]") from exc
-    begin(("reference", ci), False)
     try:
         assert spec.reference is not None
         truth = as_outputs(spec.reference(**_clone(inputs)))
@@ -222,35 +214,23 @@ def _run_case(
 
     for precision in precisions:
         expected = _expected_dtypes(spec, case.dtype, precision, list(truth))
-        kkey = ("call", ci, precision, KERNEL)
-        todo = [v for v in shaped if ("call", ci, precision, v.name) not in done]
 
         def run_kernel(precision: str = precision) -> Any:
             return _call_and_pick(spec, spec.kernel, inputs, precision)
 
-        kernel_out: dict[str, torch.Tensor] | None = None
-        reason = no_baseline.get((ci, precision))
-        if reason is None and kkey not in done:
-            begin(kkey, False)
-            kernel_results, kernel_out = _judge(case, KERNEL, "reference", precision, run_kernel, truth, expected, spec.tolerance(precision))
-            yield kkey, kernel_results
-        elif reason is None and todo:
-            begin(kkey, True)  # recorded by an earlier worker; needed again as the baseline
-            _, kernel_out = _judge(case, KERNEL, "reference", precision, run_kernel, truth, expected, spec.tolerance(precision))
-        for v in todo:
-            vkey = ("call", ci, precision, v.name)
+        kernel_results, kernel_out = _judge(case, KERNEL, "reference", precision, run_kernel, truth, expected, spec.tolerance(precision))
+        yield ("call", ci, precision, KERNEL), kernel_results
+        for v in shaped:
             tol = spec.partition_tolerance(v, precision)
             if kernel_out is None:
-                msg = reason or "unpartitioned kernel failed on this input; nothing to compare against"
-                yield vkey, [case.result(v.name, KERNEL, precision, "*", "skipped", message=msg, tolerance=tol.describe())]
+                msg = "unpartitioned kernel failed on this input; nothing to compare against"
+                yield ("call", ci, precision, v.name), [case.result(v.name, KERNEL, precision, "*", "skipped", message=msg, tolerance=tol.describe())]
                 continue
             # The variant must reproduce the unpartitioned result, in its dtypes.
             kernel_dtypes = {n: t.dtype for n, t in kernel_out.items()}
-            fn = v.fn
 
-            def run_variant(fn: Callable[..., Any] = fn, precision: str = precision) -> Any:
+            def run_variant(fn: Callable[..., Any] = v.fn, precision: str = precision) -> Any:
                 return _call_and_pick(spec, fn, inputs, precision)
 
-            begin(vkey, False)
             var_results, _ = _judge(case, v.name, KERNEL, precision, run_variant, kernel_out, kernel_dtypes, tol)
-            yield vkey, var_results
+            yield ("call", ci, precision, v.name), var_results

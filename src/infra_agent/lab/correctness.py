@@ -7,11 +7,12 @@ the wrong shape or dtype gives a FAILED result carrying the input condition; the
 itself does not crash.  A broken *spec* (its input factory or reference throws) is a
 ``KernelSpecError`` instead, because then there is nothing to judge the kernel by.
 
-With ``timeout_s``, the checks of a spec run in a worker process
-(:mod:`infra_agent.lab.worker`) and every call gets that many seconds: a kernel
-that hangs or kills its process is a failed result (``fault`` "timeout" or
-"crashed") for its variant, precision and input, the worker is replaced, and the
-remaining calls still run.
+With ``timeout_s``, the calls of a spec run in worker processes
+(:mod:`infra_agent.lab.worker`: a pristine one makes inputs and reference outputs, a
+candidate one runs the kernel and its variants) and are judged in this process; every
+call gets that many seconds: a kernel that hangs or kills its process is a failed
+result (``fault`` "timeout" or "crashed") for its variant, precision and input, the
+worker is replaced, and the remaining calls still run.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from infra_agent.lab.check_isolated import _check_isolated
 from infra_agent.lab.check_report import CheckReport, CheckResult, Fault, Status
 from infra_agent.lab.loader import require_declared
 from infra_agent.lab.spec import DEFAULT_TIMEOUT_S, KERNEL, KernelSpec, Variant
-from infra_agent.lab.worker import CheckWorker, NotIsolatable
+from infra_agent.lab.worker import LabWorkers, NotIsolatable
 
 # The results are in check_report, the calls and their judging in check_calls, the run
 # in a worker process in check_isolated.  The lab (findings, probe, microbench, the CLI)
@@ -69,7 +70,7 @@ def check_spec(
     variants: Sequence[str] | None = None,
     *,
     timeout_s: float | None = None,
-    worker: CheckWorker | None = None,
+    workers: LabWorkers | None = None,
     progress: ProgressFn | None = None,
     unit: str = "calls",
 ) -> CheckReport:
@@ -78,10 +79,11 @@ def check_spec(
     A precision or variant name the spec does not declare raises ``KernelSpecError``:
     a typo must not turn into a run that checks nothing and reports success.
 
-    ``timeout_s`` (seconds per call) runs the calls in a worker process that is killed
-    when a call overruns; ``worker`` reuses one (every spec of a file, both checks of
-    ``bench``), with ``timeout_s`` or ``DEFAULT_TIMEOUT_S``.  Without either, the calls
-    run in this process with no timeout.  A spec that cannot be
+    ``timeout_s`` (seconds per call) runs the calls in worker processes, one killed
+    when a call overruns, and judges them here; ``workers`` reuses a pair (every spec of
+    a file, both checks of ``bench``, a candidate's tree), with ``timeout_s`` or
+    ``DEFAULT_TIMEOUT_S``.  Without either, the calls run in this process with no
+    timeout.  A spec that cannot be
     loaded again in another process (built in code, or with callables replaced after
     loading) runs here as well, and ``notes`` says so.
     """
@@ -111,12 +113,12 @@ def check_spec(
 
     cases = [_Case(spec, shape, dtype, seed, dev) for shape in spec.shapes for dtype in spec.dtypes for seed in used_seeds]
     plan = _Plan(report, cases, runnable, chosen, progress, unit)
-    if worker is not None or timeout_s:
+    if workers is not None or timeout_s:
         try:
-            if worker is not None:
-                return _check_isolated(plan, worker, timeout_s or DEFAULT_TIMEOUT_S)
+            if workers is not None:
+                return _check_isolated(plan, workers, timeout_s or DEFAULT_TIMEOUT_S)
             assert timeout_s is not None
-            with CheckWorker(spec) as own:
+            with LabWorkers(spec) as own:
                 return _check_isolated(plan, own, timeout_s)
         except NotIsolatable as exc:  # raised before any call ran
             report.notes.append(f"not isolated ({exc}): the calls ran in the lab's process without a timeout")

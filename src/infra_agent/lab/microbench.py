@@ -9,18 +9,23 @@ like; they are measured again after the kernels and the higher of the two kept, 
 a neighbour's burst during one measurement does not inflate every fraction.
 On a GPU each entry is timed with its launch hidden (GPU time) and carries the host's
 time per call beside it (:mod:`infra_agent.lab.timing`); ``findings`` flags the
-entries where the host is the bottleneck.
+entries where the host is the bottleneck.  When the gate ran in workers, the entries
+are timed in the candidate's worker too, on the CPU by the judge's clock
+(:mod:`infra_agent.lab.judge_clock`): the lab's process never runs the kernel.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
+from infra_agent.lab.check_calls import _Case
+from infra_agent.lab.check_isolated import CandidateFault, make_case
 from infra_agent.lab.correctness import (
     KERNEL,
     CheckReport,
@@ -28,6 +33,7 @@ from infra_agent.lab.correctness import (
     check_spec,
     draw_seeds,
 )
+from infra_agent.lab.judge_clock import time_candidate
 from infra_agent.lab.loader import spec_error, variant_part
 from infra_agent.lab.roofline import (
     Ceilings,
@@ -37,10 +43,16 @@ from infra_agent.lab.roofline import (
     merge,
     time_copy_of,
 )
-from infra_agent.lab.spec import KernelSpec, Shape, Variant, shape_label
+from infra_agent.lab.spec import (
+    DEFAULT_TIMEOUT_S,
+    KernelSpec,
+    Shape,
+    Variant,
+    shape_label,
+)
 from infra_agent.lab.timing import Method, Timing, time_call
 from infra_agent.lab.work import WorkCounter
-from infra_agent.lab.worker import CheckWorker, NotIsolatable
+from infra_agent.lab.worker import LabWorkers, NotIsolatable
 
 EntryStatus = Literal["timed", "refused", "failed", "skipped"]
 
@@ -180,16 +192,31 @@ def bench_spec(
     method: Method | None = None,
     *,
     timeout_s: float | None = None,
-    worker: CheckWorker | None = None,
+    workers: LabWorkers | None = None,
     progress: ProgressFn | None = None,
 ) -> BenchReport:
     """Check, then time every passing (variant, precision) against ceilings measured now.
 
-    ``timeout_s``/``worker`` isolate the correctness gate as in ``check_spec`` (a kernel
-    that hangs there is refused); the timing itself runs in this process.
+    ``timeout_s``/``workers`` isolate the correctness gate as in ``check_spec`` (a kernel
+    that hangs there is refused), and then the timing: each entry runs in the candidate's
+    worker.  Without them, both run in this process.
     """
+    with ExitStack() as stack:
+        if workers is None and timeout_s:
+            try:
+                workers = stack.enter_context(LabWorkers(spec))  # one pair for both checks and the timing
+            except NotIsolatable:
+                pass  # check_spec notes why and runs the calls here
+        return _bench(spec, device, precisions, variants, n_seeds, budget_s, ceilings, copy_bytes, matmul_n, method,
+                      timeout_s, workers, progress)
+
+
+def _bench(spec: KernelSpec, device: str | None, precisions: Sequence[str] | None, variants: Sequence[str] | None,
+           n_seeds: int, budget_s: float, ceilings: Ceilings | None, copy_bytes: int | None, matmul_n: int | None,
+           method: Method | None, timeout_s: float | None, workers: LabWorkers | None,
+           progress: ProgressFn | None) -> BenchReport:
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    checks, bench_shapes, seed = _gate(spec, dev, precisions, variants, n_seeds, timeout_s, worker, progress)
+    checks, bench_shapes, seed = _gate(spec, dev, precisions, variants, n_seeds, timeout_s, workers, progress)
     report = BenchReport(spec=spec.name, origin=spec.origin, device=dev, checks=checks)
     report.skipped = list(dict.fromkeys(s for c in checks for s in c.skipped))
     if not any(c.results for c in checks):
@@ -199,7 +226,10 @@ def bench_spec(
     modes = [p for p in (precisions or spec.precisions) if p in spec.precisions and (gpu or p not in spec.gpu_only_precisions)]
     chosen: list[tuple[str, Any]] = [(KERNEL, spec.kernel)]
     chosen += [(v.name, v) for v in spec.variants if (variants is None or v.name in variants) and (gpu or not v.gpu_only)]
-    plan = _TimingPlan(spec, dev, seed, modes, chosen, _failed_pairs(checks), budget_s, method)
+    # Timed where the gate ran: in the candidate's worker when the gate was isolated.
+    isolated = workers if workers is not None and checks[0].timeout_s is not None else None
+    plan = _TimingPlan(spec, dev, seed, modes, chosen, _failed_pairs(checks), budget_s, method, isolated,
+                       checks[0].timeout_s or DEFAULT_TIMEOUT_S)
 
     n_entries = len(bench_shapes) * len(spec.dtypes) * len(modes) * len(chosen)
 
@@ -228,29 +258,19 @@ def _gate(
     variants: Sequence[str] | None,
     n_seeds: int,
     timeout_s: float | None,
-    worker: CheckWorker | None,
+    workers: LabWorkers | None,
     progress: ProgressFn | None,
 ) -> tuple[list[CheckReport], list[Shape], int]:
     """The correctness gate: the checks, the shapes to time and the seed of the timed inputs."""
-    own: CheckWorker | None = None
-    if worker is None and timeout_s:
-        try:
-            worker = own = CheckWorker(spec)  # one worker for both checks
-        except NotIsolatable:
-            pass  # check_spec notes why and runs the calls here
-    try:
-        gate: dict[str, Any] = {"device": device, "precisions": precisions, "variants": variants, "timeout_s": timeout_s,
-                                "worker": worker, "progress": progress}
-        checks = [check_spec(spec, n_seeds=n_seeds, **gate)]
-        bench_shapes = list(spec.bench_shapes or spec.shapes)
-        # One fresh seed for the timed inputs; on bench shapes the same inputs are checked.
-        seed = (spec.seeds or draw_seeds(1))[0]
-        if spec.bench_shapes:
-            on_bench = dataclasses.replace(spec, shapes=bench_shapes, seeds=[seed])
-            checks.append(check_spec(on_bench, unit="calls on bench shapes", **gate))
-    finally:
-        if own is not None:
-            own.close()
+    gate: dict[str, Any] = {"device": device, "precisions": precisions, "variants": variants, "timeout_s": timeout_s,
+                            "workers": workers, "progress": progress}
+    checks = [check_spec(spec, n_seeds=n_seeds, **gate)]
+    bench_shapes = list(spec.bench_shapes or spec.shapes)
+    # One fresh seed for the timed inputs; on bench shapes the same inputs are checked.
+    seed = (spec.seeds or draw_seeds(1))[0]
+    if spec.bench_shapes:
+        on_bench = dataclasses.replace(spec, shapes=bench_shapes, seeds=[seed])
+        checks.append(check_spec(on_bench, unit="calls on bench shapes", **gate))
     return checks, bench_shapes, seed
 
 
@@ -267,11 +287,34 @@ class _TimingPlan:
     refused: dict[tuple[str, str], str]
     budget_s: float
     method: Method | None
+    workers: LabWorkers | None
+    timeout_s: float
+
+    def _inputs(self, shape: Shape, dtype: torch.dtype) -> Any:
+        """This input, made here, or by the pristine worker when the entries run in workers."""
+        if self.workers is None:
+            return self.spec.inputs(shape, dtype, self.seed, self.device)
+        job = {**self.workers.job_for(self.spec), "op": "make"}
+        case = _Case(self.spec, shape, dtype, self.seed, self.device)
+        return make_case(self.workers, job, case, [], self.timeout_s, reference=False)
+
+    def _time(self, entry: BenchEntry, name: str, fn: Any, inputs: Any, precision: str) -> None:
+        if self.workers is None:
+            _time_entry(entry, fn, inputs, precision, self.device, self.budget_s, self.method)
+            return
+        job = self.workers.job_for(self.spec)
+        key = ("bench", entry.input_key, self.seed)
+        try:
+            entry.timing = time_candidate(self.workers.candidate, job, key, inputs, self.device, name, precision,
+                                          budget_s=self.budget_s, method=self.method, timeout_s=self.timeout_s)
+        except CandidateFault as fault:
+            entry.status = "failed"
+            entry.message = fault.message if fault.fault == "raised" else f"while timing: {fault.message}"
 
     def time_input(self, shape: Shape, dtype: torch.dtype, report: BenchReport, tick: Callable[[], None]) -> None:
         """One entry per (precision, kernel) on this input, then a plain copy of its bytes beside them."""
         spec = self.spec
-        inputs = spec.inputs(shape, dtype, self.seed, self.device)
+        inputs = self._inputs(shape, dtype)
         flops = spec.flops(shape) if spec.flops else None
         nbytes = spec.bytes_moved(shape, dtype) if spec.bytes_moved else None
         label, dtype_name = shape_label(shape), str(dtype).replace("torch.", "")
@@ -287,7 +330,7 @@ class _TimingPlan:
                                                                             self.refused.get((KERNEL, precision), ""))
                 else:
                     fn = target.fn if isinstance(target, Variant) else target
-                    _time_entry(entry, fn, inputs, precision, self.device, self.budget_s, self.method)
+                    self._time(entry, name, fn, inputs, precision)
                     timed_any = timed_any or entry.timing is not None
                 report.entries.append(entry)
                 tick()

@@ -1,31 +1,34 @@
-"""A worker process for kernel checks, so that a hung or crashing kernel is a result.
+"""The lab's worker processes: a hung or crashing kernel is a result, and the judge
+never runs the code it judges.
 
 A Python thread cannot be stopped, so a kernel that never returns would hang the
 lab, and one that calls ``os._exit`` or faults would take it down.  The lab therefore
-runs a spec's checks in a worker process (``python -m infra_agent.lab.worker``,
+runs a spec's calls in worker processes (``python -m infra_agent.lab.worker``, each
 in a session of its own, CUDA-safe since nothing is forked) and waits at most
 ``timeout_s`` for each call.  When a call overruns, the worker's whole process group
 is killed; when the worker dies, its exit status is the finding.  Either way the
-parent (:func:`infra_agent.lab.correctness.check_spec`) records the call and
-starts a fresh worker for the calls after it.  The normal path costs one process
-start per spec file (every spec of the file, and both checks of ``bench``, share the
-worker), not one per call.
+parent records the call and starts a fresh worker for the calls after it.
 
-The worker loads the spec file again by path and picks each spec by the name it was
+``LabWorkers`` holds the two workers of one spec file (:mod:`infra_agent.lab.worker_side`
+says what each does): the *pristine* one loads the file the lab loaded (inputs and
+reference outputs), the *candidate* one loads the file from the tree under test
+(kernel and variants only).  The normal path costs two process starts per spec file
+(every spec of the file, and both checks of ``bench``, share them), not one per call.
+
+A worker loads the spec file again by path and picks each spec by the name it was
 loaded under; only data fields (shapes, seeds, tolerances ...) travel, so a spec whose
 code was replaced after loading cannot be isolated (``NotIsolatable``).
 
-Protocol (pickled tuples over a socket pair; parent -> worker first):
-``("load", {origin, digest})`` -> ``("ready", pid)``; then jobs
-``{spec, overrides, variants, device, cases, precisions, done, no_baseline}`` answered by
-``("begin", key, replay)`` before each step that runs spec code, ``("results", key,
-[CheckResult])`` after each call, and ``("job_done",)``; ``("spec_error", message)`` and
-``("error", traceback)`` end a job; ``None`` ends the worker.
+Protocol (bytes over a socket pair; :mod:`infra_agent.lab.wire`): ``("load", {origin,
+digest})`` -> ``("ready", pid)``; then jobs (``make``, ``stage``, ``call``, ``time``), each
+answered by its messages or by ``("spec_error", message)`` / ``("error", traceback)``;
+``None`` ends the worker.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import multiprocessing
 import os
 import pickle
@@ -34,12 +37,13 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from infra_agent.errors import KernelSpecError
 from infra_agent.lab.spec import CALLABLE_FIELDS, KernelSpec
+from infra_agent.lab.wire import Garbled, pack_job, unpack_reply
 
 # Seconds a fresh worker may take to import torch and load the spec file.
 STARTUP_TIMEOUT_S = 120.0
@@ -98,25 +102,34 @@ def check_isolatable(spec: KernelSpec) -> None:
         raise NotIsolatable(f"its data fields cannot be sent to another process: {exc}") from None
 
 
-class CheckWorker:
-    """The parent's handle on the worker process of one spec file (a context manager).
 
+
+class CheckWorker:
+    """The parent's handle on one worker process (a context manager).
+
+    ``role`` is ``"pristine"`` or ``"candidate"``; ``origin`` is the spec file it loads
+    (default: the file ``spec`` came from) and ``cwd`` where it runs (default: here).
     ``send`` starts a worker when none is running; ``recv(timeout)`` waits at most that
-    long for the next message; ``kill`` ends the worker's process group.  ``pids``
-    lists every worker started, for tests and diagnostics.  Built from any spec of the
-    file; ``job_for`` checks that a spec can be rebuilt there.
+    long for the next message; ``kill`` ends the worker's process group.  ``pids`` lists
+    every worker started, for tests and diagnostics.  ``staged`` names the inputs the
+    running worker holds (None after a restart).
     """
 
-    def __init__(self, spec: KernelSpec, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+    def __init__(self, spec: KernelSpec, role: str = "candidate", *, origin: str | None = None, cwd: Path | None = None,
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         check_isolatable(spec)
         assert spec.source is not None
-        self.origin = spec.source.origin
-        self.digest = spec.source.digest
+        self.role = role
+        self.origin = origin or spec.source.origin
+        # A candidate's file is hashed, not loaded: the judge runs none of its code.
+        self.digest = spec.source.digest if origin is None else hashlib.sha256(Path(origin).read_bytes()).hexdigest()
+        self.cwd = cwd
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.conn: Connection | None = None
         self.pids: list[int] = []
-        self.busy = False  # a job was sent and its job_done not yet received
+        self.staged: Any = None
+        self.busy = False  # a job was sent and its end not yet received
 
     def __enter__(self) -> CheckWorker:
         return self
@@ -124,20 +137,9 @@ class CheckWorker:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def job_for(self, spec: KernelSpec) -> dict[str, Any]:
-        """How the worker finds ``spec``: its name in the file and its data fields."""
-        check_isolatable(spec)
-        assert spec.source is not None
-        if (spec.source.origin, spec.source.digest) != (self.origin, self.digest):
-            raise NotIsolatable(f"spec '{spec.name}' comes from another file than this worker's")
-        return {"spec": spec.source.name, "overrides": _data_fields(spec)}
-
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-    def _prefix(self) -> str:
-        return self.origin
 
     def _spawn(self) -> None:
         parent, child = multiprocessing.Pipe(duplex=True)
@@ -148,68 +150,84 @@ class CheckWorker:
         if env.get("PYTHONPATH"):
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(paths)
-        cmd = [sys.executable, "-m", "infra_agent.lab.worker", str(fd), str(os.getpid())]
+        cmd = [sys.executable, "-m", "infra_agent.lab.worker", str(fd), str(os.getpid()), self.role]
         try:
             # Its own session: one killpg ends it and anything its kernels started.
             # stdout goes to our stderr, so a kernel's prints cannot corrupt --json.
-            proc = subprocess.Popen(cmd, pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=2, start_new_session=True, env=env)
+            proc = subprocess.Popen(cmd, pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=2, start_new_session=True,
+                                    env=env, cwd=self.cwd)
         finally:
             child.close()
         self.proc, self.conn = proc, parent
         self.pids.append(proc.pid)
+        self.staged = None
         try:
-            parent.send(("load", {"origin": self.origin, "digest": self.digest}))
+            parent.send_bytes(pack_job(("load", {"origin": self.origin, "digest": self.digest})))
             kind, *body = self._recv(self.startup_timeout_s)
         except WorkerTimeout:
             self.kill()
-            raise KernelSpecError(f"{self._prefix()}: the check worker did not start within {self.startup_timeout_s:g} s") from None
-        except WorkerDied as exc:
+            raise KernelSpecError(f"{self.origin}: the {self.role} check worker did not start within {self.startup_timeout_s:g} s") from None
+        except (WorkerDied, Garbled) as exc:
             self.kill()
-            raise KernelSpecError(f"{self._prefix()}: the check worker {exc.describe()} while loading the spec (its error output is above)") from None
+            what = exc.describe() if isinstance(exc, WorkerDied) else f"sent an unreadable reply ({exc})"
+            raise KernelSpecError(f"{self.origin}: the {self.role} check worker {what} while loading the spec (its error output is above)") from None
         if kind != "ready":
             self.kill()
-            raise KernelSpecError(body[0] if kind == "spec_error" else f"{self._prefix()}: the check worker failed to start:\n{body[0]}")
+            raise KernelSpecError(body[0] if kind == "spec_error" else f"{self.origin}: the {self.role} check worker failed to start:\n{body[0]}")
 
-    def _recv(self, timeout: float) -> tuple[Any, ...]:
+    def _recv_bytes(self, timeout: float) -> bytes:
         assert self.conn is not None and self.proc is not None
         try:
-            ready = self.conn.poll(timeout)
-            if not ready:
+            if not self.conn.poll(timeout):
                 raise WorkerTimeout(timeout)
-            msg = self.conn.recv()
+            return self.conn.recv_bytes()
         except (EOFError, OSError):
             raise WorkerDied(self.proc.wait()) from None
-        return msg  # type: ignore[no-any-return]
+
+    def _recv(self, timeout: float) -> tuple[Any, ...]:
+        return unpack_reply(self._recv_bytes(timeout), trusted=self.role == "pristine")
 
     def send(self, job: dict[str, Any]) -> None:
         """Send a job, starting a worker first when none is running."""
         if not self.alive:
             self.kill()
             self._spawn()
+        self.send_raw(pack_job(job))
+        self.busy = True
+
+    def send_raw(self, data: bytes) -> None:
         assert self.conn is not None and self.proc is not None
         try:
-            self.conn.send(job)
-            self.busy = True
+            self.conn.send_bytes(data)
         except OSError:
             raise WorkerDied(self.proc.wait()) from None
 
+    def recv_raw(self, timeout: float) -> bytes:
+        """The next message's bytes, unread (the timing loop's one-byte answers)."""
+        return self._recv_bytes(timeout)
+
     def recv(self, timeout: float) -> tuple[Any, ...]:
-        """The next ``begin``/``results``/``job_done`` message; raises on a spec error,
-        ``WorkerTimeout`` after ``timeout`` seconds of silence, ``WorkerDied`` on exit."""
+        """The next message; raises on a spec error, ``WorkerTimeout`` after ``timeout``
+        seconds of silence, ``WorkerDied`` on exit, ``Garbled`` on bytes it cannot read."""
         kind, *body = self._recv(timeout)
-        if kind in ("job_done", "spec_error", "error"):
-            self.busy = False
         if kind == "spec_error":
-            raise KernelSpecError(body[0])
+            self.busy = False
+            raise KernelSpecError(str(body[0]) if body else "the check worker reported a spec error")
         if kind == "error":
-            raise RuntimeError(f"{self._prefix()}: the check worker failed:\n{body[0]}")
+            self.busy = False
+            raise RuntimeError(f"{self.origin}: the {self.role} check worker failed:\n{body[0] if body else ''}")
         return (kind, *body)
+
+    def done(self) -> None:
+        """The job's last message was read: the worker waits for the next job."""
+        self.busy = False
 
     def kill(self) -> None:
         """End the worker and everything in its process group; reap it."""
         proc, conn = self.proc, self.conn
         self.proc = self.conn = None
         self.busy = False
+        self.staged = None
         if conn is not None:
             conn.close()
         if proc is None:
@@ -229,11 +247,49 @@ class CheckWorker:
         when a job is still running, e.g. the run was interrupted)."""
         if self.proc is not None and self.conn is not None and not self.busy and self.proc.poll() is None:
             try:
-                self.conn.send(None)
+                self.conn.send_bytes(pack_job(None))
                 self.proc.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+class LabWorkers:
+    """The two workers of one spec file: pristine (inputs, reference) and candidate (kernel,
+    variants).  ``candidate_origin``/``candidate_cwd`` name the candidate's copy of the file
+    and its tree; without them the candidate loads the same file, still in a process of
+    its own."""
+
+    def __init__(self, spec: KernelSpec, candidate_origin: str | None = None, candidate_cwd: Path | None = None) -> None:
+        check_isolatable(spec)
+        assert spec.source is not None
+        self.source = (spec.source.origin, spec.source.digest)
+        self.pristine = CheckWorker(spec, "pristine")
+        self.candidate = CheckWorker(spec, "candidate", origin=candidate_origin, cwd=candidate_cwd)
+
+    def __enter__(self) -> LabWorkers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def pids(self) -> list[int]:
+        return self.pristine.pids + self.candidate.pids
+
+    def job_for(self, spec: KernelSpec) -> dict[str, Any]:
+        """How a worker finds ``spec``: its name in the file and its data fields."""
+        check_isolatable(spec)
+        assert spec.source is not None
+        if (spec.source.origin, spec.source.digest) != self.source:
+            raise NotIsolatable(f"spec '{spec.name}' comes from another file than this worker's")
+        return {"spec": spec.source.name, "overrides": _data_fields(spec)}
+
+    def close(self) -> None:
+        try:
+            self.candidate.close()
+        finally:
+            self.pristine.close()
 
 
 # ---- the worker side ----------------------------------------------------------------
@@ -247,66 +303,14 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
-def _load(request: dict[str, Any]) -> dict[str, KernelSpec]:
-    import hashlib
-    from pathlib import Path
-
-    from infra_agent.lab.loader import load_specs
-
-    origin = request["origin"]
-    if hashlib.sha256(Path(origin).read_bytes()).hexdigest() != request["digest"]:
-        raise KernelSpecError(f"{origin}: the spec file changed on disk during the run")
-    return {s.name: s for s in load_specs(origin, check_inputs=False)}
-
-
-def _serve(conn: Connection) -> None:
-    try:
-        _, request = conn.recv()
-        loaded = _load(request)
-    except KernelSpecError as exc:
-        conn.send(("spec_error", str(exc)))
-        return
-    except Exception:  # noqa: BLE001 - reported to the parent, which raises it
-        conn.send(("error", traceback.format_exc()))
-        return
-    conn.send(("ready", os.getpid()))
-
-    from infra_agent.lab.check_calls import _Case, _run_case
-
-    def begin(key: Any, replay: bool) -> None:
-        conn.send(("begin", key, replay))
-
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:
-            return
-        if job is None:
-            return
-        try:
-            base = loaded.get(job["spec"])
-            if base is None:
-                raise KernelSpecError(f"{request['origin']}: spec '{job['spec']}' was not found when loading the file again")
-            spec = dataclasses.replace(base, **job["overrides"])
-            variants = [base.variant(n) for n in job["variants"]]
-            for ci, (shape, dtype, seed) in enumerate(job["cases"]):
-                case = _Case(spec, shape, dtype, seed, job["device"])
-                steps = _run_case(case, ci, job["precisions"], variants, begin=begin, done=job["done"], no_baseline=job["no_baseline"])
-                for key, results in steps:
-                    conn.send(("results", key, results))
-            conn.send(("job_done",))
-        except KernelSpecError as exc:
-            conn.send(("spec_error", str(exc)))
-        except Exception:  # noqa: BLE001
-            conn.send(("error", traceback.format_exc()))
-
-
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    fd, parent_pid = int(args[0]), int(args[1])
+    fd, parent_pid, role = int(args[0]), int(args[1]), args[2]
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    from infra_agent.lab.worker_side import serve
+
     try:
-        _serve(Connection(fd))
+        serve(Connection(fd), role)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -48,6 +48,11 @@ class ProbeContext:
     When set, a probe that needs a server measures that one instead of launching its
     own, so the caller (the executor) can keep two servers up for an interleaved A B A B
     comparison, with the dead-server watchdog of each target kept.
+
+    ``candidate_root``: the tree that holds the code under test, when it is not the one
+    the probe runs in (the working directory, then the pristine tree).  The kernel probe
+    judges from the working directory and runs only the kernels from this tree, in a
+    worker process of their own.
     """
 
     workdir: Path
@@ -55,6 +60,7 @@ class ProbeContext:
     knobs: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
     target: Any = None
+    candidate_root: Path | None = None
 
 
 class Probe(ABC):

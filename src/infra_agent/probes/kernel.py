@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -35,7 +36,7 @@ from infra_agent.lab.loader import load_specs, narrow, select
 from infra_agent.lab.microbench import BenchReport, account_work, bench_spec
 from infra_agent.lab.progress import LabProgress
 from infra_agent.lab.spec import DEFAULT_TIMEOUT_S, KernelSpec
-from infra_agent.lab.worker import CheckWorker, NotIsolatable
+from infra_agent.lab.worker import LabWorkers, NotIsolatable
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
 
 __all__ = ["KernelProbe", "bench_feedback_parts", "check_feedback_parts", "error_measurement", "run_lab", "work_findings"]
@@ -103,9 +104,12 @@ class KernelProbe(Probe):
     def run(self, config: Any, ctx: ProbeContext) -> Feedback:
         cfg: KernelConfig = self.parse_config(config)  # type: ignore[assignment]
         mode = cfg.mode
+        # The judge loads the spec from the tree it runs in (the pristine one, when the
+        # code under test lives in another: ctx.candidate_root), never the candidate's.
         specs = select(load_specs(cfg.spec), cfg.spec_name)
         with LabProgress(mode, enabled=ctx.progress) as progress:
-            fb, reports = run_lab(specs, mode, cfg.model_dump(exclude_none=True), progress=progress)
+            fb, reports = run_lab(specs, mode, cfg.model_dump(exclude_none=True), progress=progress,
+                                  candidate_root=ctx.candidate_root)
         ctx.workdir.mkdir(parents=True, exist_ok=True)
         out = ctx.workdir / f"kernel-{mode}-{'_'.join(s.name for s in specs)[:80]}.json"
         out.write_text(json.dumps([r.to_dict() for r in reports], indent=2, default=str))
@@ -139,38 +143,55 @@ def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def timeout_for(spec: KernelSpec, configured: float | None) -> float | None:
+def timeout_for(spec: KernelSpec, configured: float | None, *, isolate: bool = False) -> float | None:
     """Seconds per call: the configured value, else the spec's, else the default.
 
-    None (from a configured 0) means no worker and no timeout.
+    None (from a configured 0) means no worker and no timeout, unless ``isolate``: code
+    under test from another tree never runs in the judge's process.
     """
-    if configured is not None:
+    if configured is not None and (float(configured) or not isolate):
         return float(configured) or None
     return spec.timeout_s or DEFAULT_TIMEOUT_S
 
 
+def candidate_file(spec: KernelSpec, candidate_root: Path | None) -> str | None:
+    """The candidate's copy of ``spec``'s file: the same path relative to the candidate's
+    tree as the spec's is to this one (the working directory); None when there is no
+    candidate tree, or the file lies outside this tree (then both load the same file)."""
+    if candidate_root is None or spec.source is None:
+        return None
+    try:
+        rel = Path(spec.source.origin).resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return None
+    return str(candidate_root / rel)
+
+
 def run_lab(
-    specs: list[KernelSpec], mode: str, config: dict[str, Any], progress: ProgressFn | None = None
+    specs: list[KernelSpec], mode: str, config: dict[str, Any], progress: ProgressFn | None = None,
+    candidate_root: Path | None = None,
 ) -> tuple[Feedback, list[CheckReport | BenchReport]]:
     """Check or bench every spec; the Feedback plus the reports it was built from.
 
-    Each spec file's checks run in one worker process, every call bounded by
-    ``timeout_for(spec, config["timeout_s"])``.  Raises ``KernelSpecError`` for a
-    precision or variant name no selected spec declares.
+    Each spec file's calls run in one pair of worker processes (pristine: inputs and
+    reference; candidate: kernel and variants, from ``candidate_root`` when given), every
+    call bounded by ``timeout_for(spec, config["timeout_s"])``, and are judged here.
+    Raises ``KernelSpecError`` for a precision or variant name no selected spec declares.
     """
     with ExitStack() as stack:
-        workers: dict[str, CheckWorker | None] = {}
+        pairs: dict[str, LabWorkers | None] = {}
 
-        def worker_for(spec: KernelSpec) -> CheckWorker | None:
-            if spec.origin not in workers:
+        def workers_for(spec: KernelSpec) -> LabWorkers | None:
+            if spec.origin not in pairs:
                 try:
-                    workers[spec.origin] = stack.enter_context(CheckWorker(spec))
+                    pairs[spec.origin] = stack.enter_context(
+                        LabWorkers(spec, candidate_file(spec, candidate_root), candidate_root))
                 except NotIsolatable:
-                    workers[spec.origin] = None  # check_spec says why, and runs it here
-            w = workers[spec.origin]
-            return w if w is not None and spec.source is not None and spec.source.origin == w.origin else None
+                    pairs[spec.origin] = None  # check_spec says why, and runs it here
+            w = pairs[spec.origin]
+            return w if w is not None and spec.source is not None and spec.source.origin == w.source[0] else None
 
-        return _run_lab(specs, mode, config, progress, worker_for)
+        return _run_lab(specs, mode, config, progress, workers_for, isolate=candidate_root is not None)
 
 
 # A failed check is one table row: (spec, variant, vs, precision, output).
@@ -220,15 +241,16 @@ class _Tally:
         return ", ".join(p for p in problems if p) or None
 
 
-def _run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any], progress: ProgressFn | None, worker_for: Any) -> tuple[Feedback, list[CheckReport | BenchReport]]:
+def _run_lab(specs: list[KernelSpec], mode: str, config: dict[str, Any], progress: ProgressFn | None, workers_for: Any,
+             isolate: bool = False) -> tuple[Feedback, list[CheckReport | BenchReport]]:
     mode = _mode({"mode": mode})
     tally = _Tally()
     n_seeds = int(config.get("seeds", 2))
     for spec, precisions, variants, notes in narrow(specs, _names(config.get("precisions")), _names(config.get("variants"))):
-        timeout_s = timeout_for(spec, config.get("timeout_s"))
+        timeout_s = timeout_for(spec, config.get("timeout_s"), isolate=isolate)
         common: dict[str, Any] = {
             "device": config.get("device"), "precisions": precisions, "variants": variants,
-            "timeout_s": timeout_s, "worker": worker_for(spec) if timeout_s else None, "progress": progress,
+            "timeout_s": timeout_s, "workers": workers_for(spec) if timeout_s else None, "progress": progress,
         }
         if precisions == []:  # declares none of the requested modes: nothing to run
             dev = config.get("device") or "-"

@@ -8,6 +8,10 @@
 - Every probe run is a worker subprocess (``worker.py``) in its own process group, with
   a timeout: a hung probe is killed with its group and everything marked with its
   experiment, recorded as a timeout, and the loop goes on.
+- A kernel check of code in a worktree is judged from the *pristine* tree (a worktree
+  of the commit the run's baseline was measured on): the lab loads the spec, makes the
+  inputs and the reference there, and runs only the kernels from the worktree, in a
+  process of their own (``infra_agent.lab.worker_side``).
 """
 
 from __future__ import annotations
@@ -62,6 +66,9 @@ class LocalExecutor(Executor):
         # on the same configuration of the same code is not run again (kernel checks cost seconds).
         self._check_cache: dict[str, tuple[str, Feedback]] = {}
         self._yaml_name = workspace.source.name if workspace.source else WORKSPACE_FILE
+        # The commit the baseline was measured on; kernel checks are judged from a worktree of it.
+        self.pristine_commit: str | None = None
+        self._pristine: Path | None = None
 
     # ------------------------------------------------------------ worktrees
 
@@ -86,6 +93,8 @@ class LocalExecutor(Executor):
         whatever the user's HEAD has moved to since."""
         code = bool(exp.change.diff and exp.change.diff.strip())
         check_knob_env(self.ws, exp.knobs, best.knobs)
+        # Resumed without measuring the baseline: the best's parent commit is the closest known.
+        self.pristine_commit = self.pristine_commit or best.base_commit
         a_commit = best.commit
         b_commit = exp.commit if (exp.commit and not code) else a_commit
         if not code and a_commit is None and b_commit is None:
@@ -105,6 +114,13 @@ class LocalExecutor(Executor):
         path = self.worktrees.create(name, commit)
         self._open.setdefault(exp_id, []).append(name)
         return path
+
+    def _pristine_root(self) -> Path | None:
+        """The workspace folder of the pristine tree (one worktree per run, made when first needed)."""
+        if self._pristine is None or not self._pristine.exists():
+            path = self.worktrees.create("pristine", self.pristine_commit or self.worktrees.head())
+            self._pristine = self.worktrees.workspace_in(path)
+        return self._pristine
 
     def _measured_dir(self, exp: Experiment) -> Path:
         """Where ``measure`` runs ``exp``: the user's tree, or a worktree of its commit (the confirmation's best)."""
@@ -138,8 +154,11 @@ class LocalExecutor(Executor):
             first, cached = self._check_cache[key]
             return cached.model_copy(update={"meta": {**cached.meta, "reused_from": first}})
         what = f"check {check_name!r} ({check.probe} probe)"
-        out = self._job(exp_id, {"kind": "probe", "probe": check.probe, "config": cfg, "workspace": str(ws_dir / self._yaml_name),
-                                 "knobs": knobs}, self.check_timeout_s, on_event, what)
+        job = {"kind": "probe", "probe": check.probe, "config": cfg, "workspace": str(ws_dir / self._yaml_name), "knobs": knobs}
+        pristine = self._pristine_root() if check.probe == "kernel" and ws_dir.resolve() != self.ws.root.resolve() else None
+        if pristine is not None:
+            job["pristine_root"] = str(pristine)
+        out = self._job(exp_id, job, self.check_timeout_s, on_event, what)
         if "feedback" not in out:
             raise InfraAgentError(f"{what} could not run for {exp_id} in {ws_dir}: {out.get('error', 'the probe worker failed')}")
         fb = Feedback.model_validate(out["feedback"])
@@ -165,6 +184,8 @@ class LocalExecutor(Executor):
         try:
             if exp.role == "baseline" and exp.base_commit is None:
                 exp.base_commit = self.base_commit()  # what the user's HEAD was: later worktrees start there
+            if exp.role == "baseline":
+                self.pristine_commit = exp.base_commit
             ws_dir = self._measured_dir(exp)
             for name in checks:
                 ex.checks[name] = self._probe(exp.id, ws_dir, name, exp.knobs, None, on_event)
@@ -279,6 +300,7 @@ class LocalExecutor(Executor):
             except InfraAgentError:
                 pass
         self._open.clear()
+        self._pristine = None
         return found
 
 

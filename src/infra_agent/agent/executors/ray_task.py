@@ -55,6 +55,10 @@ class NodeExecutor(LocalExecutor):
     def _measured_dir(self, exp: Experiment) -> Path:
         return self.sides["m"]
 
+    def _pristine_root(self) -> Path | None:
+        # No git on a node: kernel checks are judged from the baseline side's copy.
+        return self.sides.get("a")
+
     def base_commit(self) -> str | None:
         return None  # the driver recorded it before shipping
 

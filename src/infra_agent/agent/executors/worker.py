@@ -9,7 +9,9 @@ it down.  It prints one JSON event per line on stdout (progress) and writes its
 result atomically, so a result file is either whole or absent.
 
 Jobs:
-- ``probe``: ``{probe, config, workspace, knobs, workdir}`` -> ``{"feedback": ...}``
+- ``probe``: ``{probe, config, workspace, knobs, workdir[, pristine_root]}`` -> ``{"feedback": ...}``;
+  with ``pristine_root`` (a kernel check of code under test) the probe runs from that
+  tree and takes only the code it judges from the workspace's (``ProbeContext.candidate_root``)
 - ``ab``: ``{workspace_a, workspace_b, knobs_a, knobs_b, scenarios, pairs, workdir,
   result_metrics, percentiles, max_foreign_cpu}`` -> ``{"a": {scenario: [feedback per run]}, "b": ...,
   "discarded": [...], "max_foreign_cpu": ...}``.  Both servers stay up for the whole job;
@@ -51,11 +53,17 @@ def run_probe_job(job: dict[str, Any]) -> dict[str, Any]:
     from infra_agent.probes.workspace_checks import load_workspace
 
     ws = load_workspace(job["workspace"]) if job.get("workspace") else None
-    if ws is not None:
+    candidate_root = None
+    if job.get("pristine_root") and ws is not None:
+        # The judge runs from the pristine tree; the code under test is the workspace's.
+        os.chdir(job["pristine_root"])
+        candidate_root = ws.root
+    elif ws is not None:
         # Paths in a check's config (a kernel spec) are relative to the workspace.
         os.chdir(ws.root)
     probe = get_probe(job["probe"])()
-    ctx = ProbeContext(workdir=Path(job["workdir"]), workspace=ws, knobs=dict(job.get("knobs") or {}), progress=False)
+    ctx = ProbeContext(workdir=Path(job["workdir"]), workspace=ws, knobs=dict(job.get("knobs") or {}), progress=False,
+                       candidate_root=candidate_root)
     fb = probe.execute(job.get("config") or {}, ctx)
     _event(event="probe", probe=job["probe"], ok=fb.ok, error=fb.error)
     return {"feedback": fb.model_dump(mode="json")}
