@@ -21,14 +21,17 @@ accept a change, so a cheat that is not accepted was stopped by the judge.
 
 A bench-mode entry: a correct kernel whose module slows ``time.perf_counter_ns`` and
 ``time.perf_counter`` tenfold claims ``achieved_bandwidth`` doubles (the planner sends a
-``bandwidth`` metric to a kernel bench).  The check workers and the bench's timing import
-the candidate's module, so all of these run where they can reach the judge.  No figure
-of a timing is asserted here (the box is shared): the entry is not accepted, and ran as a
-bench on both sides.
+``bandwidth`` metric to a kernel bench).
+
+What stops them: the lab judges from the pristine tree and runs the candidate's kernel
+only in a worker process of its own (``infra_agent.lab.worker_side``): the comparison,
+the reference's outputs and, on the CPU, the clock are in processes the candidate's
+module never enters.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -233,10 +236,10 @@ def test_the_judge_measures_the_kernels_own_error(judged: dict[str, Judged], nam
 
 def test_a_slowed_clock_does_not_win_a_bench(tmp_path: Path) -> None:
     # The kernel is correct on both sides, so the bench times it; the gate passes at the
-    # baseline, so the run is told to go on.  Today this ends inconclusive whatever the
-    # clock does: a kernel bench gives one achieved_bandwidth figure per side and the judge
-    # needs three (the slowed clock shows the candidate 6-10x "faster").  Once such a claim
-    # can be decided, only a clock the candidate's module cannot reach keeps this passing.
+    # baseline, so the run is told to go on.  A kernel bench gives one achieved_bandwidth
+    # figure per side and the judge needs three, so the claim cannot be supported on that
+    # alone; what shows the guard is the measurement: timed by the judge's clock, the
+    # candidate is not the 6-10x "faster" its slowed clock read before.
     root = kernel_workspace(tmp_path / "ws", kernel=RIGHT_KERNEL)
     cheat = kernel_cheat("slow the clock", SLOW_CLOCK, metric="achieved_bandwidth", direction="higher",
                          base=RIGHT_KERNEL)
@@ -247,3 +250,12 @@ def test_a_slowed_clock_does_not_win_a_bench(tmp_path: Path) -> None:
         assert side.ok and side.meta["mode"] == "bench", (side.error, side.meta)
         assert [m for m in side.measurements if m.name == "achieved_bandwidth"], side.measurements
     assert exp.verdict is not None and exp.verdict.outcome != "supported", exp.verdict.message
+    bandwidth = {}
+    for label, side in (("baseline", exp.baseline_feedback), ("candidate", exp.feedback)):
+        (bw,) = [m.value for m in side.measurements if m.name == "achieved_bandwidth"]
+        bandwidth[label] = bw
+        report = json.loads(Path(next(a.path for a in side.artifacts if a.kind == "result")).read_text())
+        notes = [n for r in report for e in r["entries"] if e.get("timing") for n in e["timing"]["notes"]]
+        assert notes and all("judge's clock" in n for n in notes if "clock" in n), notes
+    # The same work on both sides: a loose bound that a busy machine keeps, and 6-10x breaks.
+    assert bandwidth["candidate"] / bandwidth["baseline"] < 4.0, bandwidth
