@@ -32,6 +32,7 @@ from infra_agent.lab.findings import (  # re-exported: callers import them from 
     error_measurement,
     work_findings,
 )
+from infra_agent.lab.judge_files import judge_files
 from infra_agent.lab.loader import load_specs, narrow, select
 from infra_agent.lab.microbench import BenchReport, account_work, bench_spec
 from infra_agent.lab.progress import LabProgress
@@ -110,6 +111,8 @@ class KernelProbe(Probe):
         with LabProgress(mode, enabled=ctx.progress) as progress:
             fb, reports = run_lab(specs, mode, cfg.model_dump(exclude_none=True), progress=progress,
                                   candidate_root=ctx.candidate_root)
+        # What the verdict rests on, for the executor to keep out of a candidate's reach.
+        fb.meta["judge_files"] = judge_files(specs, Path.cwd())
         ctx.workdir.mkdir(parents=True, exist_ok=True)
         out = ctx.workdir / f"kernel-{mode}-{'_'.join(s.name for s in specs)[:80]}.json"
         out.write_text(json.dumps([r.to_dict() for r in reports], indent=2, default=str))

@@ -14,10 +14,12 @@ import itertools
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
 
+from infra_agent.lab.judge_files import judge_files, reachable_files
 from infra_agent.lab.loader import load_specs
 from infra_agent.lab.microbench import bench_spec
 from infra_agent.lab.timing import time_cpu
@@ -232,3 +234,32 @@ def test_the_judges_clock_agrees_with_timing_in_process(tmp_path: Path) -> None:
         there.append(entry.timing.median_s)
     # The round trip is a few percent of a 5 ms batch; a loose bound holds on a busy machine.
     assert 0.33 < statistics.median(there) / statistics.median(here) < 3.0, (here, there)
+
+
+def test_the_judges_files_are_the_references_import_graph(tmp_path: Path) -> None:
+    # The reference reaches ref_impl (imported by name); the kernel's module is not the judge's.
+    path = spec_tree(tmp_path, HONEST)
+    names = judge_files(load_specs(path), tmp_path)
+    assert names[-1] == "kernels/mm/spec.py" and len(names) == 2 and names[0].startswith("kernels/mm/ref_impl_")
+    # Through a module attribute, a closure and a partial, into a second helper.
+    helpers = tmp_path / "helpers"
+    helpers.mkdir()
+    (helpers / "jf_deep.py").write_text("def exact(a, b):\n    return a.double() @ b.double()\n")
+    (helpers / "jf_mid.py").write_text("import jf_deep\n\n\ndef via(a, b):\n    return jf_deep.exact(a, b)\n")
+    (helpers / "jf_closure.py").write_text("from jf_deep import exact\n\n\ndef make():\n    inner = exact\n"
+                                           "    return lambda a, b: inner(a, b)\n")
+    sys.path.insert(0, str(helpers))
+    try:
+        import functools
+
+        import jf_closure
+        import jf_mid
+
+        by_attribute = {p.name for p in reachable_files([functools.partial(jf_mid.via)], tmp_path)}
+        assert by_attribute == {"jf_mid.py", "jf_deep.py"}, by_attribute
+        by_closure = {p.name for p in reachable_files([jf_closure.make()], tmp_path)}
+        assert by_closure == {"jf_closure.py", "jf_deep.py"}, by_closure
+        # Code outside the tree (this test's own function) is not followed: it is not the candidate's.
+        assert reachable_files([lambda a, b: jf_mid.via(a, b)], tmp_path) == set()
+    finally:
+        sys.path.remove(str(helpers))

@@ -24,7 +24,7 @@ from typing import Any
 from infra_agent.agent.executors.base import Execution, Executor, OnEvent
 from infra_agent.agent.executors.cleanup import kill_marked
 from infra_agent.agent.executors.jobs import ProbeTimeout, run_job
-from infra_agent.agent.executors.protect import check_changes
+from infra_agent.agent.executors.protect import check_changes, check_judge_files
 from infra_agent.agent.executors.shadowing import check_knob_env, check_shadowing
 from infra_agent.agent.executors.worktree import (
     PatchRejected,
@@ -69,6 +69,8 @@ class LocalExecutor(Executor):
         # The commit the baseline was measured on; kernel checks are judged from a worktree of it.
         self.pristine_commit: str | None = None
         self._pristine: Path | None = None
+        # Workspace-relative files a kernel check's verdict runs (its reference's import graph) -> the check.
+        self._judge_files: dict[str, str] = {}
 
     # ------------------------------------------------------------ worktrees
 
@@ -106,6 +108,7 @@ class LocalExecutor(Executor):
             exp.base_commit = anchor
             changes = wt.apply(dirs[1], exp.change.diff or "")
             check_changes(dirs[1], wt.workspace_rel, changes, self.ws.protected_patterns)
+            check_judge_files(wt.workspace_rel, changes, self._judge_files)
             check_shadowing(dirs[1], changes)
         return wt.workspace_in(dirs[0]), wt.workspace_in(dirs[1])
 
@@ -152,6 +155,7 @@ class LocalExecutor(Executor):
         key = self._check_key(check_name, check.probe, cfg, knobs, ws_dir)
         if key in self._check_cache and not self.fresh:
             first, cached = self._check_cache[key]
+            self._note_judge_files(check_name, cached)
             return cached.model_copy(update={"meta": {**cached.meta, "reused_from": first}})
         what = f"check {check_name!r} ({check.probe} probe)"
         job = {"kind": "probe", "probe": check.probe, "config": cfg, "workspace": str(ws_dir / self._yaml_name), "knobs": knobs}
@@ -163,13 +167,19 @@ class LocalExecutor(Executor):
             raise InfraAgentError(f"{what} could not run for {exp_id} in {ws_dir}: {out.get('error', 'the probe worker failed')}")
         fb = Feedback.model_validate(out["feedback"])
         self._check_cache.setdefault(key, (exp_id, fb))
+        self._note_judge_files(check_name, fb)
         return fb
+
+    def _note_judge_files(self, check_name: str, fb: Feedback) -> None:
+        for path in fb.meta.get("judge_files") or []:
+            self._judge_files.setdefault(str(path), check_name)
 
     def remember_check(self, exp_id: str, check_name: str, knobs: dict[str, Any], fb: Feedback) -> None:
         """Seed the cache from the ledger (resume) with a check run on the user's tree."""
         check = self.ws.check(check_name)
         key = self._check_key(check_name, check.probe, check.render(knobs), knobs, self.ws.root)
         self._check_cache.setdefault(key, (exp_id, fb))
+        self._note_judge_files(check_name, fb)
 
     def _load_key(self) -> dict[str, Any]:
         """The job's re-run threshold for loaded windows (absent: the worker's default)."""
@@ -292,6 +302,9 @@ class LocalExecutor(Executor):
             n = kill_marked(p)
             if n:
                 found.append(f"{n} process(es) of {p}")
+        if self._pristine is not None:
+            self.worktrees.remove("pristine")  # this run's own, not something left behind
+            self._pristine = None
         if self._wt is not None or (self.ws.root / ".infra-agent" / "worktrees" / self.run_id).exists():
             try:
                 left = self.worktrees.leftovers()
@@ -300,7 +313,6 @@ class LocalExecutor(Executor):
             except InfraAgentError:
                 pass
         self._open.clear()
-        self._pristine = None
         return found
 
 

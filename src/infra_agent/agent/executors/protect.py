@@ -89,3 +89,16 @@ def _check_one(root: Path, workspace_rel: Path, repo_path: str, patterns: list[s
         dest = Path(os.path.realpath(full.parent / target)) if not os.path.isabs(target) else Path(target)
         if dest != root and root not in dest.parents:
             raise PatchRejected(f"the diff makes {repo_path} a symlink to {target}, outside the worktree")
+
+
+def check_judge_files(workspace_rel: Path, changes: list[ChangedPath], judge_files: dict[str, str]) -> None:
+    """Raise ``PatchRejected`` for a change to a file a kernel check's verdict runs
+    (``judge_files``: workspace-relative path -> the check; ``infra_agent.lab.judge_files``)."""
+    for ch in changes:
+        for repo_path in filter(None, (ch.path, ch.old_path)):
+            for form in _relative_forms(repo_path, workspace_rel):
+                if form in judge_files:
+                    raise PatchRejected(
+                        f"the diff changes {repo_path}, which the reference or input factory of kernel check "
+                        f"{judge_files[form]!r} runs; the judge's code may not change (change the kernel, "
+                        "not what it is checked against)")

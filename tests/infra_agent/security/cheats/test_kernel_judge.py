@@ -41,12 +41,17 @@ from infra_agent.feedback import Feedback, Finding
 from infra_agent.ledger import Ledger
 from infra_agent.records import Experiment
 
-from .cheat_loop import never_accepted, try_cheats
+from .cheat_loop import Cheat, never_accepted, try_cheats
 from .kernel_workspace import (
     CHECK,
+    COMPONENT,
+    REF_HELPER,
+    REF_HELPER_PATH,
     RIGHT_KERNEL,
+    SPEC_PATH,
     kernel_cheat,
     kernel_workspace,
+    replace_file,
     run_cheats,
 )
 
@@ -259,3 +264,20 @@ def test_a_slowed_clock_does_not_win_a_bench(tmp_path: Path) -> None:
         assert notes and all("judge's clock" in n for n in notes if "clock" in n), notes
     # The same work on both sides: a loose bound that a busy machine keeps, and 6-10x breaks.
     assert bandwidth["candidate"] / bandwidth["baseline"] < 4.0, bandwidth
+
+
+def test_an_edit_of_the_references_helper_is_refused_before_it_runs(tmp_path: Path) -> None:
+    # e. make the reference agree with the wrong kernel by editing the module it calls: the
+    # baseline's check found that module in the reference's import graph, so the executor
+    # refuses the change before any worker runs (the lab would judge from the pristine
+    # tree anyway).
+    root = kernel_workspace(tmp_path / "ws")
+    shifted = REF_HELPER.replace("return a.double() @ b.double()", "return a.double() @ b.double() + 1e-2")
+    cheat = Cheat("shift the reference", "failed_checks", min_effect=1.0, component=COMPONENT,
+                  diff=replace_file(REF_HELPER_PATH, REF_HELPER, shifted))
+    run = run_cheats(root, [cheat])
+    assert run.baseline.checks[CHECK].meta["judge_files"] == [REF_HELPER_PATH, SPEC_PATH]
+    exp = run.only()
+    never_accepted(exp)
+    assert exp.status == "rejected" and exp.error is not None, exp.error
+    assert f"changes {REF_HELPER_PATH}, which the reference or input factory of kernel check {CHECK!r} runs" in exp.error
