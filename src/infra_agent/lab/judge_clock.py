@@ -50,10 +50,15 @@ def _by_judge(worker: CheckWorker, timeout_s: float, budget_s: float, warmup: in
         return max(time.perf_counter_ns() - start, 1)
 
     batch_ns(warmup, timeout_s * warmup)
-    one = batch_ns(1, timeout_s)
-    batch = max(1, math.ceil(JUDGE_MIN_SAMPLE_NS / one))
-    # A batch is sized to ~5 ms from one call: allow it many times that before calling it hung.
-    limit_s = timeout_s + 10 * batch * one / 1e9
+    # Size the batch from a calibration batch long enough that its round trip is small
+    # (a single call's would include it whole: tens of microseconds on a 5 us kernel).
+    calls, spent = 1, batch_ns(1, timeout_s)
+    while spent < JUDGE_MIN_SAMPLE_NS // 5 and calls < 1 << 20:
+        calls *= 4
+        spent = batch_ns(calls, timeout_s)
+    batch = max(1, math.ceil(calls * JUDGE_MIN_SAMPLE_NS / spent))
+    # A batch is sized to ~5 ms: allow it many times that before calling it hung.
+    limit_s = timeout_s + 10 * JUDGE_MIN_SAMPLE_NS / 1e9
     samples: list[float] = []
     deadline = time.perf_counter_ns() + int(budget_s * 1e9)
     while len(samples) < max_samples and (len(samples) < min_samples or time.perf_counter_ns() < deadline):
