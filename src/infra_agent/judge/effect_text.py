@@ -9,8 +9,8 @@ The progress line and the agent's tools use this; the report has its own columns
 
 from __future__ import annotations
 
-from infra_agent.records import COUNT_METRICS, Experiment
 from infra_agent.judge.gates import side_values
+from infra_agent.records import COUNT_METRICS, Experiment
 
 
 def _num(x: float) -> str:

@@ -17,7 +17,14 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from infra_agent.feedback import Artifact, Feedback, Finding, Location, Measurement, Tier
+from infra_agent.feedback import (
+    Artifact,
+    Feedback,
+    Finding,
+    Location,
+    Measurement,
+    Tier,
+)
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
 from infra_agent.safety import bound, scrub_text
 from infra_agent.vocabulary import FindingKind

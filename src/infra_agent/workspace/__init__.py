@@ -5,8 +5,19 @@ Public surface: :func:`load_workspace` and the models it returns.
 
 from __future__ import annotations
 
-from infra_agent.workspace.knobs import DomainError, Knob, KnobValue, parse_assignments, render_value
-from infra_agent.workspace.loader import WORKSPACE_FILE, find_workspace_file, load_workspace, parse_workspace
+from infra_agent.workspace.knobs import (
+    DomainError,
+    Knob,
+    KnobValue,
+    parse_assignments,
+    render_value,
+)
+from infra_agent.workspace.loader import (
+    WORKSPACE_FILE,
+    find_workspace_file,
+    load_workspace,
+    parse_workspace,
+)
 from infra_agent.workspace.models import (
     Criterion,
     Dataset,

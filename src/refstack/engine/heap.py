@@ -13,7 +13,6 @@ import atexit
 import functools
 import gc
 
-
 _frozen_here = 0  # objects this module's freezes moved, process-wide as the collector is
 
 
