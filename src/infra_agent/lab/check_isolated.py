@@ -15,6 +15,8 @@ after it.  A fault on the pristine side (the input factory or the reference) is 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,25 +85,44 @@ def stage(worker: CheckWorker, job: dict[str, Any], key: Any, made: Made, device
     worker.staged = key
 
 
-def call_candidate(worker: CheckWorker, job: dict[str, Any], key: Any, made: Made, device: str, variant: str,
-                   precision: str, timeout_s: float) -> dict[str, torch.Tensor]:
-    """The candidate's outputs for one call, or ``CandidateFault``."""
+def raised(kind: str, body: list[Any]) -> CandidateFault | None:
+    """The candidate's exception, when that is what a reply says."""
+    return CandidateFault(body[0], "raised") if kind == "raised" and body and isinstance(body[0], str) else None
+
+
+@contextmanager
+def candidate_faults(worker: CheckWorker, *, kill_on_raised: bool = False) -> Iterator[None]:
+    """A worker that overran, died or answered garbage as ``CandidateFault``, the worker killed so
+    the next call starts a fresh one; with ``kill_on_raised``, also after the kernel raised (the
+    worker may be mid-protocol)."""
     try:
-        stage(worker, job, key, made, device, timeout_s)
-        worker.send({**job, "op": "call", "key": key, "variant": variant, "precision": precision, "device": device})
-        kind, *body = worker.recv(timeout_s)
-        worker.done()
-        if kind == "raised" and body and isinstance(body[0], str):
-            raise CandidateFault(body[0], "raised")
-        if kind != "out" or len(body) != 1:
-            raise Garbled(f"unexpected message {kind!r}")
-        got = tensors_by_name(body[0])
+        yield
     except (WorkerTimeout, WorkerDied) as exc:
         worker.kill()
         raise CandidateFault(exc.describe(), "timeout" if isinstance(exc, WorkerTimeout) else "crashed") from None
     except Garbled as exc:
         worker.kill()
         raise CandidateFault(f"sent a reply the lab cannot read ({exc}); its worker process was killed", "crashed") from None
+    except CandidateFault:
+        if kill_on_raised:
+            worker.kill()
+        raise
+
+
+def call_candidate(worker: CheckWorker, job: dict[str, Any], key: Any, made: Made, device: str, variant: str,
+                   precision: str, timeout_s: float) -> dict[str, torch.Tensor]:
+    """The candidate's outputs for one call, or ``CandidateFault``."""
+    with candidate_faults(worker):
+        stage(worker, job, key, made, device, timeout_s)
+        worker.send({**job, "op": "call", "key": key, "variant": variant, "precision": precision, "device": device})
+        kind, *body = worker.recv(timeout_s)
+        worker.done()
+        fault = raised(kind, body)
+        if fault is not None:
+            raise fault
+        if kind != "out" or len(body) != 1:
+            raise Garbled(f"unexpected message {kind!r}")
+        got = tensors_by_name(body[0])
     return to_device(got, device) if device.startswith("cuda") else got
 
 

@@ -20,10 +20,10 @@ import math
 import time
 from typing import Any, get_args
 
-from infra_agent.lab.check_isolated import CandidateFault, Made, stage
+from infra_agent.lab.check_isolated import Made, candidate_faults, raised, stage
 from infra_agent.lab.timing import Method, Timing, _summarise, with_host
 from infra_agent.lab.wire import END, RAN, Garbled, unpack_reply
-from infra_agent.lab.worker import CheckWorker, WorkerDied, WorkerTimeout
+from infra_agent.lab.worker import CheckWorker
 
 # A judged sample lasts at least this long: a round trip of ~50 us is then <= 1-2 %.
 JUDGE_MIN_SAMPLE_NS = 5_000_000
@@ -36,8 +36,9 @@ def _answer(data: bytes) -> None:
     if data == RAN:
         return
     kind, *body = unpack_reply(data, trusted=False)
-    if kind == "raised" and body and isinstance(body[0], str):
-        raise CandidateFault(body[0], "raised")
+    fault = raised(kind, body)
+    if fault is not None:
+        raise fault
     raise Garbled(f"unexpected message {kind!r}")
 
 
@@ -92,15 +93,15 @@ def time_candidate(worker: CheckWorker, job: dict[str, Any], key: Any, made: Mad
                    precision: str, *, budget_s: float, method: Method | None, timeout_s: float) -> Timing:
     """One bench entry of the candidate's ``variant`` on staged inputs, or ``CandidateFault``."""
     gpu = device.startswith("cuda")
-    try:
+    with candidate_faults(worker, kill_on_raised=True):
         stage(worker, job, key, made, device, timeout_s)
         worker.send({**job, "op": "time", "key": key, "variant": variant, "precision": precision, "device": device,
                      "budget_s": budget_s, "method": method, "clock": "worker" if gpu else "judge"})
         # A GPU entry runs its whole timing loop before answering.
         kind, *body = worker.recv(timeout_s * 4 + 60 if gpu else timeout_s)
-        if kind == "raised" and body and isinstance(body[0], str):
-            worker.done()
-            raise CandidateFault(body[0], "raised")
+        fault = raised(kind, body)
+        if fault is not None:
+            raise fault
         if gpu and kind == "timing":
             worker.done()
             return _from_worker(body)
@@ -109,12 +110,3 @@ def time_candidate(worker: CheckWorker, job: dict[str, Any], key: Any, made: Mad
         timing = _by_judge(worker, timeout_s, budget_s)
         worker.done()
         return timing
-    except (WorkerTimeout, WorkerDied) as exc:
-        worker.kill()
-        raise CandidateFault(exc.describe(), "timeout" if isinstance(exc, WorkerTimeout) else "crashed") from None
-    except Garbled as exc:
-        worker.kill()
-        raise CandidateFault(f"sent a reply the lab cannot read ({exc}); its worker process was killed", "crashed") from None
-    except CandidateFault:
-        worker.kill()  # it may be mid-protocol: a fresh worker for the next entry
-        raise

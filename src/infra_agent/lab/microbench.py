@@ -17,6 +17,7 @@ are timed in the candidate's worker too, on the CPU by the judge's clock
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -201,22 +202,26 @@ class _TimingPlan:
     workers: LabWorkers | None
     timeout_s: float
 
+    @functools.cached_property
+    def job(self) -> dict[str, Any]:
+        """How the workers find the spec (checked and built once, not per entry)."""
+        assert self.workers is not None
+        return self.workers.job_for(self.spec)
+
     def _inputs(self, shape: Shape, dtype: torch.dtype) -> Any:
         """This input, made here, or by the pristine worker when the entries run in workers."""
         if self.workers is None:
             return self.spec.inputs(shape, dtype, self.seed, self.device)
-        job = {**self.workers.job_for(self.spec), "op": "make"}
         case = _Case(self.spec, shape, dtype, self.seed, self.device)
-        return make_case(self.workers, job, case, [], self.timeout_s, reference=False)
+        return make_case(self.workers, {**self.job, "op": "make"}, case, [], self.timeout_s, reference=False)
 
     def _time(self, entry: BenchEntry, name: str, fn: Any, inputs: Any, precision: str) -> None:
         if self.workers is None:
             _time_entry(entry, fn, inputs, precision, self.device, self.budget_s, self.method)
             return
-        job = self.workers.job_for(self.spec)
         key = ("bench", entry.input_key, self.seed)
         try:
-            entry.timing = time_candidate(self.workers.candidate, job, key, inputs, self.device, name, precision,
+            entry.timing = time_candidate(self.workers.candidate, self.job, key, inputs, self.device, name, precision,
                                           budget_s=self.budget_s, method=self.method, timeout_s=self.timeout_s)
         except CandidateFault as fault:
             entry.status = "failed"

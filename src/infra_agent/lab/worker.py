@@ -261,10 +261,9 @@ class LabWorkers:
     its own."""
 
     def __init__(self, spec: KernelSpec, candidate_origin: str | None = None, candidate_cwd: Path | None = None) -> None:
-        check_isolatable(spec)
+        self.pristine = CheckWorker(spec, "pristine")  # NotIsolatable for a spec not loaded from its file
         assert spec.source is not None
         self.source = (spec.source.origin, spec.source.digest)
-        self.pristine = CheckWorker(spec, "pristine")
         self.candidate = CheckWorker(spec, "candidate", origin=candidate_origin, cwd=candidate_cwd)
 
     def __enter__(self) -> LabWorkers:

@@ -47,15 +47,23 @@ def _moe_experts_w8a8(rows: Tensor, counts: list[int], gate_up: Tensor, down: Te
             or gate_up.numel() != E * h1["total"] or down.numel() != E * h2["total"]:
         raise ValueError(f"moe_experts: rows {tuple(rows.shape)}, {E} counts, W8A8 packs of {gate_up.numel()} / "
                          f"{down.numel()} bytes (D={D}, I={inner}) do not match")
+    return _run_experts(load().refstack_moe_experts_w8a8, "refstack_moe_experts_w8a8", rows, counts, D, inner,
+                        gate_up, down)
+
+
+def _run_experts(kernel: Any, name: str, rows: Tensor, counts: list[int], D: int, inner: int, gate_up: Tensor,
+                 down: Tensor) -> Tensor:
+    """One native grouped-experts call over validated operands: [n, D] out, an [n, inner] scratch."""
     rows = rows.contiguous()
     y = torch.empty_like(rows)
     if rows.shape[0] == 0:
         return y
+    E = len(counts)
     offsets = torch.tensor([0, *counts], dtype=torch.int64).cumsum_(0)
     hidden = torch.empty(rows.shape[0], inner, dtype=rows.dtype)
-    if load().refstack_moe_experts_w8a8(rows.data_ptr(), offsets.data_ptr(), E, D, inner, gate_up.data_ptr(),
-                                        down.data_ptr(), hidden.data_ptr(), y.data_ptr(), torch.get_num_threads()):
-        raise ValueError(f"refstack_moe_experts_w8a8 rejected E={E} D={D} I={inner} counts={counts}")
+    if kernel(rows.data_ptr(), offsets.data_ptr(), E, D, inner, gate_up.data_ptr(), down.data_ptr(), hidden.data_ptr(),
+              y.data_ptr(), torch.get_num_threads()):
+        raise ValueError(f"{name} rejected E={E} D={D} I={inner} counts={counts}")
     return y
 
 
@@ -80,17 +88,8 @@ def moe_experts(rows: Tensor, counts: list[int], gate_up: Tensor, down: Tensor) 
             or down.shape[:2] != (E, -(-D // NB)):
         raise ValueError(f"moe_experts: rows {tuple(rows.shape)}, {len(counts)} counts, packed {tuple(gate_up.shape)} "
                          f"/ {tuple(down.shape)} do not match")
-    rows = rows.contiguous()
-    y = torch.empty_like(rows)
-    if rows.shape[0] == 0:
-        return y
-    offsets = torch.tensor([0, *counts], dtype=torch.int64).cumsum_(0)
-    h = torch.empty(rows.shape[0], inner, dtype=rows.dtype)
     kernel = load().refstack_moe_experts_bf16 if bf16 else load().refstack_moe_experts
-    if kernel(rows.data_ptr(), offsets.data_ptr(), E, D, inner, gate_up.data_ptr(), down.data_ptr(), h.data_ptr(),
-              y.data_ptr(), torch.get_num_threads()):
-        raise ValueError(f"refstack_moe_experts rejected E={E} D={D} I={inner} counts={counts}")
-    return y
+    return _run_experts(kernel, "refstack_moe_experts", rows, counts, D, inner, gate_up, down)
 
 
 def moe_dispatch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, num_experts: int
