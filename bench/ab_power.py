@@ -28,7 +28,7 @@ two servers, plus their runs); and the minimum detectable effect at that budget 
 each block on three freshly started servers, and ``--process-noise`` is the spread
 between two fresh processes that the judge's interval adds over those restarts
 (``bootstrap_ratio(process_noise=...)``).  The table reports that spread as estimated
-from this run's A/A blocks (random-effects, DerSimonian-Laird), so one run calibrates
+from this run's A/A blocks (one-way random-effects ANOVA), so one run calibrates
 the next.  ``--process-noise loo`` does both in one run without judging a trial by
 its own data: trial t's interval uses the spread estimated from the other trials.
 
@@ -56,6 +56,7 @@ from scipy import stats
 from infra_agent.serving.interleave import restart_blocks
 from infra_agent.serving.runner import run_benchmark
 from infra_agent.stats.bootstrap import bootstrap_ratio
+from infra_agent.stats.process_noise import between_process_spread
 from infra_agent.target import ServerProcess
 from infra_agent.workspace.models import Scenario, ServerTargetSpec
 
@@ -100,20 +101,11 @@ def cycle(servers: dict[str, ServerProcess], sides: list[str], sc: Scenario, pai
     return runs
 
 
-def process_noise_estimate(blocks: list[list[float]]) -> tuple[float, float, int]:
-    """tau (sd of the A/A log ratio between two fresh processes), Cochran's Q and its df.
-
-    DerSimonian-Laird over blocks: each block is one A/A process pair, summarised by its
-    mean log ratio and that mean's variance from the block's own pairs."""
-    blocks = [b for b in blocks if len(b) >= 2]
-    means = np.array([statistics.mean(b) for b in blocks])
-    var = np.array([statistics.variance(b) / len(b) for b in blocks])
-    w = 1.0 / var
-    centre = float((w * means).sum() / w.sum())
-    q = float((w * (means - centre) ** 2).sum())
-    df = len(blocks) - 1
-    tau2 = max(0.0, (q - df) / (w.sum() - (w**2).sum() / w.sum())) if df > 0 else 0.0
-    return math.sqrt(tau2), q, df
+def process_noise_estimate(blocks: list[list[float]]) -> tuple[float, float, tuple[int, int], float]:
+    """tau (sd of the A/A log ratio between two fresh processes), F, its df and p-value:
+    the one-way random-effects ANOVA the loop's calibration uses (stats/process_noise.py)."""
+    spread = between_process_spread([b for b in blocks if len(b) >= 1])
+    return spread.tau, spread.f, spread.df, spread.p
 
 
 # Start orders of the three servers, one per restart in turn.  Over four restarts A
@@ -298,8 +290,7 @@ def main() -> None:
     ab_se = statistics.stdev(ab_logs) / math.sqrt(len(ab_logs))
     drop, drop_lo, drop_hi = (1 - math.exp(ab_mean + z * ab_se) for z in (0.0, 1.96, -1.96))
     rs_fpr = resampled_fpr(aa_pairs, n, args.resamples)
-    tau, q, q_df = process_noise_estimate([blk for blocks in aa_blocks for blk in blocks])
-    q_p = float(stats.chi2.sf(q, q_df)) if q_df > 0 else float("nan")
+    tau, f_stat, f_df, f_p = process_noise_estimate([blk for blocks in aa_blocks for blk in blocks])
     rows = [
         ("trials (each kind)", f"{args.trials}", "fresh servers every trial"),
         ("pairs per comparison x requests per run", f"{n} x {args.requests}", f"concurrency {args.concurrency}"),
@@ -316,7 +307,7 @@ def main() -> None:
         ("wall time per comparison [s]", f"{statistics.median(walls):.0f}", f"max {max(walls):.0f}; both servers' start and stop included; goal <= 120"),
         ("paired run-to-run noise (sd of log ratio)", f"{sd:.1%}", "from the A/A pairs"),
         ("process noise estimated here (tau)", f"{tau:.2%}",
-         f"A/A blocks, DerSimonian-Laird; Q = {q:.1f} on {q_df} df, p = {q_p:.2f}; calibrates the next run"),
+         f"A/A blocks, random-effects ANOVA; F = {f_stat:.2f} on {f_df} df, p = {f_p:.2f}; calibrates the next run"),
         ("power against a true 5% change (from that noise)", f"{power_5:.0%}", "noncentral t, same pairs"),
         ("min detectable effect at this budget", f"{mde:.1%}", "90% power, 95% two-sided; ratio to the 5% goal: " + f"{mde / 0.05:.2f}x"),
     ]

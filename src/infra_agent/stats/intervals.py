@@ -18,8 +18,9 @@ statistics and the MCP tools all use these functions; the bootstrap stays availa
 - :func:`unpaired_ratio_interval`: two sides of different run counts (Welch's t on the
   logs: the ratio of geometric means);
 - ``process_noise``/``restarts``: the spread of the per-process offset between two
-  fresh, identically configured server processes (``bench/ab_power.py`` calibrates it)
-  added in quadrature, divided over the restarts behind the runs.
+  fresh, identically configured server processes (``infra-agent calibrate``,
+  ``bench/ab_power.py``) divided over the restarts behind the runs, added in quadrature
+  at the normal quantile (it is known, not estimated from these runs: :func:`_t_half`).
 
 ``confidence`` may be above 0.95: a sequential design (judge/sequential.py) looks at the
 data after every batch and uses a wider interval per look so that the chance of a false
@@ -50,10 +51,21 @@ def _exp(x: float) -> float:
 
 
 def _t_half(sd: float, n: int, confidence: float, extra_var: float = 0.0, df: float | None = None) -> float:
+    """The interval's half-width: the pairs' own part at the t quantile, the known process
+    term (``extra_var``: ``tau^2 / R``, calibrated beforehand) at the normal one, added in
+    quadrature.
+
+    The process term's spread is not estimated from these pairs, so stretching it by the
+    t quantile of 2 degrees of freedom (4.30 against 1.96 at 95%) would make a 3-pair look
+    useless; Satterthwaite's degrees of freedom for the sum would go the other way, and
+    narrow a 3-pair interval below what the pairs alone give.  The sum of the halves'
+    squares is never narrower than either part: adding a known term only widens."""
     if n < 2 and extra_var <= 0:
         return 0.0
     dof = df if df is not None else max(n - 1, 1)
-    return float(sstats.t.ppf(0.5 + confidence / 2, dof) * math.sqrt(sd * sd / n + extra_var))
+    own = float(sstats.t.ppf(0.5 + confidence / 2, dof)) * sd / math.sqrt(n) if n >= 2 else 0.0
+    known = float(sstats.norm.ppf(0.5 + confidence / 2)) * math.sqrt(max(extra_var, 0.0))
+    return math.hypot(own, known)
 
 
 def log_ratio_interval(ratios: Sequence[float], *, confidence: float = 0.95, process_noise: float = 0.0,
@@ -86,14 +98,15 @@ def unpaired_ratio_interval(candidate: Sequence[float], baseline: Sequence[float
     vb = float(lb.var(ddof=1)) / lb.size if lb.size > 1 else 0.0
     va = float(la.var(ddof=1)) / la.size if la.size > 1 else 0.0
     extra = process_noise ** 2 / max(restarts, 1)
-    var = vb + va + extra
-    if var <= 0 or lb.size < 2 or la.size < 2:
+    if vb + va + extra <= 0 or lb.size < 2 or la.size < 2:
         half = 0.0
     else:
-        # Welch-Satterthwaite degrees of freedom
+        # Welch-Satterthwaite degrees of freedom for the runs' part; the known process term
+        # in quadrature at the normal quantile, as in _t_half.
         denom = (vb * vb / (lb.size - 1) if lb.size > 1 else 0.0) + (va * va / (la.size - 1) if la.size > 1 else 0.0)
         dof = (vb + va) ** 2 / denom if denom > 0 else float(min(lb.size, la.size) - 1)
-        half = float(sstats.t.ppf(0.5 + confidence / 2, max(dof, 1.0)) * math.sqrt(var))
+        own = float(sstats.t.ppf(0.5 + confidence / 2, max(dof, 1.0))) * math.sqrt(vb + va)
+        half = math.hypot(own, float(sstats.norm.ppf(0.5 + confidence / 2)) * math.sqrt(extra))
     return RatioCI(ratio=_exp(centre), low=_exp(centre - half), high=_exp(centre + half),
                    confidence=confidence, stat="geomean", n_candidate=int(lb.size), n_baseline=int(la.size),
                    paired=False, n_boot=0, process_noise=process_noise, restarts=restarts)

@@ -1,0 +1,103 @@
+"""The spread between server processes, as the loop's judge applies it.
+
+Every batch of pairs runs on freshly started servers, and two processes of one
+configuration differ by an offset the batch's pairs share (stats/process_noise.py).
+Pooled over ``R`` batches, the per-pair ratios of an A/B carry ``R`` such offsets; the
+interval adds their variance ``tau^2 / R`` (stats/intervals.py).  Without it, an A/A
+on a shared machine excluded 1.0 in 5-7% of comparisons instead of 5%
+(docs/lab-notebook/judge-ab-power.md).
+
+Where ``tau`` comes from (``run --process-noise``):
+
+- ``auto`` (default): the workspace's calibration (``infra-agent calibrate``,
+  ``.infra-agent/process-noise.json``) when it was measured on this machine; otherwise
+  none, and the loop says so;
+- a number: that spread for every metric (``0.02`` = 2% in log ratio);
+- ``off``: no process term (the interval of the pairs alone).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from infra_agent.errors import ConfigError
+from infra_agent.serving.noise_record import Machine, load
+
+Setting = float | str  # "auto", "off" or a spread
+
+
+@dataclass(frozen=True)
+class ProcessNoise:
+    """Per-metric ``tau`` and the restarts (fresh process pairs) the judged pairs came from."""
+
+    taus: dict[str, float] = field(default_factory=dict)
+    default: float = 0.0  # for a metric the calibration did not measure
+    restarts: int = 1
+    source: str = ""
+
+    def after(self, restarts: int) -> ProcessNoise:
+        """The same spread over ``restarts`` batches of fresh processes."""
+        return replace(self, restarts=max(1, int(restarts)))
+
+    def tau(self, metric: str) -> float:
+        return self.taus.get(metric, self.default)
+
+    def text(self) -> str:
+        shown = ", ".join(f"{k} {v:.2%}" for k, v in list(self.taus.items())[:4])
+        if not shown:
+            shown = f"{self.default:.2%} for every metric"
+        return f"process noise between fresh servers: {shown} ({self.source}); each batch is a new process pair"
+
+
+def parse_setting(value: Setting | None) -> Setting:
+    """``auto``, ``off`` or a spread >= 0 (a fraction); a ConfigError names ``--process-noise`` otherwise."""
+    if value is None:
+        return "auto"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str) and value.strip().lower() in ("auto", "off"):
+        return value.strip().lower()
+    else:
+        try:
+            number = float(str(value))
+        except ValueError:
+            number = math.nan
+    if not math.isfinite(number) or number < 0 or number >= 1:
+        raise ConfigError(f"--process-noise {value!r}: expected auto, off, or a spread in [0, 1) such as 0.02 (2%)")
+    return number
+
+
+def resolve(root: Path, setting: Setting | None, say: list[str] | None = None) -> ProcessNoise | None:
+    """The process term for a run on the workspace at ``root``; None for none.
+
+    ``say`` collects a line on why the calibration was not used (another machine)."""
+    value = parse_setting(setting)
+    if value == "off":
+        return None
+    if isinstance(value, float):
+        return ProcessNoise(default=value, source="--process-noise") if value > 0 else None
+    cal = load(root)  # a damaged file raises ConfigError naming it
+    if cal is None:
+        return None
+    here = Machine.here()
+    if cal.machine.hostname != here.hostname or cal.machine.usable_cpus != here.usable_cpus:
+        if say is not None:
+            say.append(f"process noise: the calibration in {root / '.infra-agent/process-noise.json'} was measured on "
+                       f"{cal.machine.hostname} ({cal.machine.usable_cpus} CPUs), not here ({here.hostname}, "
+                       f"{here.usable_cpus} CPUs): not used; run `infra-agent calibrate` on this machine")
+        return None
+    # A metric the calibration did not measure gets the largest spread it did (errs wide).
+    return ProcessNoise(taus=cal.taus(), default=max(cal.taus().values(), default=0.0),
+                        source=f"calibrated on scenario {cal.scenario}, {cal.blocks} x {cal.pairs_per_block} A/A")
+
+
+def tau_for(noise: ProcessNoise | None, metric: str) -> tuple[float, int]:
+    """(tau, restarts) for ``metric`` (no term: (0, 1))."""
+    if noise is None:
+        return 0.0, 1
+    return noise.tau(metric), noise.restarts
+
+
+__all__ = ["ProcessNoise", "Setting", "parse_setting", "resolve", "tau_for"]
