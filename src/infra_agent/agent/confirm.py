@@ -17,6 +17,7 @@ from infra_agent.agent.rounds import by_scenario
 from infra_agent.judge.accept import gates_of
 from infra_agent.judge.gates import hypothesis_outcome
 from infra_agent.judge.pooling import pool_runs, side_feedback
+from infra_agent.judge.process_noise import ProcessNoise
 from infra_agent.judge.sequential import SequentialDesign
 from infra_agent.records import (
     Cost,
@@ -93,11 +94,23 @@ def run_confirm(loop: Loop, base: Experiment, best: Experiment, again: Experimen
     exp.feedback, exp.baseline_feedback, exp.checks = side_feedback(ex.candidate), side_feedback(ex.baseline), dict(ex.checks)
     exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
     conf = _confidence(loop.opts)
-    gates = gates_of(loop.ws, ex, exp.id, plan, confidence=conf) + unmeasured
+    exp.sample_plan = {"batches": 1}
+    gates = gates_of(loop.ws, ex, exp.id, plan, confidence=conf, noise=_noise(loop, exp)) + unmeasured
     if ex.status == "done" and _undecided(gates) and loop.opts.get("top_up", True):
         gates = _top_up(loop, exp, plan, base, ex, gates, unmeasured, confidence=conf)
     _decide(loop, exp, best, plan, ex, gates, conf)
     return exp
+
+
+def _batches(exp: Experiment) -> int:
+    """Batches of pairs behind the confirmation's windows (each on fresh servers)."""
+    return int((exp.sample_plan or {}).get("batches") or 1)
+
+
+def _noise(loop: Loop, exp: Experiment) -> ProcessNoise | None:
+    """The spread between fresh server processes over the confirmation's batches (judge/process_noise.py)."""
+    noise = getattr(loop, "noise", None)
+    return noise.after(_batches(exp)) if noise is not None else None
 
 
 def _plan(loop: Loop, hyp: Hypothesis, scenarios: list[str]) -> Plan:
@@ -119,7 +132,7 @@ def _decide(loop: Loop, exp: Experiment, best: Experiment, plan: Plan, ex: Execu
     """The confirmation's verdict from its gate table; the experiment is saved and reported."""
     hyp = exp.hypothesis
     _, hyp_gate = hypothesis_outcome(hyp, ex.candidate.get(hyp.scenario or "", []), ex.baseline.get(hyp.scenario or "", []),
-                                     exp.id, confidence)
+                                     exp.id, confidence, _noise(loop, exp))
     ok = ex.status == "done" and all(g.outcome in ("pass", "skipped") for g in gates)
     exp.status, exp.error = ("done", None) if ex.status == "done" else (ex.status, ex.error)
     exp.verdict = Verdict(outcome="confirmed" if ok else "not_confirmed", gates=[hyp_gate, *gates],
@@ -175,4 +188,5 @@ def _top_up(loop: Loop, exp: Experiment, plan: Plan, base: Experiment, ex: Execu
     if not done:
         return gates
     exp.feedback, exp.baseline_feedback, exp.checks = side_feedback(ex.candidate), side_feedback(ex.baseline), dict(ex.checks)
-    return gates_of(loop.ws, ex, exp.id, plan, confidence=confidence) + unmeasured
+    exp.sample_plan = {**(exp.sample_plan or {}), "batches": _batches(exp) + 1}
+    return gates_of(loop.ws, ex, exp.id, plan, confidence=confidence, noise=_noise(loop, exp)) + unmeasured

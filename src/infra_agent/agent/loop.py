@@ -39,6 +39,7 @@ from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.protocols import Executor, Proposer, RunLedger, StepPlanner
 from infra_agent.agent.steps import reopen_best_open, run_experiment, take_step
 from infra_agent.errors import InfraAgentError
+from infra_agent.judge.process_noise import resolve as resolve_noise
 from infra_agent.records import Experiment, GateResult, RunRecord, Step
 from infra_agent.workspace.models import Workspace
 
@@ -54,6 +55,10 @@ class Loop:
         self.history: list[Experiment] = ledger.experiments(run.id)
         self.started = time.monotonic()
         self.opts = run.options
+        # The spread between fresh server processes the judge adds (judge/process_noise.py);
+        # why a calibration was not used is said when the run starts.
+        self.noise_notes: list[str] = []
+        self.noise = resolve_noise(workspace.root, self.opts.get("process_noise", "auto"), self.noise_notes)
         # A run killed between saving an accepted experiment and saving the run record: the
         # accepted experiments form a chain, so the last one is the best.
         accepted = [e for e in self.history if e.role == "experiment" and e.finished and e.accepted]
@@ -136,6 +141,10 @@ class Loop:
     # ------------------------------------------------------------ the run
 
     def execute(self) -> RunRecord:
+        for note in self.noise_notes:
+            self.progress.line(note)
+        if self.noise is not None:
+            self.progress.line(self.noise.text())
         try:
             if not run_baseline(self):
                 return self.run

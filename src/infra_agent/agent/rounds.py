@@ -24,6 +24,7 @@ from infra_agent.agent.planner import Plan
 from infra_agent.feedback import Feedback
 from infra_agent.judge.accept import judge, undecided_guards
 from infra_agent.judge.gates import side_values
+from infra_agent.judge.process_noise import ProcessNoise, tau_for
 from infra_agent.judge.sample_plan import (
     SamplePlan,
     estimate_noise,
@@ -49,8 +50,16 @@ def paired_log_ratios(exp: Experiment, metric: str, scenario: str | None) -> lis
     return [math.log(bi / ai) for ai, bi in zip(a, b, strict=True)]
 
 
-def sample_plan(exp: Experiment, plan: Plan, history: list[Experiment], opts: dict[str, Any]) -> SamplePlan:
-    """The plan for ``exp``, from the baseline's windows and every A/B judged so far in ``history``."""
+def serving_noise(plan: Plan, noise: ProcessNoise | None, batches: int) -> ProcessNoise | None:
+    """The process term for judging ``batches`` batches of ``plan``: serving A/Bs only (each batch
+    starts fresh servers); a check's pair of probe runs has no server process to differ."""
+    return noise.after(batches) if noise is not None and plan.mode == "ab" else None
+
+
+def sample_plan(exp: Experiment, plan: Plan, history: list[Experiment], opts: dict[str, Any],
+                noise: ProcessNoise | None = None) -> SamplePlan:
+    """The plan for ``exp``, from the baseline's windows and every A/B judged so far in ``history``;
+    ``noise``: the spread between fresh server processes (judge/process_noise.py)."""
     h = exp.hypothesis
     sequential = bool(opts.get("top_up", True))
     if plan.mode != "ab" or h.scenario is None:
@@ -63,8 +72,9 @@ def sample_plan(exp: Experiment, plan: Plan, history: list[Experiment], opts: di
     windows = noise_from_windows(side_values([base.feedback], h.metric, h.scenario)) if base and base.feedback else None
     groups = [paired_log_ratios(e, h.metric, h.scenario) for e in history
               if e.id != exp.id and e.role in ("experiment", "confirm") and e.finished]
-    noise = estimate_noise(windows, noise_from_pairs(groups))
-    return plan_sample(h.metric, h.min_effect, noise, batch=batch, max_pairs=max_pairs, sequential=sequential)
+    pairs_noise = estimate_noise(windows, noise_from_pairs(groups))
+    return plan_sample(h.metric, h.min_effect, pairs_noise, batch=batch, max_pairs=max_pairs, sequential=sequential,
+                       process_noise=tau_for(noise, h.metric)[0])
 
 
 def why_undecided(workspace: Workspace, exp: Experiment, held: dict[str, GateResult]) -> str | None:
@@ -82,15 +92,18 @@ def why_undecided(workspace: Workspace, exp: Experiment, held: dict[str, GateRes
 
 def judge_in_rounds(workspace: Workspace, executor: Executor, exp: Experiment, plan: Plan, best: Experiment, ex: Execution,
                     held: dict[str, GateResult], sp: SamplePlan, *, take: Callable[[], None],
-                    say: Callable[[str], None], on_event: OnEvent | None = None) -> int:
+                    say: Callable[[str], None], on_event: OnEvent | None = None,
+                    noise: ProcessNoise | None = None) -> int:
     """Judge ``exp`` at each look of ``sp``'s design, running the next batch while undecided.
 
     ``take`` copies what ``ex`` holds onto the experiment after a batch; ``say`` reports a
-    line.  Returns the number of looks taken."""
+    line; ``noise``: the process term, over as many restarts as batches so far.  Returns the
+    number of looks taken."""
     design = sp.design
     look = 1
     while True:
-        exp.verdict = judge(workspace, exp, ex, plan, held, confidence=design.confidence)
+        exp.verdict = judge(workspace, exp, ex, plan, held, confidence=design.confidence,
+                            noise=serving_noise(plan, noise, look))
         why = why_undecided(workspace, exp, held)
         if why is None or look >= design.looks:
             break
@@ -141,7 +154,7 @@ def most_promising_open(history: list[Experiment], best: Experiment) -> Experime
 
 def reopen(workspace: Workspace, executor: Executor, exp: Experiment, plan: Plan, best: Experiment,
            held: dict[str, GateResult], *, take: Callable[[Execution], None], say: Callable[[str], None],
-           on_event: OnEvent | None = None) -> bool:
+           on_event: OnEvent | None = None, noise: ProcessNoise | None = None) -> bool:
     """One more batch for an open experiment (inconclusive, promising), pooled with what it
     measured; judged at the level of a design with one look more than it has taken, so the
     extra look is paid for in the interval.  False when the batch could not run."""
@@ -154,7 +167,8 @@ def reopen(workspace: Workspace, executor: Executor, exp: Experiment, plan: Plan
     if not run_extra_batch(executor, exp, plan, best, ex, on_event):
         return False
     take(ex)
-    exp.verdict = judge(workspace, exp, ex, plan, held, confidence=design.confidence)
+    exp.verdict = judge(workspace, exp, ex, plan, held, confidence=design.confidence,
+                        noise=serving_noise(plan, noise, taken + 1))
     if exp.verdict.interval:
         exp.verdict.interval = f"{exp.verdict.interval}; look {taken + 1} of {taken + 1} (reopened)"
     exp.sample_plan = {**(exp.sample_plan or {}), "looks_taken": taken + 1, "reopened": True}
@@ -162,5 +176,5 @@ def reopen(workspace: Workspace, executor: Executor, exp: Experiment, plan: Plan
 
 
 __all__ = ["by_scenario", "execution_of", "judge_in_rounds", "most_promising_open", "paired_log_ratios", "reopen",
-           "sample_plan",
+           "sample_plan", "serving_noise",
            "why_undecided"]

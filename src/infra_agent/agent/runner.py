@@ -17,8 +17,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
@@ -36,11 +34,17 @@ from infra_agent.agent.loop import Loop
 from infra_agent.agent.planner import Planner
 from infra_agent.agent.progress import RunProgress
 from infra_agent.agent.proposers.base import Proposer
+from infra_agent.agent.run_checks import (
+    check_llm_endpoint,
+    check_scenarios,
+    check_target_command,
+)
 from infra_agent.errors import ConfigError, InfraAgentError
+from infra_agent.judge.process_noise import resolve as resolve_noise
 from infra_agent.probes.workspace_checks import load_workspace
 from infra_agent.records import RunRecord
 from infra_agent.target.host_load import default_max_foreign_cpu
-from infra_agent.workspace.models import ServerTargetSpec, Workspace
+from infra_agent.workspace.models import Workspace
 
 if TYPE_CHECKING:
     from infra_agent.ledger import Ledger
@@ -78,6 +82,8 @@ class RunOptions(BaseModel):
     max_tokens: int = Field(200_000, ge=1)
     # Where experiments run (agent/executors/factory.py): this machine, or Ray tasks on a cluster.
     executor: Literal["local", "ray"] = "local"
+    # The spread between fresh server processes the judge adds (judge/process_noise.py): auto = calibrated.
+    process_noise: Annotated[float, Field(ge=0, lt=1)] | Literal["auto", "off"] = "auto"
     address: str | None = Field(None, description="the Ray cluster to join (--executor ray); None: a local instance")
     task_cpus: float | None = Field(None, gt=0, description="CPUs per experiment task (--executor ray)")
     task_gpus: float | None = Field(None, ge=0, description="GPUs per experiment task (--executor ray)")
@@ -119,92 +125,6 @@ def make_proposer(opts: RunOptions, ledger: Ledger | None, run_id: str, protecte
                        protected=tuple(protected or ()))
 
 
-# ---------------------------------------------------------------- checks before a run starts
-
-def check_scenarios(ws: Workspace, names: list[str] | None) -> None:
-    known = sorted(ws.scenarios)
-    for name in names or []:
-        if name not in ws.scenarios:
-            raise ConfigError("--scenario", None, f"one of the scenarios of {ws.source or ws.root} ({', '.join(known) or 'none'})",
-                              name)
-
-
-def check_target_command(ws: Workspace) -> None:
-    """A server target's program must exist before a baseline waits for it to start.
-
-    Only the first word of a command that runs without a shell is checked (a shell
-    command, or a first word with a placeholder, is left to the launch)."""
-    spec = ws.target
-    if not isinstance(spec, ServerTargetSpec):  # the only kind that launches a program
-        return
-    from infra_agent.target.launch import needs_shell
-
-    if isinstance(spec.command, list):
-        program = spec.command[0]
-    elif needs_shell(spec.command):
-        return
-    else:
-        try:
-            words = shlex.split(spec.command)
-        except ValueError:
-            return
-        if not words:
-            return
-        program = words[0]
-    if "{" in program or (spec.cwd and "{" in spec.cwd):
-        return
-    cwd = ws.root if spec.cwd is None else ws.root / spec.cwd
-    where = str(ws.source or ws.root)
-    if "/" in program:
-        path = Path(program) if Path(program).is_absolute() else cwd / program
-        if not path.is_file():
-            raise ConfigError(where, "target.command", f"a program that exists (relative to {cwd})", program)
-        if not os.access(path, os.X_OK):
-            raise ConfigError(where, "target.command", f"an executable program ({path} is not executable: chmod +x, "
-                              "or start the command with its interpreter)", program)
-        return
-    search = spec.env.get("PATH") if "PATH" in spec.env and "{" not in spec.env["PATH"] else os.environ.get("PATH", "")
-    if shutil.which(program, path=search) is None:
-        raise ConfigError(where, "target.command", "a program found on PATH (is it installed, and is its environment active?)",
-                          program)
-
-
-def check_llm_endpoint(base_url: str, timeout_s: float = 10.0) -> None:
-    """Fail before the baseline, not after it, when the LLM endpoint cannot be reached or refuses the key.
-
-    ``GET {base_url}/models``; a status other than 401/403 is left to the chat calls (some
-    endpoints do not list models)."""
-    import httpx
-
-    from infra_agent.agent.proposers.llm_client import (
-        KEY_ENV_VARS,
-        LLMError,
-        is_loopback,
-        resolve_key,
-    )
-
-    base = base_url.rstrip("/")
-    key, source = resolve_key(None, base)
-    try:
-        with httpx.Client(timeout=timeout_s, trust_env=not is_loopback(base)) as client:
-            resp = client.get(base + "/models", headers={"Authorization": f"Bearer {key}"})
-            if resp.status_code == 404 and not base.endswith("/v1"):
-                alt = client.get(base + "/v1/models", headers={"Authorization": f"Bearer {key}"})
-                if alt.status_code == 200:
-                    raise LLMError(f"the LLM endpoint at {base} (--base-url) answered HTTP 404 for /models, and "
-                                   f"{base}/v1/models answers: use --base-url {base}/v1")
-    except httpx.TimeoutException:
-        raise LLMError(f"the LLM endpoint at {base} (--base-url) did not answer within {timeout_s:g} s: "
-                       "is the server running, and is the URL right?") from None
-    except httpx.HTTPError as exc:
-        reason = str(exc.__cause__ or exc) or type(exc).__name__
-        raise LLMError(f"cannot reach the LLM endpoint at {base} (--base-url): {reason}: "
-                       "is the server running, and is the URL right?") from None
-    if resp.status_code in (401, 403):
-        raise LLMError(f"the LLM endpoint at {base} (--base-url) refused the API key (HTTP {resp.status_code}); "
-                       f"the key came from {source}: check {KEY_ENV_VARS[0]} (or {KEY_ENV_VARS[1]})")
-
-
 def preflight(ws: Workspace, opts: RunOptions) -> Proposer:
     """Every check that needs no server and no ledger; returns the proposer they built."""
     check_scenarios(ws, opts.scenarios)
@@ -212,6 +132,7 @@ def preflight(ws: Workspace, opts: RunOptions) -> Proposer:
     from infra_agent.agent.executors.factory import check_executor
 
     check_executor(opts)
+    resolve_noise(ws.root, opts.process_noise)  # a damaged calibration stops here, before a run is recorded
     proposer = make_proposer(opts, None, "", ws.protected_patterns)
     if opts.proposer == "llm":
         assert opts.base_url is not None

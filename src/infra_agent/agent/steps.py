@@ -60,7 +60,8 @@ def one_more_batch(loop: Loop, exp: Experiment) -> bool:
         return False
     plan.pre_checks = []  # they ran, and passed, in its first batches
     ran = reopen(loop.ws, loop.executor, exp, plan, best, loop.gate_table(decisive=True),
-                 take=lambda ex: take(exp, ex, plan), say=loop.progress.line, on_event=loop.progress.event)
+                 take=lambda ex: take(exp, ex, plan), say=loop.progress.line, on_event=loop.progress.event,
+                 noise=loop.noise)
     loop.finish(exp, best)
     return ran
 
@@ -123,7 +124,7 @@ def run_experiment(loop: Loop, exp: Experiment, step: Step | None) -> None:
 
 def _execute_and_judge(loop: Loop, exp: Experiment, plan: Plan, best: Experiment) -> None:
     # The sample-size plan is said before the runs are spent (agent/rounds.py).
-    sp = sample_plan(exp, plan, loop.history, loop.opts)
+    sp = sample_plan(exp, plan, loop.history, loop.opts, loop.noise)
     exp.sample_plan = sp.as_dict()
     exp.probe, exp.status, exp.started_at = plan.probe, "running", time.time()
     loop.record(exp)
@@ -136,7 +137,7 @@ def _execute_and_judge(loop: Loop, exp: Experiment, plan: Plan, best: Experiment
     if ex.status == "done":
         judge_in_rounds(loop.ws, loop.executor, exp, plan, best, ex, loop.gate_table(decisive=True), sp,
                         take=lambda: take(exp, ex, plan), say=lambda text: loop.progress.experiment(exp, text),
-                        on_event=loop.progress.event)
+                        on_event=loop.progress.event, noise=loop.noise)
         exp.status = "done"
     else:
         exp.status, exp.error = ex.status, ex.error

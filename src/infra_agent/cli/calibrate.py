@@ -43,7 +43,7 @@ def calibrate(
         ws = load_workspace(workspace)
         name = scenario or _default_scenario(ws)
         if name not in ws.scenarios:
-            raise ConfigError(f"--scenario {name!r}: not a scenario of {ws.source}; it has {', '.join(ws.scenarios)}")
+            raise ConfigError("--scenario", None, f"one of the scenarios of {ws.source} ({', '.join(ws.scenarios)})", name)
         total = blocks * pairs
 
         def window(block: int, i: int, side: str) -> None:

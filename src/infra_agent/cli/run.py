@@ -62,6 +62,10 @@ def register(app: typer.Typer) -> None:
                                                "ray; default: 1 per server it starts)."),
         task_gpus: float | None = typer.Option(None, "--task-gpus", help="GPUs each experiment task asks for (--executor "
                                                "ray; default: derived from the target's launch)."),
+        process_noise: str = typer.Option("auto", "--process-noise", help="The spread between fresh server processes "
+                                          "the judge adds over each experiment's batches: auto (the workspace's "
+                                          "`infra-agent calibrate` on this machine, else none), off, or a fraction "
+                                          "such as 0.02."),
         no_report: bool = typer.Option(False, "--no-report", help="Do not write the HTML/Markdown report."),
         as_json: bool = typer.Option(False, "--json", help="Print the run record as JSON on stdout (progress goes to stderr)."),
     ) -> None:
@@ -84,13 +88,14 @@ def register(app: typer.Typer) -> None:
         """
         with user_errors(as_json):
             from infra_agent.agent.runner import start_run
+            from infra_agent.judge.process_noise import parse_setting
 
             opts = _run_options(max_foreign_cpu, proposer=proposer, budget_runs=budget_runs, budget_s=budget_s,
                                 pairs=pairs, max_pairs=max_pairs, scenarios=list(scenario) or None, playbook=playbook,
                                 seed=seed, blind=blind, model=model, base_url=base_url, probe_timeout_s=probe_timeout_s,
                                 confirm=not no_confirm, top_up=not no_top_up, look_again=not no_look_again,
                                 keep_going=keep_going, executor=executor, address=address, task_cpus=task_cpus,
-                                task_gpus=task_gpus)
+                                task_gpus=task_gpus, process_noise=parse_setting(process_noise))
             _check_proposer_options(proposer, {"playbook": playbook, "model": model, "base_url": base_url, "blind": blind})
             _check_ray_options(executor, {"--address": address, "--task-cpus": task_cpus, "--task-gpus": task_gpus})
             from infra_agent.agent.executors.factory import check_executor

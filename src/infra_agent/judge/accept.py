@@ -26,6 +26,7 @@ from infra_agent.judge.gates import (
     hypothesis_outcome,
 )
 from infra_agent.judge.pooling import pool_runs
+from infra_agent.judge.process_noise import ProcessNoise
 from infra_agent.records import Experiment, GateResult, Verdict
 from infra_agent.vocabulary import FindingKind
 
@@ -58,26 +59,27 @@ def check_runs(ex: Runs, plan: Design | None) -> dict[str, Feedback]:
 
 
 def gates_of(workspace: Any, ex: Runs, exp_id: str, plan: Design | None, relative: bool = True,
-             confidence: float = 0.95) -> list[GateResult]:
+             confidence: float = 0.95, noise: ProcessNoise | None = None) -> list[GateResult]:
     """Each criterion and each check evaluated once on the candidate, every run of it pooled.
 
-    ``confidence``: of every interval; above 0.95 at a look of a sequential design."""
+    ``confidence``: of every interval; above 0.95 at a look of a sequential design.
+    ``noise``: the spread between fresh server processes over the batches behind the pairs."""
     checks = check_runs(ex, plan)
     gates = criteria_gates(workspace, ex.candidate if (plan is None or plan.mode == "ab") else {},
                            ex.baseline if relative and (plan is None or plan.mode == "ab") else None, exp_id,
-                           checks=checks, confidence=confidence)
+                           checks=checks, confidence=confidence, noise=noise)
     return gates + [check_gate(name, fb, exp_id, confidence) for name, fb in checks.items()]
 
 
 def judge(workspace: Any, exp: Experiment, ex: Runs, plan: Design, best_gates: dict[str, GateResult],
-          confidence: float = 0.95) -> Verdict:
+          confidence: float = 0.95, noise: ProcessNoise | None = None) -> Verdict:
     """Accepted when the hypothesis is supported and every gate that held on the parent (a guard)
     still passes: a guard that fails breaks it; one left inconclusive (or unmeasurable) holds the
     candidate back as promising, never accepted silently."""
     key = plan.check if plan.mode == "pair" else (exp.hypothesis.scenario or (plan.scenarios[0] if plan.scenarios else ""))
     outcome, hyp_gate = hypothesis_outcome(exp.hypothesis, ex.candidate.get(key or "", []), ex.baseline.get(key or "", []),
-                                           exp.id, confidence)
-    gates = gates_of(workspace, ex, exp.id, plan, confidence=confidence)
+                                           exp.id, confidence, noise)
+    gates = gates_of(workspace, ex, exp.id, plan, confidence=confidence, noise=noise)
     guards = [g for g in gates if held_on_parent(workspace, g, best_gates)]
     broken = [g for g in guards if g.outcome == "fail"]
     undecided = [g for g in guards if g.outcome in ("inconclusive", "error")]

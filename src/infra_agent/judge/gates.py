@@ -37,6 +37,7 @@ from typing import Any
 
 from infra_agent.feedback import Feedback
 from infra_agent.judge.pooling import hard_failure, statistic_of
+from infra_agent.judge.process_noise import ProcessNoise, tau_for
 from infra_agent.records import (
     COUNT_METRICS,
     GateResult,
@@ -116,25 +117,30 @@ def absolute_gate(name: str, metric: str, op: str, value: float, scenario: str |
 
 
 def ratio_ci(candidate: Sequence[Feedback], baseline: Sequence[Feedback], metric: str,
-             scenario: str | None, confidence: float = 0.95) -> tuple[RatioCI | None, str]:
+             scenario: str | None, confidence: float = 0.95,
+             noise: ProcessNoise | None = None) -> tuple[RatioCI | None, str]:
     """Candidate/baseline with its interval and label: per-pair ratios when the run counts match
-    (interleaved pairs), else the ratio of geometric means (stats/intervals.py)."""
+    (interleaved pairs), else the ratio of geometric means (stats/intervals.py).  ``noise``: the
+    spread between fresh server processes over the batches the pairs came from
+    (judge/process_noise.py), which the pairs of one batch share and cannot show."""
     b = side_values(candidate, metric, scenario)
     a = side_values(baseline, metric, scenario)
     if not a or not b or min(a + b) <= 0:
         return None, ""
+    tau, restarts = tau_for(noise, metric)
     if len(a) == len(b):
-        ci = paired_ratio_interval(b, a, confidence=confidence)
+        ci = paired_ratio_interval(b, a, confidence=confidence, process_noise=tau, restarts=restarts)
         return ci, interval_label(ci, f"ratio over {len(a)} interleaved pairs")
-    ci = unpaired_ratio_interval(b, a, confidence=confidence)
+    ci = unpaired_ratio_interval(b, a, confidence=confidence, process_noise=tau, restarts=restarts)
     return ci, interval_label(ci, f"ratio over {len(a)}+{len(b)} runs (unpaired, Welch)")
 
 
 def relative_gate(name: str, metric: str, op: str, ratio: float, scenario: str | None, candidate: Sequence[Feedback],
-                  baseline: Sequence[Feedback], measured_in: str | None = None, confidence: float = 0.95) -> GateResult:
+                  baseline: Sequence[Feedback], measured_in: str | None = None, confidence: float = 0.95,
+                  noise: ProcessNoise | None = None) -> GateResult:
     label = gate_label(metric, op, ratio, scenario) + " x baseline"
     spec = GateSpec(kind="relative", metric=metric, op=op, threshold=ratio, scenario=scenario)  # type: ignore[arg-type]
-    ci, interval = ratio_ci(candidate, baseline, metric, scenario, confidence)
+    ci, interval = ratio_ci(candidate, baseline, metric, scenario, confidence, noise)
     if ci is None:
         return GateResult(name=name, gate=label, kind="relative", spec=spec, outcome="error", measured_in=measured_in,
                           message=f"{metric} was not measured on both sides")
@@ -143,7 +149,7 @@ def relative_gate(name: str, metric: str, op: str, ratio: float, scenario: str |
 
 def criteria_gates(workspace: Any, candidate: dict[str, list[Feedback]], baseline: dict[str, list[Feedback]] | None,
                    measured_in: str | None = None, checks: Mapping[str, Feedback] | None = None,
-                   confidence: float = 0.95) -> list[GateResult]:
+                   confidence: float = 0.95, noise: ProcessNoise | None = None) -> list[GateResult]:
     """Every workspace criterion whose scenario (or check) was measured; relative ones need a baseline side.
 
     ``checks``: the Feedback of the workspace checks run on the candidate, by check name,
@@ -163,7 +169,7 @@ def criteria_gates(workspace: Any, candidate: dict[str, list[Feedback]], baselin
                                      confidence=confidence))
         elif baseline is not None and c.scenario in baseline:
             out.append(relative_gate(c.name, c.metric, c.op, float(c.ratio), c.scenario, candidate[c.scenario],
-                                     baseline[c.scenario], measured_in, confidence))
+                                     baseline[c.scenario], measured_in, confidence, noise))
         else:
             out.append(self_relative_gate(c.name, c.metric, c.op, float(c.ratio), c.scenario, measured_in))
     return out
@@ -236,12 +242,13 @@ def check_gate(name: str, fb: Feedback, measured_in: str | None = None, confiden
 
 
 def hypothesis_outcome(h: Hypothesis, candidate: Sequence[Feedback], baseline: Sequence[Feedback],
-                       measured_in: str | None = None, confidence: float = 0.95) -> tuple[VerdictOutcome, GateResult]:
+                       measured_in: str | None = None, confidence: float = 0.95,
+                       noise: ProcessNoise | None = None) -> tuple[VerdictOutcome, GateResult]:
     """Supported / refuted / inconclusive for the hypothesis, with its gate."""
     if h.metric in COUNT_METRICS:
         return _count_outcome(h, candidate, baseline, measured_in)
     label = h.gate_text()
-    ci, interval = ratio_ci(candidate, baseline, h.metric, h.scenario, confidence)
+    ci, interval = ratio_ci(candidate, baseline, h.metric, h.scenario, confidence, noise)
     # The threshold as the gate text prints it (6 significant digits).
     spec = h.gate_spec()
     if ci is None:

@@ -65,7 +65,7 @@ def parse_setting(value: Setting | None) -> Setting:
         except ValueError:
             number = math.nan
     if not math.isfinite(number) or number < 0 or number >= 1:
-        raise ConfigError(f"--process-noise {value!r}: expected auto, off, or a spread in [0, 1) such as 0.02 (2%)")
+        raise ConfigError("--process-noise", None, "auto, off, or a spread in [0, 1) such as 0.02 (2%)", value)
     return number
 
 

@@ -16,6 +16,9 @@ run has seen so far:
 - **The design**: batches of ``batch`` pairs (``--pairs``), looked at after each, up to
   ``max_pairs`` (``--max-pairs``), with Pocock's per-look interval
   (:mod:`infra_agent.judge.sequential`); it stops at the first look that decides.
+- **The spread between server processes** (``process_noise``, judge/process_noise.py):
+  every batch starts a fresh pair of servers, whose offset the batch's pairs share; it
+  averages out over batches, not over pairs, so it raises the pairs needed (in batches).
 - **When the cap cannot do it**, the plan says so before the runs are spent, with the
   smallest effect the cap can detect at this noise, and what would help.
 """
@@ -36,6 +39,7 @@ from infra_agent.judge.sequential import (
 )
 
 POWER = 0.9
+CAP = 1000  # pairs: beyond this the plan says "more than 1000"
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class SamplePlan:
     noise: Noise | None
     needed: int | None  # pairs the design needs at 90% power; None when the noise is unknown
     detectable: float | None  # the smallest min_effect max_pairs detect at 90% power
+    process_noise: float = 0.0  # the spread between fresh server processes (one pair per batch)
 
     @property
     def feasible(self) -> bool:
@@ -103,15 +108,20 @@ class SamplePlan:
         head = f"{self.design.describe()}"
         if self.noise is None:
             return f"sample plan: {head}; the noise of {self.metric} is not known yet"
+        between = (f", {self.process_noise:.1%} between server processes, one pair of them per batch"
+                   if self.process_noise > 0 else "")
         need = (f"a {self.min_effect:.0%} change in {self.metric} needs ~{self.needed} pairs at {POWER:.0%} power "
-                f"(noise {self.noise.text()})")
+                f"(noise {self.noise.text()}{between})")
         if self.feasible:
             return f"sample plan: {need}; {head}"
         smallest = f"{self.detectable:.1%}" if self.detectable is not None and math.isfinite(self.detectable) else "none"
         return (f"sample plan: {need}, more than the cap of {self.max_pairs}: at this noise {self.max_pairs} pairs "
                 f"detect only a change of {smallest} or more; running {head} anyway (a larger effect still shows); "
                 f"what would help: longer windows (more requests per scenario), pinned cores or a quieter machine, "
-                f"--max-pairs {self.needed}, or a larger minimum effect")
+                f"--max-pairs {self.needed}"
+                + (" (in many more batches: the spread between server processes averages out over batches, "
+                   "not over pairs in one)" if self.process_noise > 0 else "")
+                + ", or a larger minimum effect")
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -121,27 +131,31 @@ class SamplePlan:
 
 
 def plan_sample(metric: str, min_effect: float, noise: Noise | None, *, batch: int, max_pairs: int,
-                sequential: bool = True) -> SamplePlan:
+                sequential: bool = True, process_noise: float = 0.0) -> SamplePlan:
     """The design for one experiment: the fewest looks of ``batch`` pairs (at least two when
     ``sequential``, since the noise is an estimate) whose cap covers the pairs needed, within
-    ``max_pairs``."""
+    ``max_pairs``.  ``process_noise``: the spread between fresh server processes (each batch
+    starts a new pair of them), judge/process_noise.py."""
     max_looks = max(1, max_pairs // batch)
     min_looks = min(2, max_looks) if sequential else 1
     if noise is None or min_effect <= 0:
         looks = min_looks
         design = SequentialDesign(looks=looks, batch=batch)
-        return SamplePlan(metric, min_effect, batch, max_pairs, design, noise, None, None)
+        return SamplePlan(metric, min_effect, batch, max_pairs, design, noise, None, None, process_noise)
     top = max_looks if sequential else 1
     looks, needed = top, None
     for k in range(min_looks, top + 1):
-        needed = fixed_design_pairs(noise.sd, min_effect, power=POWER, confidence=SequentialDesign(k, batch).confidence)
+        needed = fixed_design_pairs(noise.sd, min_effect, power=POWER, confidence=SequentialDesign(k, batch).confidence,
+                                    cap=CAP, process_noise=process_noise, batch=batch)
         if needed <= k * batch:
             looks = k
             break
     design = SequentialDesign(looks=looks, batch=batch)
-    needed = fixed_design_pairs(noise.sd, min_effect, power=POWER, confidence=design.confidence)
-    detectable = detectable_effect(noise.sd, design.max_pairs, power=POWER, confidence=design.confidence)
-    return SamplePlan(metric, min_effect, batch, max_pairs, design, noise, needed, detectable)
+    needed = fixed_design_pairs(noise.sd, min_effect, power=POWER, confidence=design.confidence, cap=CAP,
+                                process_noise=process_noise, batch=batch)
+    detectable = detectable_effect(noise.sd, design.max_pairs, power=POWER, confidence=design.confidence,
+                                   process_noise=process_noise, batch=batch)
+    return SamplePlan(metric, min_effect, batch, max_pairs, design, noise, needed, detectable, process_noise)
 
 
-__all__ = ["POWER", "Noise", "SamplePlan", "estimate_noise", "noise_from_pairs", "noise_from_windows", "plan_sample"]
+__all__ = ["CAP", "POWER", "Noise", "SamplePlan", "estimate_noise", "noise_from_pairs", "noise_from_windows", "plan_sample"]

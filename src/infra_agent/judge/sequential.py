@@ -133,32 +133,45 @@ def t_look_confidence(looks: int, batch: int, alpha: float = 0.05, replicates: i
 
 
 def fixed_design_pairs(sd: float, min_effect: float, *, power: float = 0.9, confidence: float = 0.95,
-                       cap: int = 1000) -> int:
+                       cap: int = 1000, process_noise: float = 0.0, batch: int | None = None) -> int:
     """Pairs a look at ``confidence`` needs to decide a ratio gate ``min_effect`` away from the truth at ``power``.
 
     ``sd`` is the spread of per-pair log ratios; the effect is the distance, in log ratio,
     between "no change" and the hypothesis's line (``log(1 + min_effect)``): with that many
     pairs a no-op is refuted, and a change of twice the minimum supported, ``power`` of the
     time (t quantiles at ``n - 1`` degrees of freedom: :func:`detectable_effect` inverted).
+    ``process_noise``: the spread between fresh process pairs, one per ``batch`` of pairs
+    (judge/process_noise.py); more pairs in one batch do not average it out, more batches do.
     """
-    if sd <= 0:
+    if sd <= 0 and process_noise <= 0:
         return 3
     delta = math.log1p(min_effect)
     if delta <= 0:
         return cap
     for n in range(3, cap + 1):  # the smallest n whose t-based detectable effect is within min_effect
-        if detectable_effect(sd, n, power=power, confidence=confidence) <= min_effect:
+        if detectable_effect(sd, n, power=power, confidence=confidence, process_noise=process_noise,
+                             batch=batch) <= min_effect:
             return n
     return cap
 
 
-def detectable_effect(sd: float, pairs: int, *, power: float = 0.9, confidence: float = 0.95) -> float:
-    """The smallest ``min_effect`` that ``pairs`` pairs decide at ``power`` (the inverse of the above)."""
+def detectable_effect(sd: float, pairs: int, *, power: float = 0.9, confidence: float = 0.95,
+                      process_noise: float = 0.0, batch: int | None = None) -> float:
+    """The smallest ``min_effect`` that ``pairs`` pairs decide at ``power`` (the inverse of the above).
+
+    Each side of the sum is the interval's half-width at that quantile (stats/intervals.py):
+    the pairs' part at t, the process term over ``ceil(pairs / batch)`` restarts at the
+    normal quantile, in quadrature."""
     if pairs < 3:
         return math.inf
+    restarts = math.ceil(pairs / batch) if batch else 1
+    known = process_noise / math.sqrt(restarts)
+    own = sd / math.sqrt(pairs)
     t_a = float(sstats.t.ppf(0.5 + confidence / 2, pairs - 1))
     t_b = float(sstats.t.ppf(power, pairs - 1))
-    return math.expm1((t_a + t_b) * sd / math.sqrt(pairs))
+    z_a = float(sstats.norm.ppf(0.5 + confidence / 2))
+    z_b = float(sstats.norm.ppf(power))
+    return math.expm1(math.hypot(t_a * own, z_a * known) + math.hypot(t_b * own, z_b * known))
 
 
 __all__ = ["SequentialDesign", "detectable_effect", "fixed_design_pairs", "pocock_constant"]

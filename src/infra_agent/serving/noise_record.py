@@ -94,8 +94,8 @@ def load(root: Path) -> NoiseCalibration | None:
         return NoiseCalibration.model_validate(data)
     except (json.JSONDecodeError, ValidationError, UnicodeDecodeError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{path}: not a process-noise calibration ({first}); run `infra-agent calibrate` again "
-                          "or delete the file") from exc
+        raise ConfigError(str(path), None, "a process-noise calibration written by `infra-agent calibrate` (run it "
+                          "again, or delete the file)", first) from exc
 
 
 __all__ = ["CALIBRATION_FILE", "Machine", "MetricNoise", "NoiseCalibration", "calibration_path", "load", "save",

@@ -53,8 +53,11 @@ class Lines(RunProgress):
         self.lines.append(text)
 
 
-def _run(tmp_path: Path, fake: Batches, steps: list[Any], **opts: Any) -> tuple[Any, list[Experiment], list[str]]:
+def _run(tmp_path: Path, fake: Batches, steps: list[Any], taus: dict[str, float] | None = None,
+         **opts: Any) -> tuple[Any, list[Experiment], list[str]]:
     ws = workspace(tmp_path, criteria=GATE)
+    if taus is not None:
+        _calibrate(ws.root, taus)
     with Ledger.for_workspace(ws.root) as ledger:
         run = new_run(tmp_path, ledger, **{"budget_runs": 3, **opts})
         loop = loop_for(ws, ledger, run, Script(steps), fake)
@@ -142,3 +145,70 @@ def test_a_refuted_change_is_still_refused_as_already_tried(tmp_path: Path) -> N
     assert [e.status for e in exps] == ["done", "done", "rejected"]
     assert exps[1].verdict is not None and exps[1].verdict.outcome == "refuted" and not exps[1].open
     assert "already tried" in (exps[2].error or "")
+
+
+def _calibrate(root: Path, taus: dict[str, float]) -> None:
+    """A process-noise calibration of this machine, as ``infra-agent calibrate`` writes it."""
+    from infra_agent.serving.noise_record import (
+        Machine,
+        MetricNoise,
+        NoiseCalibration,
+        save,
+    )
+
+    save(root, NoiseCalibration(scenario="chat", machine=Machine.here(), blocks=6, pairs_per_block=3,
+                                metrics={k: MetricNoise(tau=v, within_sd=0.05, df=(5, 12), blocks=6, pairs=18)
+                                         for k, v in taus.items()}))
+
+
+NOISY_THEN_CLEAR = [[130.0, 100.0, 112.0], [125.0, 104.0, 110.0], [120.0, 121.0, 120.0]]
+
+
+def test_a_calibrated_process_spread_widens_every_look_and_is_said(tmp_path: Path) -> None:
+    # The batches that decide at look 3 without it (the first test) stay undecided when two
+    # fresh server processes are known to differ by 10%: 4 batches average only 4 offsets.
+    fake = Batches(NOISY_THEN_CLEAR)
+    run, exps, lines = _run(tmp_path, fake, [_step()], taus={"output_throughput": 0.10}, max_pairs=12,
+                            budget_runs=1)
+    e1 = exps[1]
+    assert any(text.startswith("process noise between fresh servers: output_throughput 10.00%") for text in lines)
+    assert e1.sample_plan is not None and e1.sample_plan["process_noise"] == 0.10
+    said = next(text for text in lines if text.startswith("e1 sample plan:"))
+    assert "10.0% between server processes" in said
+    assert fake.batches == 4 and e1.verdict is not None and e1.verdict.outcome == "inconclusive", e1.verdict
+    assert "process noise 10.00% over 4 restart(s)" in e1.verdict.interval
+
+
+def test_process_noise_off_ignores_the_calibration(tmp_path: Path) -> None:
+    fake = Batches(NOISY_THEN_CLEAR)
+    run, exps, lines = _run(tmp_path, fake, [_step()], taus={"output_throughput": 0.10}, max_pairs=12,
+                            budget_runs=1, process_noise="off")
+    e1 = exps[1]
+    assert not any(text.startswith("process noise between") for text in lines)
+    assert fake.batches == 3 and e1.verdict is not None and e1.verdict.outcome == "supported"
+    assert "process noise" not in e1.verdict.interval
+
+
+def test_a_calibration_from_another_machine_is_not_used_and_the_run_says_why(tmp_path: Path) -> None:
+    from infra_agent.serving.noise_record import (
+        Machine,
+        MetricNoise,
+        NoiseCalibration,
+        save,
+    )
+
+    fake = Batches(NOISY_THEN_CLEAR)
+    ws = workspace(tmp_path, criteria=GATE)
+    save(ws.root, NoiseCalibration(scenario="chat", machine=Machine(hostname="elsewhere", usable_cpus=64), blocks=6,
+                                   pairs_per_block=3,
+                                   metrics={"output_throughput": MetricNoise(tau=0.1, within_sd=0.05, df=(5, 12),
+                                                                             blocks=6, pairs=18)}))
+    with Ledger.for_workspace(ws.root) as ledger:
+        run = new_run(tmp_path, ledger, budget_runs=1, max_pairs=12)
+        loop = loop_for(ws, ledger, run, Script([_step()]), fake)
+        loop.progress = Lines()
+        loop.execute()
+        e1 = ledger.experiments(run.id)[1]
+    assert loop.noise is None
+    assert any("measured on elsewhere (64 CPUs), not here" in text for text in loop.progress.lines)
+    assert e1.verdict is not None and e1.verdict.outcome == "supported"
