@@ -45,7 +45,7 @@ _CLICK = re.compile(r"^Error: \S")
 _LOG_ERROR = re.compile(r"^(?:\S+ )?(?:ERROR|CRITICAL|FATAL)\b[:\s]")
 _LOG_LEVEL = re.compile(r"^(?:\S+ )?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b[:\s]")
 _POINTS_ABOVE = re.compile(r"\babove\b", re.IGNORECASE)
-_PYDANTIC_TAIL = re.compile(r"\s*\[type=[^\]]*\]\s*$")
+_PYDANTIC_TAIL = re.compile(r"\s*\[type=.*\]\s*$")
 _PYDANTIC_LINK = re.compile(r"^\s*For further information visit ")
 
 
