@@ -5,7 +5,7 @@ An engine that rejects its arguments exits at start-up (vLLM refuses
 answer, not a failure of the experiment: this configuration does not run.  So the
 experiment ends ``done`` with a ``refuted`` verdict whose message quotes the engine's
 error line, and a ``server_refused_config`` finding that names the knobs that differ from
-the baseline, keeps the reason, the exit code and the log tail, and points at the log.
+the baseline, keeps the reason and the exit code, and points at the log (an artifact too).
 
 A refusal belongs to the configuration, not to the parent's code: screening
 (agent/screening.py) refuses the same knob values on any parent (:func:`refusal_of`).
@@ -52,8 +52,7 @@ def record_refusal(exp: Experiment, refusal: Refusal, plan: Plan, baseline: Mapp
         message=f"{refusal.server} refused {what}: {said}",
         location=Location(knob=next(iter(changed))) if len(changed) == 1 else None,
         evidence={"reason": refusal.reason, "exit_code": refusal.exit_code, "knobs": changed,
-                  "baseline": {k: baseline.get(k) for k in changed}, "log": refusal.log_path,
-                  "log_tail": refusal.log_tail},
+                  "baseline": {k: baseline.get(k) for k in changed}, "log": refusal.log_path},
         next_question="Which values does the engine accept? Its error line states the limit it checks"
                       + (f" for {', '.join(changed)}." if changed else "."),
     )

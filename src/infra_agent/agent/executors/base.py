@@ -26,13 +26,12 @@ class Refusal:
     """The candidate's server exited before it was ready: it refused its configuration.
 
     ``reason`` is the engine's error line from its log (None when the log names none); the
-    rest is the evidence a finding keeps."""
+    log itself stays where the server wrote it."""
 
     server: str
     exit_code: int
     reason: str | None
     log_path: str | None = None
-    log_tail: str = ""
 
 
 @dataclass

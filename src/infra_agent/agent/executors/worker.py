@@ -19,7 +19,7 @@ Jobs:
   "discarded": [...], "max_foreign_cpu": ...}``.  Both servers stay up for the whole job;
   runs alternate A B, B A, ... per scenario.  When B's server exits before it is ready
   (it refused its configuration), the result holds ``error`` and ``refused`` (server,
-  exit_code, reason: the engine's error line, log_path, log_tail) and no runs.
+  exit_code, reason: the engine's error line, log_path) and no runs.
 - ``repeat``: ``{workspace, knobs, scenarios, repeats, workdir, result_metrics, percentiles,
   max_foreign_cpu}`` -> ``{"b": {scenario: [...]}, "discarded": [...], "max_foreign_cpu": ...}``.
 
@@ -157,8 +157,7 @@ def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
 
 def _refused(exc: ServerExitedEarly) -> dict[str, Any]:
     """What a refusal's finding keeps (executors/base.py ``Refusal``)."""
-    return {"server": exc.name, "exit_code": exc.exit_code, "reason": exc.reason, "log_path": exc.log_path,
-            "log_tail": exc.log_tail[-4000:]}
+    return {"server": exc.name, "exit_code": exc.exit_code, "reason": exc.reason, "log_path": exc.log_path}
 
 
 # ------------------------------------------------------------ windows under foreign load
