@@ -32,18 +32,48 @@ class TargetError(InfraAgentError):
 
 
 class ServerStartError(TargetError):
-    """A server exited early or never became ready; carries the exit code and log tail."""
+    """A server exited early or never became ready; carries the exit code, the log tail and,
+    when its log names one, the engine's own error line (``reason``)."""
 
-    def __init__(self, message: str, exit_code: int | None, log_tail: str, log_path: str | None = None) -> None:
+    def __init__(self, message: str, exit_code: int | None, log_tail: str, log_path: str | None = None,
+                 reason: str | None = None) -> None:
         self.exit_code = exit_code
         self.log_tail = log_tail
         self.log_path = log_path
+        self.reason = reason
         detail = f"{message} (exit code {exit_code})" if exit_code is not None else message
         if log_path:
             detail += f"\nlog: {log_path}"
         if log_tail:
             detail += "\n--- log tail ---\n" + log_tail.rstrip()
         super().__init__(detail)
+
+
+class ServerExitedEarly(ServerStartError):
+    """The server exited before it was ready: it refused its configuration.
+
+    Apart from a server that never became ready (a hang, a slow start, a wrong
+    ``ready_url``): an engine that rejects its arguments exits at start-up, and the same
+    arguments are rejected again on every launch, so the loop records the configuration
+    as refuted instead of retrying it.  ``reason`` is the engine's error line from its log
+    (``target/refusal.py``), None when the log names none.
+    """
+
+    def __init__(self, name: str, exit_code: int, log_tail: str, log_path: str | None, reason: str | None) -> None:
+        self.name = name
+        if exit_code < 0:
+            message = f"{name} was killed by signal {-exit_code} before it was ready"
+        elif reason:
+            message = f"{name} refused its configuration: {reason}"
+        else:
+            message = f"{name} exited before it was ready"
+        super().__init__(message, exit_code, log_tail, log_path, reason)
+
+    @property
+    def refused(self) -> bool:
+        """It exited on its own (a status, not a signal): a kill by the OOM killer or a person
+        says nothing about the configuration."""
+        return self.exit_code is not None and self.exit_code > 0
 
 
 class BenchmarkError(InfraAgentError):

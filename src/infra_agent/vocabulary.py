@@ -102,6 +102,8 @@ class FindingKind:
     # the loop itself
     PROBE_TIMEOUT: Final = "probe_timeout"
     PROBE_ERROR: Final = "probe_error"
+    # the candidate's server exited at start-up: the configuration is refuted (agent/refused.py)
+    SERVER_REFUSED_CONFIG: Final = "server_refused_config"
 
     @classmethod
     def all(cls) -> frozenset[str]:

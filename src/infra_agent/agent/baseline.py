@@ -39,7 +39,8 @@ def run_baseline(loop: Loop) -> bool:
     ex = loop.executor.measure(base, scenarios, int(loop.opts["pairs"]), [c.name for c in loop.ws.checks],
                                loop.progress.event, result_metrics=metrics)
     base.feedback, base.checks = side_feedback(ex.candidate), dict(ex.checks)
-    base.cost = Cost(wall_s=ex.wall_s, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs, tier=base.feedback.tier if base.feedback else None)
+    base.cost = Cost(wall_s=ex.wall_s, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs, launches=ex.launches,
+                     tier=base.feedback.tier if base.feedback else None)
     base.finished_at = time.time()
     if ex.status != "done":
         base.status, base.error = "error", ex.error

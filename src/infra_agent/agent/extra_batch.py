@@ -35,6 +35,7 @@ def run_extra_batch(executor: Any, exp: Experiment, plan: Plan, best: Experiment
     ex.wall_s += more.wall_s
     ex.e2e_runs += more.e2e_runs
     ex.probe_runs += more.probe_runs
+    ex.launches += more.launches
     if more.status != "done":
         return False
     for side, extra in ((ex.baseline, more.baseline), (ex.candidate, more.candidate)):

@@ -83,7 +83,8 @@ def run_look_again(loop: Loop, best: Experiment, checks: list[str], why: str) ->
     with loop.executor.fresh_checks():
         ex = loop.executor.measure(exp, [], 0, checks, loop.progress.event)
     exp.checks = dict(ex.checks)
-    exp.cost = Cost(wall_s=ex.wall_s, tier=Tier.check, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
+    exp.cost = Cost(wall_s=ex.wall_s, tier=Tier.check, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs,
+                    launches=ex.launches)
     exp.finished_at = time.time()
     if ex.status != "done" and not exp.checks:
         exp.status, exp.error = ex.status, ex.error or ex.status

@@ -15,6 +15,9 @@ the loop goes on:
 - a no-op: every changed knob at an alias of the parent's value (``kv_cache_dtype:
   bfloat16`` where ``auto`` is bfloat16), or a launch that renders exactly as the
   parent's (the command, env and cwd with ``{port}`` fixed, and every check's config);
+- a configuration (all its knob values) the server refused before, on any parent: the engine
+  rejects its arguments whatever code the parent has (agent/refused.py); the message quotes
+  its error line;
 - the same change, on the same parent, as an experiment already tried and decided
   (refuted, accepted, or failed); one left open (inconclusive, promising) is topped up
   instead (:func:`open_match`, agent/rounds.py).  Values are
@@ -29,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from infra_agent.agent.refused import refusal_of
 from infra_agent.errors import InfraAgentError
 from infra_agent.records import Change, Experiment, Step
 from infra_agent.target.launch import plan_launch
@@ -122,12 +126,26 @@ def screen(workspace: Workspace, step: Step, best: Experiment, history: list[Exp
             changed = ", ".join(f"{k}={_show(knobs[k])}" for k in sorted(step.change.knobs) if k in knobs)
             return knobs, (f"the change changes nothing: with {changed} the launch renders exactly as {best.id}'s "
                            "(command, env, cwd and every check's config): no placeholder uses what changed")
+    refused = None if code else refused_before(workspace, history, knobs)
+    if refused is not None:
+        return knobs, (f"the same configuration was already tried in experiment {refused[0].id} and the server refused "
+                       f"it: {refused[1]}")
     key = canonical_key(step.change, knobs)
     for e in history:
         if e.role == "experiment" and e.parent == best.id and canonical_key(e.change, e.knobs) == key:
             outcome = e.verdict.outcome if e.verdict else e.status
             return knobs, f"the same change was already tried on {best.id} in experiment {e.id} ({outcome})"
     return knobs, None
+
+
+def refused_before(workspace: Workspace, history: list[Experiment], knobs: Mapping[str, Any]) -> tuple[Experiment, str] | None:
+    """An experiment whose server refused these knob values (or values that launch the same), and its
+    quote; on any parent, since a refusal depends on the configuration, not on the parent's code."""
+    for e in history:
+        reason = refusal_of(e)
+        if reason is not None and (e.knobs == dict(knobs) or same_launch(workspace, e.knobs, knobs)):
+            return e, reason
+    return None
 
 
 def open_match(workspace: Workspace, history: list[Experiment], best: Experiment, step: Step) -> Experiment | None:

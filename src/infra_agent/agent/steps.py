@@ -1,6 +1,7 @@
 """One proposed step, through to a recorded experiment: screen, plan, execute, judge, record.
 
 - A step the screen refuses (agent/screening.py) is recorded as ``rejected`` and costs no run.
+- A candidate whose server refuses its configuration at start-up is refuted (agent/refused.py).
 - Otherwise the planner picks the probe and the cheap gates, the sample-size plan is said, the
   executor runs the first batch and the judge looks after each batch (agent/rounds.py).
 - The same change on the same parent as an open experiment (inconclusive, promising) is not a
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 from infra_agent.agent.executors.base import Execution
 from infra_agent.agent.judging import failure_finding
 from infra_agent.agent.planner import Plan
+from infra_agent.agent.refused import record_refusal
 from infra_agent.agent.rounds import (
     judge_in_rounds,
     most_promising_open,
@@ -139,6 +141,9 @@ def _execute_and_judge(loop: Loop, exp: Experiment, plan: Plan, best: Experiment
                         take=lambda: take(exp, ex, plan), say=lambda text: loop.progress.experiment(exp, text),
                         on_event=loop.progress.event, noise=loop.noise)
         exp.status = "done"
+    elif ex.refusal is not None:
+        # The server refused the configuration: refuted, not failed (agent/refused.py).
+        record_refusal(exp, ex.refusal, plan, (loop.baseline() or best).knobs)
     else:
         exp.status, exp.error = ex.status, ex.error
         if exp.feedback is None:
@@ -155,7 +160,7 @@ def take(exp: Experiment, ex: Execution, plan: Plan) -> None:
     exp.baseline_feedback = side_feedback(ex.baseline)
     exp.checks = check_runs(ex, plan)
     exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs,
-                    llm_tokens=exp.cost.llm_tokens)
+                    launches=ex.launches, llm_tokens=exp.cost.llm_tokens)
 
 
 __all__ = ["NAMED", "changed_components", "new_experiment", "one_more_batch", "reopen_best_open", "run_experiment",

@@ -7,7 +7,7 @@
 - ``ProbeCall``: the probe the planner chose, with its typed config (as JSON) and tier.
 - ``Verdict``: supported / refuted / inconclusive, with the effect, its interval, and
   the outcome of every gate (the workspace's criteria and checks).
-- ``Cost``: wall seconds, probe tier, e2e runs, LLM tokens.
+- ``Cost``: wall seconds, probe tier, e2e runs, server launches, LLM tokens.
 - ``Experiment``: all of the above plus identity (id, parent) and status.
 
 Accepted experiments form the path from the baseline to the current best (each one's
@@ -123,6 +123,14 @@ class Cost(_Model):
     e2e_runs: int = 0
     probe_runs: int = 0
     llm_tokens: int = 0
+    # Server processes started: a server that refused its configuration ran no benchmark,
+    # but its start was paid for (a record written before launches were counted reads 0).
+    launches: int = 0
+
+    def runs_text(self) -> str:
+        """``3 e2e runs, 2 launches`` (launches left out when none were counted)."""
+        text = f"{self.e2e_runs} e2e run{'' if self.e2e_runs == 1 else 's'}"
+        return text + (f", {self.launches} launch{'' if self.launches == 1 else 'es'}" if self.launches else "")
 
 
 class Experiment(_Model):

@@ -104,7 +104,8 @@ def _tree(m: ReportModel) -> str:
             f"<td>{e(x.statement)}{gate_txt}</td>"
             f"<td>{change or _DASH}</td><td>{probe}</td><td>{badge(x.status)}</td>"
             f"<td>{_verdict_short(x)}</td>"
-            f'<td class="num">{e(x.wall)}<span class="label">{x.e2e_runs} e2e · {x.llm_tokens:,} tok</span></td></tr>')
+            f'<td class="num">{e(x.wall)}<span class="label">{x.e2e_runs} e2e{_launches(x.launches, " · ")} · '
+            f'{x.llm_tokens:,} tok</span></td></tr>')
     head = ("<tr><th>Experiment</th><th>Hypothesis</th><th>Change</th><th>Probe</th><th>Status</th>"
             "<th>Verdict · effect</th><th>Cost</th></tr>")
     return f'<table class="tree"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
@@ -207,7 +208,8 @@ def _card(x: ExperimentView) -> str:
         ' <span class="badge b-green">best</span>' if x.best else "")
     parent = f'parent <a href="#exp-{e(x.parent)}">{e(x.parent)}</a>' if x.parent else "baseline"
     by = f" · {e(x.proposer)}" if x.proposer else ""
-    cost = (f'<span class="cost">{e(x.wall)}{" · " + e(x.tier) if x.tier else ""} · {x.e2e_runs} e2e runs · '
+    cost = (f'<span class="cost">{e(x.wall)}{" · " + e(x.tier) if x.tier else ""} · {x.e2e_runs} e2e runs'
+            f'{_launches(x.launches, " · ")} · '
             f"{x.probe_runs} probe runs · {x.llm_tokens:,} LLM tokens</span>")
     cls = "on-path" if x.on_path else "failed" if x.status in ("rejected", "error", "timeout") else "evidence"
     return (f'<article class="exp {cls}" id="exp-{e(x.id)}"><header>'
@@ -217,6 +219,11 @@ def _card(x: ExperimentView) -> str:
             f'<div class="grid2"><div><h4>Hypothesis</h4>{_kv(hyp)}</div><div><h4>Probe</h4>{probe}</div>'
             f'<div><h4>Change</h4>{"".join(change)}</div><div><h4>Verdict</h4>{"".join(verdict)}</div></div>'
             f"{findings}</article>")
+
+
+def _launches(n: int, sep: str) -> str:
+    """``· 2 launches`` after the e2e runs; nothing when none were counted (a record from before)."""
+    return f"{sep}{n} launch{'' if n == 1 else 'es'}" if n else ""
 
 
 def _not_recorded(line: str) -> str:
@@ -229,7 +236,8 @@ def _kv(items: list[tuple[str, str]]) -> str:
 
 def _header(m: ReportModel) -> str:
     facts = [("proposer", m.proposer), ("started", m.started), ("finished", m.finished), ("wall time", m.wall),
-             ("experiments", str(m.n_experiments)), ("e2e runs", str(m.e2e_runs)), ("LLM tokens", f"{m.llm_tokens:,}"),
+             ("experiments", str(m.n_experiments)), ("e2e runs", str(m.e2e_runs)),
+             *([("server launches", str(m.launches))] if m.launches else []), ("LLM tokens", f"{m.llm_tokens:,}"),
              ("baseline", m.baseline or "–"), ("best", m.best or "–"), ("branch", m.branch or "–")]
     dl = "".join(f"<div><dt>{e(k)}</dt><dd>{e(v)}</dd></div>" for k, v in facts)
     msg = f'<div class="message">{e(m.message)}</div>' if m.message else ""

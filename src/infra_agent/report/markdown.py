@@ -70,7 +70,8 @@ def _header(m: ReportModel) -> list[str]:
              f"- **Workspace:** {code(m.workspace)}",
              f"- **Proposer:** {text(m.proposer)}",
              f"- **Started / finished:** {m.started} / {m.finished} (wall time {m.wall})",
-             f"- **Experiments:** {m.n_experiments} · **e2e runs:** {m.e2e_runs} · **LLM tokens:** {m.llm_tokens:,}",
+             f"- **Experiments:** {m.n_experiments} · **e2e runs:** {m.e2e_runs}"
+             + (f" · **Server launches:** {m.launches}" if m.launches else "") + f" · **LLM tokens:** {m.llm_tokens:,}",
              f"- **Baseline:** {code(m.baseline)} · **Best:** {code(m.best)} · **Branch:** {code(m.branch)}"]
     if m.message:
         lines += ["", f"> {text(m.message)}"]
@@ -205,7 +206,8 @@ def _experiment(x: ExperimentView) -> list[str]:
         n = x.noise
         lines.append(f"- **Noise:** interval width {text(n.interval)}; foreign CPU {text(n.foreign_cpu)}; "
                      f"load (1 min) {text(n.load)}")
-    lines.append(f"- **Cost:** {x.wall}, tier {x.tier or '–'}, {x.e2e_runs} e2e runs, {x.probe_runs} probe runs, "
+    launches = f"{x.launches} launch{'' if x.launches == 1 else 'es'}, " if x.launches else ""
+    lines.append(f"- **Cost:** {x.wall}, tier {x.tier or '–'}, {x.e2e_runs} e2e runs, {launches}{x.probe_runs} probe runs, "
                  f"{x.llm_tokens:,} LLM tokens")
     if x.findings:
         lines.append("- **Top findings:**")

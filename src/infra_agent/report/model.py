@@ -116,6 +116,7 @@ class ExperimentView:
     e2e_runs: int
     probe_runs: int
     llm_tokens: int
+    launches: int  # server processes started (a refused one too); 0 in records from before they were counted
     findings: list[FindingView]
     more_findings: int
     noise: Noise  # the decision's interval width and the machine load during its windows
@@ -133,6 +134,7 @@ class ReportModel:
     n_experiments: int
     e2e_runs: int
     llm_tokens: int
+    launches: int
     message: str
     baseline: str
     best: str
@@ -280,7 +282,7 @@ def _experiment_view(e: Experiment, depth: int, glyph: str, path: list[str], run
         accepted=e.accepted, on_path=e.id in path, baseline=e.parent is None or e.id == run.baseline,
         best=bool(path) and e.id == path[-1],
         wall=fmt_duration(c.wall_s), tier=c.tier.value if c.tier else "", e2e_runs=c.e2e_runs,
-        probe_runs=c.probe_runs, llm_tokens=c.llm_tokens, findings=findings, more_findings=more,
+        probe_runs=c.probe_runs, llm_tokens=c.llm_tokens, launches=c.launches, findings=findings, more_findings=more,
         noise=noise_of(e, decision))
 
 
@@ -297,7 +299,8 @@ def build_model(run: RunRecord, experiments: list[Experiment]) -> ReportModel:
         started=fmt_time(run.started_at), finished=fmt_time(run.finished_at),
         wall=fmt_duration(wall) if wall is not None else "still running",
         n_experiments=len(experiments), e2e_runs=sum(e.cost.e2e_runs for e in experiments),
-        llm_tokens=sum(e.cost.llm_tokens for e in experiments), message=s.text(run.message),
+        llm_tokens=sum(e.cost.llm_tokens for e in experiments), launches=sum(e.cost.launches for e in experiments),
+        message=s.text(run.message),
         baseline=s.text(run.baseline), best=s.text(path[-1]) if path else "", branch=s.text(run.branch),
         gates=_gate_rows(run.gates_before, run.gates_after, s), experiments=views, path=[s.text(p) for p in path],
         decisions=Decisions.of(d for d in decided.values() if d is not None),

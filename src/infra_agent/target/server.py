@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
 
-from infra_agent.errors import ServerStartError
+from infra_agent.errors import ServerExitedEarly, ServerStartError
 from infra_agent.safety import (
     command_secrets,
     header_secrets,
@@ -43,6 +43,7 @@ from infra_agent.safety import (
 from infra_agent.target.auth import request_headers
 from infra_agent.target.exit_signals import ExitSignals
 from infra_agent.target.launch import LaunchPlan, plan_launch
+from infra_agent.target.launch_count import count_launch
 from infra_agent.target.orphan_guard import Lifeline, parent_death_preexec
 from infra_agent.target.ports import LOOPBACK, free_port
 from infra_agent.target.procgroup import (
@@ -53,6 +54,7 @@ from infra_agent.target.procgroup import (
     signal_group,
 )
 from infra_agent.target.readiness import taken_ready_port, wait_ready
+from infra_agent.target.refusal import engine_reason
 from infra_agent.target.server_log import ServerLog
 from infra_agent.workspace import template
 from infra_agent.workspace.knobs import KnobValue
@@ -60,6 +62,9 @@ from infra_agent.workspace.models import ServerTargetSpec
 
 _PORT_RETRIES = 3
 _ADDRESS_IN_USE = "address already in use"
+# Lines of the log searched for the engine's error line: a traceback is some forty lines,
+# and warnings (leaked semaphores, an unclosed process group) may follow it.
+_REASON_LINES = 200
 
 
 class ServerProcess:
@@ -221,15 +226,21 @@ class ServerProcess:
             except ServerStartError as exc:
                 self.stop()
                 lost_port = exc.exit_code is not None and _ADDRESS_IN_USE in exc.log_tail.lower()
-                if lost_port and not self._command_uses_port():
+                if not lost_port:
+                    raise
+                # Not a refusal of the configuration: another process took the port.
+                if not self._command_uses_port():
                     # A fixed port in the command: another port from us cannot help.
                     raise ServerStartError(
                         f"{self.name} could not bind its port: its log says the address is already in use, and the "
                         "command names a fixed port; stop the process holding it, or put {port} in the command",
                         exc.exit_code, exc.log_tail, exc.log_path,
                     ) from None
-                if not lost_port or attempt == _PORT_RETRIES - 1:
-                    raise
+                if attempt == _PORT_RETRIES - 1:
+                    raise ServerStartError(
+                        f"{self.name} could not bind a port: another process took each of the {_PORT_RETRIES} free "
+                        "ports it was given", exc.exit_code, exc.log_tail, exc.log_path,
+                    ) from None
             except BaseException:
                 self.stop()
                 raise
@@ -282,6 +293,7 @@ class ServerProcess:
             self._log.close()
             raise ServerStartError(self._masked(f"cannot launch {self._plan.argv[0]!r}: {exc.strerror}"), None, "",
                                    str(self._log_path)) from None
+        count_launch()
         assert self._proc.stdout is not None
         self._log.follow(self._proc.stdout)
         if self.lifeline:
@@ -293,8 +305,8 @@ class ServerProcess:
         if not_ready is None:
             return
         if not_ready.exit_code is not None:
-            raise ServerStartError(f"{self.name} exited before it was ready", not_ready.exit_code, self.log_tail(),
-                                   str(self._log_path))
+            raise ServerExitedEarly(self.name, not_ready.exit_code, self.log_tail(), str(self._log_path),
+                                    engine_reason(self.log_tail(_REASON_LINES)))
         raise ServerStartError(
             self._masked(f"{self.name} not ready after {self.ready_timeout_s:g}s (GET {self._plan.ready_url}: "
                          f"{not_ready.last}); stopped it"),

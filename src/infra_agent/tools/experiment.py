@@ -14,6 +14,7 @@ from pydantic import Field
 from infra_agent.errors import ConfigError, InfraAgentError
 from infra_agent.records import Change, Experiment, Hypothesis, Step
 from infra_agent.tools.registry import Tool, ToolArgs, ToolContext, ToolResult
+from infra_agent.vocabulary import FindingKind
 
 KnobInput = bool | int | float | str | None
 
@@ -134,7 +135,7 @@ def experiment_summary(e: Experiment) -> dict[str, Any]:
                                            "failed_gates": [g.name for g in v.failed_gates]},
         "error": e.error,
         "cost": {"wall_s": round(e.cost.wall_s, 2), "tier": e.cost.tier.value if e.cost.tier else None,
-                 "e2e_runs": e.cost.e2e_runs, "llm_tokens": e.cost.llm_tokens},
+                 "e2e_runs": e.cost.e2e_runs, "launches": e.cost.launches, "llm_tokens": e.cost.llm_tokens},
     }
 
 
@@ -144,6 +145,10 @@ def _outcome(e: Experiment) -> str:
     from infra_agent.judge.effect_text import effect_text
 
     v = e.verdict
+    refused = next((f for f in e.feedback.findings if f.kind == FindingKind.SERVER_REFUSED_CONFIG), None) \
+        if e.feedback is not None else None
+    if refused is not None:
+        return f"{v.outcome}: {refused.message}"  # nothing was measured: what the server said is the answer
     eff = effect_text(e)
     return f"{v.outcome}{' ' + eff if eff else ''}{' accepted' if v.accepted else ''}"
 
@@ -163,7 +168,7 @@ def read_ledger(ctx: ToolContext, args: ReadLedgerArgs) -> ToolResult:
             parts.append("diff " + ",".join(row["change"].get("diff_paths", [])))
         change = " ".join(parts) or ("(baseline)" if e.parent is None else "(no change)")
         lines.append(f"- {e.id} parent={e.parent or '-'} {change} | {e.hypothesis.statement} [{row['gate']}] "
-                     f"-> {_outcome(e)} | {row['cost']['wall_s']} s, {e.cost.llm_tokens} LLM tokens")
+                     f"-> {_outcome(e)} | {row['cost']['wall_s']} s, {e.cost.runs_text()}, {e.cost.llm_tokens} LLM tokens")
     return ToolResult(text="\n".join(lines), data={"experiments": rows, "best": ctx.state.best.id})
 
 

@@ -196,3 +196,22 @@ def test_closed_ledger_says_so(tmp_path: Path) -> None:
     led.close()  # idempotent
     with pytest.raises(LedgerError, match="is closed"):
         led.list_runs()
+
+
+def test_launches_round_trip_and_a_row_from_before_them_reads_zero(ledger: Ledger, fx: ModuleType) -> None:
+    run = fx.make_run()
+    ledger.create_run(run)
+    refused = fx.make_experiment(seq=1)
+    refused.cost = refused.cost.model_copy(update={"launches": 2, "e2e_runs": 0})
+    old = fx.make_experiment(seq=2)
+    for exp in (refused, old):
+        ledger.save_experiment(exp)
+    assert ledger.get_experiment(refused.id).cost == refused.cost
+    # A row written before launches were counted has no such key in its JSON.
+    with sqlite3.connect(ledger.path) as conn:
+        conn.execute("UPDATE experiments SET data = json_remove(data, '$.cost.launches') WHERE id = ?", (old.id,))
+    assert "launches" not in _rows(ledger.path, "SELECT json_extract(data, '$.cost') FROM experiments WHERE id = ?",
+                                   (old.id,))[0][0]
+    got = ledger.get_experiment(old.id)
+    assert got.cost.launches == 0 and got.cost.probe_runs == old.cost.probe_runs
+    assert got.cost.runs_text() == "0 e2e runs" and refused.cost.runs_text() == "0 e2e runs, 2 launches"

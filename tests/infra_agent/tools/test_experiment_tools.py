@@ -108,7 +108,7 @@ def test_read_ledger_summarises_experiments(registry: ToolRegistry, ctx: ToolCon
     assert lines[0] == "2 experiments in run run1; current best: e0"
     assert lines[1].startswith("- e0 parent=- (baseline) | baseline")
     assert ("- e1 parent=e0 knobs max_running=64 diff src/engine.py | more requests at once cut queueing "
-            "[output_throughput>=1.05] -> supported effect 1.12 [1.05, 1.2] accepted | 12.5 s, 1234 LLM tokens") == lines[2]
+            "[output_throughput>=1.05] -> supported effect 1.12 [1.05, 1.2] accepted | 12.5 s, 2 e2e runs, 1234 LLM tokens") == lines[2]
     row = r.data["experiments"][1]
     assert row["verdict"]["outcome"] == "supported" and row["cost"]["llm_tokens"] == 1234
     assert row["change"] == {"knobs": {"max_running": 64}, "diff_paths": ["src/engine.py"]}

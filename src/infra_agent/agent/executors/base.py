@@ -21,6 +21,19 @@ from infra_agent.records import Experiment
 OnEvent = Callable[[dict[str, Any]], None]
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """The candidate's server exited before it was ready: it refused its configuration.
+
+    ``reason`` is the engine's error line from its log (None when the log names none); the
+    log itself stays where the server wrote it."""
+
+    server: str
+    exit_code: int
+    reason: str | None
+    log_path: str | None = None
+
+
 @dataclass
 class Execution:
     status: Literal["done", "error", "timeout", "rejected"]
@@ -32,6 +45,8 @@ class Execution:
     wall_s: float = 0.0
     e2e_runs: int = 0
     probe_runs: int = 0
+    launches: int = 0  # server processes started
+    refusal: Refusal | None = None  # set when the candidate's server refused its configuration
 
 
 class Executor(ABC):

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra_agent.agent.executors.base import Execution, Executor, OnEvent
+from infra_agent.agent.executors.base import Execution, Executor, OnEvent, Refusal
 from infra_agent.agent.executors.cleanup import kill_marked
 from infra_agent.agent.executors.jobs import ProbeTimeout, run_job
 from infra_agent.agent.executors.protect import check_changes, check_judge_files
@@ -71,6 +71,9 @@ class LocalExecutor(Executor):
         self._pristine: Path | None = None
         # Workspace-relative files a kernel check's verdict runs (its reference's import graph) -> the check.
         self._judge_files: dict[str, str] = {}
+        # Server processes the jobs started (each job's result says how many): an execution's
+        # launches are the difference across it.
+        self.launched = 0
 
     # ------------------------------------------------------------ worktrees
 
@@ -138,7 +141,9 @@ class LocalExecutor(Executor):
     # ------------------------------------------------------------ jobs
 
     def _job(self, exp_id: str, job: dict[str, Any], timeout_s: float, on_event: OnEvent | None, what: str) -> dict[str, Any]:
-        return run_job(self.jobs_dir, self.run_id, exp_id, job, timeout_s, on_event, what)
+        out = run_job(self.jobs_dir, self.run_id, exp_id, job, timeout_s, on_event, what)
+        self.launched += int(out.get("launches") or 0)
+        return out
 
     def _code_id(self, ws_dir: Path) -> str:
         """What code ``ws_dir`` holds (a node's copy answers with the id of the folder it was copied from)."""
@@ -189,7 +194,7 @@ class LocalExecutor(Executor):
 
     def measure(self, exp: Experiment, scenarios: list[str], repeats: int, checks: list[str],
                 on_event: OnEvent | None = None, result_metrics: list[str] | None = None) -> Execution:
-        start = time.perf_counter()
+        start, launched = time.perf_counter(), self.launched
         ex = Execution(status="done")
         try:
             if exp.role == "baseline" and exp.base_commit is None:
@@ -217,11 +222,11 @@ class LocalExecutor(Executor):
             ex.status, ex.error = "error", str(exc)
         except (OSError, ValueError) as exc:
             ex.status, ex.error = "error", f"measuring {exp.id} failed: {type(exc).__name__}: {exc}"
-        ex.wall_s = time.perf_counter() - start
+        ex.wall_s, ex.launches = time.perf_counter() - start, self.launched - launched
         return ex
 
     def execute(self, exp: Experiment, plan: Plan, best: Experiment, on_event: OnEvent | None = None) -> Execution:
-        start = time.perf_counter()
+        start, launched = time.perf_counter(), self.launched
         ex = Execution(status="done")
         try:
             a_dir, b_dir = self._sides(exp, best)
@@ -254,6 +259,8 @@ class LocalExecutor(Executor):
                 ex.probe_runs += ex.e2e_runs
                 if out.get("error"):
                     ex.status, ex.error = "error", str(out["error"])
+                if out.get("refused"):
+                    ex.refusal = Refusal(**out["refused"])
         except PatchRejected as exc:
             ex.status, ex.error = "rejected", str(exc)
         except ProbeTimeout as exc:
@@ -263,7 +270,7 @@ class LocalExecutor(Executor):
         except (OSError, ValueError) as exc:  # a full disk, a result that does not parse
             ex.status, ex.error = "error", f"running {exp.id} failed: {type(exc).__name__}: {exc}"
         finally:
-            ex.wall_s = time.perf_counter() - start
+            ex.wall_s, ex.launches = time.perf_counter() - start, self.launched - launched
         return ex
 
     def finalize(self, exp: Experiment, accepted: bool, message: str) -> str | None:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra_agent.agent.executors.base import Execution, OnEvent
+from infra_agent.agent.executors.base import Execution, OnEvent, Refusal
 from infra_agent.agent.executors.jobs import ProbeTimeout
 from infra_agent.agent.executors.local import LocalExecutor, _feedbacks
 from infra_agent.agent.executors.ray_resources import (
@@ -244,7 +244,8 @@ class RayExecutor(LocalExecutor):
         return Execution(status=data["status"], error=data["error"], candidate=_feedbacks(data["candidate"]),
                          baseline=_feedbacks(data["baseline"]),
                          checks={k: Feedback.model_validate(v) for k, v in data["checks"].items()},
-                         e2e_runs=data["e2e_runs"], probe_runs=data["probe_runs"])
+                         e2e_runs=data["e2e_runs"], probe_runs=data["probe_runs"], launches=data.get("launches", 0),
+                         refusal=Refusal(**data["refusal"]) if data.get("refusal") else None)
 
     # ------------------------------------------------------------ clean-up
 

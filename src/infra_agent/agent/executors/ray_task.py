@@ -15,6 +15,7 @@ driver sees that an attempt was lost and Ray retried it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -148,7 +149,8 @@ def execution_data(ex: Execution) -> dict[str, Any]:
 
     return {"status": ex.status, "error": ex.error, "candidate": side(ex.candidate), "baseline": side(ex.baseline),
             "checks": {k: fb.model_dump(mode="json") for k, fb in ex.checks.items()}, "e2e_runs": ex.e2e_runs,
-            "probe_runs": ex.probe_runs}
+            "probe_runs": ex.probe_runs, "launches": ex.launches,
+            "refusal": None if ex.refusal is None else dataclasses.asdict(ex.refusal)}
 
 
 def clean_node(run_id: str, exp_ids: list[str] | None) -> dict[str, Any]:

@@ -8,6 +8,8 @@ experiment marker in their environment, what it launched), and a killed loop tak
 it down.  It prints one JSON event per line on stdout (progress) and writes its
 result atomically, so a result file is either whole or absent.
 
+Every result holds ``launches``: the server processes the job started (a refused one too).
+
 Jobs:
 - ``probe``: ``{probe, config, workspace, knobs, workdir[, pristine_root]}`` -> ``{"feedback": ...}``;
   with ``pristine_root`` (a kernel check of code under test) the probe runs from that
@@ -15,7 +17,9 @@ Jobs:
 - ``ab``: ``{workspace_a, workspace_b, knobs_a, knobs_b, scenarios, pairs, workdir,
   result_metrics, percentiles, max_foreign_cpu}`` -> ``{"a": {scenario: [feedback per run]}, "b": ...,
   "discarded": [...], "max_foreign_cpu": ...}``.  Both servers stay up for the whole job;
-  runs alternate A B, B A, ... per scenario.
+  runs alternate A B, B A, ... per scenario.  When B's server exits before it is ready
+  (it refused its configuration), the result holds ``error`` and ``refused`` (server,
+  exit_code, reason: the engine's error line, log_path) and no runs.
 - ``repeat``: ``{workspace, knobs, scenarios, repeats, workdir, result_metrics, percentiles,
   max_foreign_cpu}`` -> ``{"b": {scenario: [...]}, "discarded": [...], "max_foreign_cpu": ...}``.
 
@@ -38,6 +42,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from infra_agent.errors import ServerExitedEarly
 
 if TYPE_CHECKING:
     from infra_agent.feedback import Feedback
@@ -91,7 +97,13 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
         targets = {}
         for side in ("a", "b"):
             _event(event="start", side=side)
-            targets[side] = stack.enter_context(open_target(ws[side], knobs[side], default_log_dir(ws[side])))
+            try:
+                targets[side] = stack.enter_context(open_target(ws[side], knobs[side], default_log_dir(ws[side])))
+            except ServerExitedEarly as exc:
+                if side != "b" or not exc.refused:
+                    raise  # the parent's configuration ran before: its failure is not a refusal
+                return {**out, "discarded": discarded, "max_foreign_cpu": limit, "error": str(exc),
+                        "refused": _refused(exc)}
         for scenario in job["scenarios"]:
             for i in range(int(job["pairs"])):
 
@@ -141,6 +153,11 @@ def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
                     return {"b": out, "discarded": discarded, "max_foreign_cpu": limit,
                             "error": f"scenario {scenario} failed: {fb.error}"}
     return {"b": out, "discarded": discarded, "max_foreign_cpu": limit}
+
+
+def _refused(exc: ServerExitedEarly) -> dict[str, Any]:
+    """What a refusal's finding keeps (executors/base.py ``Refusal``)."""
+    return {"server": exc.name, "exit_code": exc.exit_code, "reason": exc.reason, "log_path": exc.log_path}
 
 
 # ------------------------------------------------------------ windows under foreign load
@@ -233,10 +250,12 @@ _JOBS = {"ab": run_ab_job, "repeat": run_repeat_job, "probe": run_probe_job}
 
 def main(argv: list[str]) -> int:
     from infra_agent.agent.executors.cleanup import die_with_parent
+    from infra_agent.target.launch_count import launches
 
     die_with_parent()
     job_path, result_path = Path(argv[1]), Path(argv[2])
     job = json.loads(job_path.read_text())
+    result: dict[str, Any]
     try:
         result = _JOBS[job["kind"]](job)
     except Exception as exc:  # noqa: BLE001 - any failure becomes the job's error, reported by the executor
@@ -248,6 +267,7 @@ def main(argv: list[str]) -> int:
             import traceback
 
             result["traceback"] = traceback.format_exc()[-4000:]
+    result["launches"] = launches()  # this process runs one job: every launch is the job's
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, default=str))
     os.replace(tmp, result_path)

@@ -156,7 +156,8 @@ def experiment_result(e: Experiment, limit: int = 8000, secrets: Iterable[str] =
             lines.append("gates:\n" + render_gates(v.gates))
     else:
         lines.append("verdict: none")
-    lines.append(f"cost: {e.cost.wall_s:.1f} s" + (f", tier {e.cost.tier.value}" if e.cost.tier else ""))
+    lines.append(f"cost: {e.cost.wall_s:.1f} s" + (f", tier {e.cost.tier.value}" if e.cost.tier else "")
+                 + f", {e.cost.runs_text()}")
     head = "\n".join(lines)
     fbs = [fb for fb in (e.feedback, e.baseline_feedback) if fb is not None]
     body = ""
