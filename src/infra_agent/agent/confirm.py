@@ -92,7 +92,8 @@ def run_confirm(loop: Loop, base: Experiment, best: Experiment, again: Experimen
                                              outcome="error", measured_in=exp.id,
                                              message=f"the check could not run ({got.status}): {got.error}"))
     exp.feedback, exp.baseline_feedback, exp.checks = side_feedback(ex.candidate), side_feedback(ex.baseline), dict(ex.checks)
-    exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
+    exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs,
+                    launches=ex.launches)
     conf = _confidence(loop.opts)
     exp.sample_plan = {"batches": 1}
     gates = gates_of(loop.ws, ex, exp.id, plan, confidence=conf, noise=_noise(loop, exp)) + unmeasured
@@ -151,7 +152,7 @@ def top_up_confirmation(loop: Loop, base: Experiment, best: Experiment, done: Ex
     ex = Execution(status="done", candidate=by_scenario(done.feedback, scenarios),
                    baseline=by_scenario(done.baseline_feedback, scenarios),
                    checks=dict(done.checks), wall_s=done.cost.wall_s, e2e_runs=done.cost.e2e_runs,
-                   probe_runs=done.cost.probe_runs)
+                   probe_runs=done.cost.probe_runs, launches=done.cost.launches)
     plan = _plan(loop, done.hypothesis, scenarios)
     done.status, done.started_at = "running", time.time()
     loop.record(done)
@@ -184,7 +185,8 @@ def _top_up(loop: Loop, exp: Experiment, plan: Plan, base: Experiment, ex: Execu
         if check in got.checks:
             pooled = pool_runs([ex.checks[check], got.checks[check]]) if check in ex.checks else got.checks[check]
             ex.checks[check] = pooled or got.checks[check]
-    exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs)
+    exp.cost = Cost(wall_s=ex.wall_s, tier=plan.probe.tier, e2e_runs=ex.e2e_runs, probe_runs=ex.probe_runs,
+                    launches=ex.launches)
     if not done:
         return gates
     exp.feedback, exp.baseline_feedback, exp.checks = side_feedback(ex.candidate), side_feedback(ex.baseline), dict(ex.checks)

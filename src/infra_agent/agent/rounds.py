@@ -137,7 +137,8 @@ def execution_of(exp: Experiment, plan: Plan) -> Execution:
     return Execution(status="done", candidate=by_scenario(exp.feedback if check is None else exp.checks.get(check),
                                                          plan.scenarios, check),
                      baseline=by_scenario(exp.baseline_feedback, plan.scenarios, check), checks=checks,
-                     wall_s=exp.cost.wall_s, e2e_runs=exp.cost.e2e_runs, probe_runs=exp.cost.probe_runs)
+                     wall_s=exp.cost.wall_s, e2e_runs=exp.cost.e2e_runs, probe_runs=exp.cost.probe_runs,
+                     launches=exp.cost.launches)
 
 
 def most_promising_open(history: list[Experiment], best: Experiment) -> Experiment | None:
