@@ -27,7 +27,8 @@ them.  ``--batches one`` (default) keeps a comparison on consecutive cycles of o
 ``--judge-noise`` is the spread between processes the judge's interval adds over the
 batches behind each look (judge/process_noise.py): a number, or ``loo``, estimated from
 the restart blocks of the *other* trials (one-way random-effects ANOVA, as
-``infra-agent calibrate``), never from the comparison it judges.
+``infra-agent calibrate``, and used only where its F test shows a spread, as ``run
+--process-noise auto`` does), never from the comparison it judges.
 
 **Simulation** (``--synthetic SD``): the same on log-normal pairs of spread ``SD`` (per-pair
 log ratio), plus an offset of spread ``--process-noise`` redrawn every batch (two fresh
@@ -48,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from infra_agent.judge.process_noise import shows_spread
 from infra_agent.judge.sequential import SequentialDesign
 from infra_agent.stats.intervals import log_ratio_interval
 from infra_agent.stats.process_noise import between_process_spread
@@ -127,9 +129,12 @@ def fresh_batches(blocks: list[tuple[int, np.ndarray, np.ndarray]], n: int, batc
 
 
 def loo_tau(blocks: list[tuple[int, np.ndarray, np.ndarray]], leave_out: set[int]) -> float:
-    """The spread between processes from the restart blocks of the trials not in ``leave_out``."""
+    """The spread between processes from the restart blocks of the trials not in ``leave_out``,
+    used as the loop's ``--process-noise auto`` uses a calibration: only where its F test
+    shows a spread (judge/process_noise.py ``shows_spread``)."""
     logs = [list(np.log(a2 / a)) for t, a, a2 in blocks if t not in leave_out]
-    return between_process_spread(logs).tau
+    spread = between_process_spread(logs)
+    return spread.tau if shows_spread(None if math.isnan(spread.p) else spread.p) else 0.0
 
 
 def synthetic_blocks(sd: float, tau: float, n: int, count: int, seed: int,

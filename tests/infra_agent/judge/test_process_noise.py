@@ -14,6 +14,7 @@ from infra_agent.judge.process_noise import (
     ProcessNoise,
     parse_setting,
     resolve,
+    shows_spread,
     tau_for,
 )
 from infra_agent.judge.sample_plan import Noise, plan_sample
@@ -91,15 +92,18 @@ def test_the_plan_needs_more_pairs_in_more_batches_and_says_why() -> None:
     assert sp.as_dict()["process_noise"] == 0.03
 
 
-def _calibration(hostname: str | None = None) -> NoiseCalibration:
+def _calibration(hostname: str | None = None, p_ttft: float = 0.001) -> NoiseCalibration:
     here = Machine.here()
+
+    def metric(tau: float, p: float) -> MetricNoise:
+        return MetricNoise(tau=tau, within_sd=0.06, f=3.0, df=(5, 12), p=p, blocks=6, pairs=18)
+
     return NoiseCalibration(scenario="chat", machine=Machine(hostname=hostname or here.hostname,
                                                              usable_cpus=here.usable_cpus),
                             blocks=6, pairs_per_block=3,
-                            metrics={"output_throughput": MetricNoise(tau=0.02, within_sd=0.06, df=(5, 12), blocks=6,
-                                                                      pairs=18),
-                                     "median_ttft_ms": MetricNoise(tau=0.05, within_sd=0.1, df=(5, 12), blocks=6,
-                                                                   pairs=18)})
+                            metrics={"output_throughput": metric(0.02, 0.01), "median_ttft_ms": metric(0.05, p_ttft),
+                                     # an estimate its F test does not back: the blocks may not differ at all
+                                     "p99_ttft_ms": metric(0.08, 0.4)})
 
 
 def test_resolve_reads_this_machines_calibration(tmp_path: Path) -> None:
@@ -108,7 +112,8 @@ def test_resolve_reads_this_machines_calibration(tmp_path: Path) -> None:
     assert load(tmp_path) == _calibration().model_copy(update={"measured_at": load(tmp_path).measured_at})
     noise = resolve(tmp_path, "auto")
     assert noise is not None and noise.tau("output_throughput") == 0.02
-    assert noise.tau("p99_ttft_ms") == 0.05  # not calibrated: the largest spread measured
+    assert noise.tau("p99_ttft_ms") == 0.0  # F test p = 0.4: no spread shown, none added
+    assert noise.tau("mean_itl_ms") == 0.05  # not calibrated: the largest spread shown
     assert tau_for(noise.after(3), "median_ttft_ms") == (0.05, 3) and tau_for(None, "x") == (0.0, 1)
     assert resolve(tmp_path, "off") is None
     fixed = resolve(tmp_path, 0.04)
@@ -116,6 +121,15 @@ def test_resolve_reads_this_machines_calibration(tmp_path: Path) -> None:
     save(tmp_path, _calibration("another-host"))
     notes: list[str] = []
     assert resolve(tmp_path, "auto", notes) is None and "another-host" in notes[0]
+
+
+def test_a_calibration_that_shows_no_spread_adds_none(tmp_path: Path) -> None:
+    cal = _calibration(p_ttft=0.3)
+    cal.metrics["output_throughput"] = cal.metrics["output_throughput"].model_copy(update={"p": 0.85})
+    save(tmp_path, cal)
+    notes: list[str] = []
+    assert resolve(tmp_path, "auto", notes) is None and "found no spread" in notes[0]
+    assert shows_spread(None) and shows_spread(0.049) and not shows_spread(0.05)
 
 
 def test_a_damaged_calibration_is_an_error_naming_the_file(tmp_path: Path) -> None:
