@@ -69,18 +69,21 @@ def _default_scenario(ws: Any) -> str:
 
 
 def _render(console: Console, cal: NoiseCalibration, path: str) -> None:
+    from infra_agent.judge.process_noise import SPREAD_P, shows_spread
     from infra_agent.judge.sequential import detectable_effect
 
     table = Table(title=f"spread between fresh server processes, scenario {cal.scenario} "
                         f"({cal.blocks} blocks x {cal.pairs_per_block} windows)")
-    for col in ("metric", "tau (between processes)", "within a process pair", "F", "p", "one batch detects"):
+    for col in ("metric", "tau (between processes)", "within a process pair", "F", "p", "the loop adds",
+                "one batch detects"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for name, m in cal.metrics.items():
         # What one batch of the loop (one fresh process pair, pairs_per_block windows) can decide at 90% power.
-        sd_eff = math.sqrt(m.within_sd ** 2 + cal.pairs_per_block * m.tau ** 2)
-        mde = detectable_effect(sd_eff, cal.pairs_per_block)
+        tau = m.tau if shows_spread(m.p) else 0.0
+        mde = detectable_effect(m.within_sd, cal.pairs_per_block, process_noise=tau, batch=cal.pairs_per_block)
         table.add_row(name, f"{m.tau:.2%}", f"{m.within_sd:.2%}", "-" if m.f is None else f"{m.f:.2f}",
-                      "-" if m.p is None else f"{m.p:.2f}", f">= {mde:.1%}" if math.isfinite(mde) else "-")
+                      "-" if m.p is None else f"{m.p:.2f}", f"{tau:.2%}" if tau else f"none (p >= {SPREAD_P:g})",
+                      f">= {mde:.1%}" if math.isfinite(mde) else "-")
     console.print(table)
     load = f"load {cal.load_before} -> {cal.load_after}" if cal.load_before is not None else "load unknown"
     console.print(f"{cal.wall_s:.0f} s on {cal.machine.hostname} ({cal.machine.usable_cpus} usable CPUs), {load}; "
