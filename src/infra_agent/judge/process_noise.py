@@ -82,6 +82,9 @@ def resolve(root: Path, setting: Setting | None, say: list[str] | None = None) -
         return ProcessNoise(default=value, source="--process-noise") if value > 0 else None
     cal = load(root)  # a damaged file raises ConfigError naming it
     if cal is None:
+        if say is not None:
+            say.append("process noise: not calibrated for this workspace (`infra-agent calibrate`); the interval "
+                       "counts only the pairs' own spread")
         return None
     here = Machine.here()
     if cal.machine.hostname != here.hostname or cal.machine.usable_cpus != here.usable_cpus:

@@ -107,7 +107,9 @@ def _calibration(hostname: str | None = None, p_ttft: float = 0.001) -> NoiseCal
 
 
 def test_resolve_reads_this_machines_calibration(tmp_path: Path) -> None:
-    assert resolve(tmp_path, "auto") is None  # nothing calibrated: no term
+    said: list[str] = []
+    assert resolve(tmp_path, "auto", said) is None  # nothing calibrated: no term, and the run says so
+    assert "not calibrated for this workspace" in said[0]
     save(tmp_path, _calibration())
     assert load(tmp_path) == _calibration().model_copy(update={"measured_at": load(tmp_path).measured_at})
     noise = resolve(tmp_path, "auto")
