@@ -145,6 +145,9 @@ class Loop:
             self.progress.line(note)
         if self.noise is not None:
             self.progress.line(self.noise.text())
+        if getattr(self.executor, "pool", None) is not None:
+            self.progress.line("servers: a configuration's server is kept up across experiments and batches for knob "
+                               "changes (no spread between fresh servers to average out)")
         try:
             if not run_baseline(self):
                 return self.run

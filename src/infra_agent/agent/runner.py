@@ -84,6 +84,8 @@ class RunOptions(BaseModel):
     executor: Literal["local", "ray"] = "local"
     # The spread between fresh server processes the judge adds (judge/process_noise.py): auto = calibrated.
     process_noise: Annotated[float, Field(ge=0, lt=1)] | Literal["auto", "off"] = "auto"
+    # Keep servers up across experiments for knob changes where that is sound (executors/server_pool.py).
+    reuse_servers: Literal["auto", "off"] = "auto"
     address: str | None = Field(None, description="the Ray cluster to join (--executor ray); None: a local instance")
     task_cpus: float | None = Field(None, gt=0, description="CPUs per experiment task (--executor ray)")
     task_gpus: float | None = Field(None, ge=0, description="GPUs per experiment task (--executor ray)")

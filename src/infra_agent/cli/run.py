@@ -66,6 +66,9 @@ def register(app: typer.Typer) -> None:
                                           "the judge adds over each experiment's batches: auto (the workspace's "
                                           "`infra-agent calibrate` on this machine, else none), off, or a fraction "
                                           "such as 0.02."),
+        reuse_servers: str = typer.Option("auto", "--reuse-servers", help="Keep a configuration's server up across "
+                                          "experiments and batches for knob changes: auto (where the workspace's "
+                                          "calibration shows no spread between fresh servers) or off."),
         no_report: bool = typer.Option(False, "--no-report", help="Do not write the HTML/Markdown report."),
         as_json: bool = typer.Option(False, "--json", help="Print the run record as JSON on stdout (progress goes to stderr)."),
     ) -> None:
@@ -95,7 +98,8 @@ def register(app: typer.Typer) -> None:
                                 seed=seed, blind=blind, model=model, base_url=base_url, probe_timeout_s=probe_timeout_s,
                                 confirm=not no_confirm, top_up=not no_top_up, look_again=not no_look_again,
                                 keep_going=keep_going, executor=executor, address=address, task_cpus=task_cpus,
-                                task_gpus=task_gpus, process_noise=parse_setting(process_noise))
+                                task_gpus=task_gpus, process_noise=parse_setting(process_noise),
+                                reuse_servers=reuse_servers)
             _check_proposer_options(proposer, {"playbook": playbook, "model": model, "base_url": base_url, "blind": blind})
             _check_ray_options(executor, {"--address": address, "--task-cpus": task_cpus, "--task-gpus": task_gpus})
             from infra_agent.agent.executors.factory import check_executor

@@ -116,6 +116,30 @@ def shows_spread(p: float | None) -> bool:
     return p is None or p < SPREAD_P
 
 
+def reuse_servers(root: Path, setting: Setting | None) -> tuple[bool, str]:
+    """Whether batches may share server processes (agent/executors/server_pool.py), and why.
+
+    Reuse keeps one process pair for every batch of an experiment, so an offset between
+    processes would never average out: it is sound only where there is none to average.
+    That takes evidence: this machine's calibration showing no spread for any metric, or
+    ``--process-noise off`` (the user's word that there is none)."""
+    value = parse_setting(setting)
+    if value == "off":
+        return True, "--process-noise off"
+    if isinstance(value, float):
+        return (value == 0.0), f"--process-noise {value:g}"
+    cal = load(root)
+    if cal is None:
+        return False, "no process-noise calibration (`infra-agent calibrate`)"
+    here = Machine.here()
+    if cal.machine.hostname != here.hostname or cal.machine.usable_cpus != here.usable_cpus:
+        return False, "the process-noise calibration is from another machine"
+    shown = sorted(name for name, m in cal.metrics.items() if m.tau > 0 and shows_spread(m.p))
+    if shown:
+        return False, f"the calibration shows a spread between fresh servers ({', '.join(shown[:3])})"
+    return True, f"the calibration shows no spread between fresh servers ({cal.blocks} x {cal.pairs_per_block} A/A)"
+
+
 def tau_for(noise: ProcessNoise | None, metric: str) -> tuple[float, int]:
     """(tau, restarts) for ``metric`` (no term: (0, 1))."""
     if noise is None:
@@ -123,4 +147,5 @@ def tau_for(noise: ProcessNoise | None, metric: str) -> tuple[float, int]:
     return noise.tau(metric), noise.restarts
 
 
-__all__ = ["SPREAD_P", "ProcessNoise", "Setting", "parse_setting", "resolve", "shows_spread", "tau_for"]
+__all__ = ["SPREAD_P", "ProcessNoise", "Setting", "parse_setting", "resolve", "reuse_servers", "shows_spread",
+           "tau_for"]

@@ -19,7 +19,7 @@ def make_executor(ws: Workspace, run_id: str, opts: Any, ledger: Any | None = No
     common: dict[str, Any] = {"pairs": opts.pairs, "timeout_s": opts.probe_timeout_s, "check_timeout_s": opts.check_timeout_s,
                               "max_foreign_cpu": getattr(opts, "max_foreign_cpu", "default")}
     if getattr(opts, "executor", "local") != "ray":
-        return LocalExecutor(ws, run_id, **common)
+        return LocalExecutor(ws, run_id, reuse_servers=reuse_allowed(ws, opts)[0], **common)
     from infra_agent.agent.executors.ray_executor import (
         LOST_STATE,
         RayExecutor,
@@ -38,6 +38,17 @@ def make_executor(ws: Workspace, run_id: str, opts: Any, ledger: Any | None = No
 
     return RayExecutor(ws, run_id, address=opts.address, resources=TaskResources(cpus=opts.task_cpus, gpus=opts.task_gpus),
                        record=record, lost=lost, **common)
+
+
+def reuse_allowed(ws: Workspace, opts: Any) -> tuple[bool, str]:
+    """Whether the local executor keeps servers across experiments (``--reuse-servers``), and why."""
+    if getattr(opts, "reuse_servers", "auto") == "off":
+        return False, "--reuse-servers off"
+    if getattr(opts, "executor", "local") == "ray":
+        return False, "the Ray executor launches per task"
+    from infra_agent.judge.process_noise import reuse_servers
+
+    return reuse_servers(ws.root, getattr(opts, "process_noise", "auto"))
 
 
 def check_executor(opts: Any) -> None:

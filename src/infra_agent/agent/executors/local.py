@@ -25,6 +25,7 @@ from infra_agent.agent.executors.base import Execution, Executor, OnEvent, Refus
 from infra_agent.agent.executors.cleanup import kill_marked
 from infra_agent.agent.executors.jobs import ProbeTimeout, run_job
 from infra_agent.agent.executors.protect import check_changes, check_judge_files
+from infra_agent.agent.executors.server_pool import ServerPool
 from infra_agent.agent.executors.shadowing import check_knob_env, check_shadowing
 from infra_agent.agent.executors.worktree import (
     PatchRejected,
@@ -33,11 +34,11 @@ from infra_agent.agent.executors.worktree import (
     repo_root,
 )
 from infra_agent.agent.planner import Plan
-from infra_agent.errors import InfraAgentError
+from infra_agent.errors import InfraAgentError, ServerExitedEarly
 from infra_agent.feedback import Feedback
 from infra_agent.records import Experiment
 from infra_agent.workspace import WORKSPACE_FILE
-from infra_agent.workspace.models import Workspace
+from infra_agent.workspace.models import ServerTargetSpec, Workspace
 
 # Built-in probes that take everything from their rendered config (never ``ctx.knobs``):
 # their cached runs are shared across knob values that render the same config.
@@ -49,7 +50,7 @@ class LocalExecutor(Executor):
 
     def __init__(self, workspace: Workspace, run_id: str, *, pairs: int = 3, timeout_s: float = 900.0,
                  check_timeout_s: float = 300.0, percentiles: list[float] | None = None,
-                 max_foreign_cpu: float | None | str = "default") -> None:
+                 max_foreign_cpu: float | None | str = "default", reuse_servers: bool = False) -> None:
         self.ws = workspace
         self.run_id = run_id
         self.pairs = pairs
@@ -74,6 +75,8 @@ class LocalExecutor(Executor):
         # Server processes the jobs started (each job's result says how many): an execution's
         # launches are the difference across it.
         self.launched = 0
+        # Servers kept up across experiments for knob changes (executors/server_pool.py).
+        self.pool = ServerPool() if reuse_servers and isinstance(workspace.target, ServerTargetSpec) else None
 
     # ------------------------------------------------------------ worktrees
 
@@ -186,6 +189,53 @@ class LocalExecutor(Executor):
         self._check_cache.setdefault(key, (exp_id, fb))
         self._note_judge_files(check_name, fb)
 
+    def _attach(self, sides: dict[str, tuple[Path, dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Kept servers for the sides that run the user's tree (``{side: info}``), and the
+        candidate's refusal if its server refused to start.  Sides of one configuration,
+        or a job with a side in a worktree, launch their own and stop the kept ones."""
+        if self.pool is None:
+            return {}, None
+        from infra_agent.serving.runner import default_log_dir
+
+        values = {side: self.ws.resolve_knobs(knobs) for side, (d, knobs) in sides.items()}
+        keys = {side: self.pool.key(self.ws, v) for side, v in values.items()}
+        if any(d.resolve() != self.ws.root.resolve() for d, _ in sides.values()) or len(set(keys.values())) < len(keys):
+            self.pool.retain(set())
+            return {}, None
+        out: dict[str, Any] = {}
+        for side in sorted(values):  # "a" first: the parent's server, then the candidate's
+            before = self.pool.launches
+            try:
+                _, server = self.pool.acquire(self.ws, values[side], set(keys.values()), default_log_dir(self.ws))
+            except ServerExitedEarly as exc:
+                if side != "b" or not exc.refused:
+                    raise
+                return out, {"server": exc.name, "exit_code": exc.exit_code, "reason": exc.reason,
+                             "log_path": exc.log_path, "error": str(exc)}
+            finally:
+                self.launched += self.pool.launches - before
+            out[side] = ServerPool.attach_info(server)
+        return out, None
+
+    def _pooled_job(self, exp_id: str, job: dict[str, Any], sides: dict[str, tuple[Path, dict[str, Any]]],
+                    on_event: OnEvent | None, what: str) -> dict[str, Any]:
+        """A serving job on kept servers where it may; run once more on fresh ones if a kept
+        server died during it (its windows are not the configuration's)."""
+        for attempt in (1, 2):
+            attach, refused = self._attach(sides)
+            if refused is not None:
+                return {"a": {}, "b": {}, "error": refused.pop("error"), "refused": refused}
+            out = self._job(exp_id, {**job, "attach": attach}, self.timeout_s, on_event, what)
+            dead = [side for side in attach if self.pool is not None
+                    and self.pool.dead(self.pool.key(self.ws, self.ws.resolve_knobs(sides[side][1])))]
+            if not (out.get("error") and dead) or attempt == 2:
+                return out
+            for side in dead:
+                assert self.pool is not None
+                self.pool.drop(self.pool.key(self.ws, self.ws.resolve_knobs(sides[side][1])))
+                self.pool.restarts += 1
+        raise AssertionError("unreachable")
+
     def _load_key(self) -> dict[str, Any]:
         """The job's re-run threshold for loaded windows (absent: the worker's default)."""
         return {} if self.max_foreign_cpu == "default" else {"max_foreign_cpu": self.max_foreign_cpu}
@@ -207,11 +257,11 @@ class LocalExecutor(Executor):
                 ex.probe_runs += 1
             if scenarios:
                 source = self.ws.source if ws_dir == self.ws.root and self.ws.source else ws_dir / self._yaml_name
-                out = self._job(exp.id, {"kind": "repeat", "workspace": str(source), "knobs": exp.knobs,
-                                         "scenarios": scenarios, "repeats": repeats, "percentiles": self.percentiles,
-                                         **self._load_key(),
-                                         "result_metrics": result_metrics}, self.timeout_s, on_event,
-                                "serving windows")
+                out = self._pooled_job(exp.id, {"kind": "repeat", "workspace": str(source), "knobs": exp.knobs,
+                                                "scenarios": scenarios, "repeats": repeats,
+                                                "percentiles": self.percentiles, **self._load_key(),
+                                                "result_metrics": result_metrics}, {"b": (ws_dir, exp.knobs)},
+                                       on_event, "serving windows")
                 ex.candidate = _feedbacks(out.get("b", {}))
                 ex.e2e_runs += sum(len(v) for v in ex.candidate.values())
                 if out.get("error"):
@@ -248,12 +298,14 @@ class LocalExecutor(Executor):
                 ex.candidate[plan.check] = [self._probe(exp.id, b_dir, plan.check, exp.knobs, extra, on_event)]
                 ex.probe_runs += 2
             else:
-                out = self._job(exp.id, {"kind": "ab", "probe": plan.probe.name, "config": plan.probe.config, "workspace_a": str(a_dir / self._yaml_name),
-                                         "workspace_b": str(b_dir / self._yaml_name), "knobs_a": best.knobs,
-                                         "knobs_b": exp.knobs, "scenarios": plan.scenarios, "pairs": self.pairs,
-                                         "percentiles": self.percentiles, "result_metrics": plan.result_metrics,
-                                         **self._load_key()},
-                                self.timeout_s, on_event, f"interleaved A/B on {', '.join(plan.scenarios)}")
+                out = self._pooled_job(exp.id, {"kind": "ab", "probe": plan.probe.name, "config": plan.probe.config,
+                                                "workspace_a": str(a_dir / self._yaml_name),
+                                                "workspace_b": str(b_dir / self._yaml_name), "knobs_a": best.knobs,
+                                                "knobs_b": exp.knobs, "scenarios": plan.scenarios, "pairs": self.pairs,
+                                                "percentiles": self.percentiles, "result_metrics": plan.result_metrics,
+                                                **self._load_key()},
+                                       {"a": (a_dir, best.knobs), "b": (b_dir, exp.knobs)}, on_event,
+                                       f"interleaved A/B on {', '.join(plan.scenarios)}")
                 ex.baseline, ex.candidate = _feedbacks(out.get("a", {})), _feedbacks(out.get("b", {}))
                 ex.e2e_runs = sum(len(v) for v in ex.baseline.values()) + sum(len(v) for v in ex.candidate.values())
                 ex.probe_runs += ex.e2e_runs
@@ -304,6 +356,10 @@ class LocalExecutor(Executor):
     def cleanup(self, exp_ids: list[str] | None = None) -> list[str]:
         """Kill marked processes and remove worktrees; returns what was found."""
         found: list[str] = []
+        if self.pool is not None and exp_ids is None:
+            kept = self.pool.close()
+            if kept:
+                found.append(f"{kept} server(s) kept across experiments")
         prefix = f"{self.run_id}/" if exp_ids is None else None
         for p in ([prefix] if prefix else [f"{self.run_id}/{e}" for e in exp_ids or []]):
             n = kill_marked(p)

@@ -79,8 +79,6 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
     from infra_agent.probes.base import ProbeContext, get_probe
     from infra_agent.probes.workspace_checks import load_workspace
     from infra_agent.serving.interleave import pair_order
-    from infra_agent.serving.runner import default_log_dir
-    from infra_agent.target import open_target
 
     ws = {"a": load_workspace(job["workspace_a"]), "b": load_workspace(job["workspace_b"])}
     knobs = {side: ws[side].resolve_knobs(job[f"knobs_{side}"]) for side in ("a", "b")}
@@ -98,7 +96,7 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
         for side in ("a", "b"):
             _event(event="start", side=side)
             try:
-                targets[side] = stack.enter_context(open_target(ws[side], knobs[side], default_log_dir(ws[side])))
+                targets[side] = stack.enter_context(_target(job, side, ws[side], knobs[side]))
             except ServerExitedEarly as exc:
                 if side != "b" or not exc.refused:
                     raise  # the parent's configuration ran before: its failure is not a refusal
@@ -128,8 +126,6 @@ def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
     from infra_agent.probes.base import ProbeContext
     from infra_agent.probes.serving import ServingProbe
     from infra_agent.probes.workspace_checks import load_workspace
-    from infra_agent.serving.runner import default_log_dir
-    from infra_agent.target import open_target
 
     ws = load_workspace(job["workspace"])
     knobs = ws.resolve_knobs(job.get("knobs") or {})
@@ -138,7 +134,7 @@ def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
     limit = _limit(job)
     discarded: list[dict[str, Any]] = []
     _event(event="start", side="b")
-    with open_target(ws, knobs, default_log_dir(ws)) as target:
+    with _target(job, "b", ws, knobs) as target:
         for scenario in job["scenarios"]:
             for i in range(int(job["repeats"])):
 
@@ -153,6 +149,21 @@ def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
                     return {"b": out, "discarded": discarded, "max_foreign_cpu": limit,
                             "error": f"scenario {scenario} failed: {fb.error}"}
     return {"b": out, "discarded": discarded, "max_foreign_cpu": limit}
+
+
+def _target(job: dict[str, Any], side: str, ws: Any, knobs: dict[str, Any]) -> Any:
+    """The side's server: the one the loop keeps up for it (``job["attach"]``), else launched here."""
+    from infra_agent.serving.runner import default_log_dir
+    from infra_agent.target import open_target
+
+    info = (job.get("attach") or {}).get(side)
+    if info is None:
+        return open_target(ws, knobs, default_log_dir(ws))
+    from infra_agent.safety import workspace_secrets
+    from infra_agent.target.attached import AttachedServer
+
+    return AttachedServer.from_job(ws.target, info, file=str(ws.source) if ws.source else None,
+                                   secrets=workspace_secrets(ws))
 
 
 def _refused(exc: ServerExitedEarly) -> dict[str, Any]:
