@@ -31,6 +31,7 @@ from enum import Enum
 
 from infra_agent.records import (
     COUNT_METRICS,
+    EXACT_COUNT,
     Experiment,
     GateResult,
     RunRecord,
@@ -80,7 +81,9 @@ def describe_gate(g: GateResult) -> str:
     verb = {"fail": "fails", "inconclusive": "is inconclusive", "error": "could not be measured"}.get(g.outcome,
                                                                                                     f"is {g.outcome}")
     parts = []
-    if g.value is not None:
+    if g.value is not None and g.interval == EXACT_COUNT:
+        parts.append(f"{g.value:.3g}, {EXACT_COUNT}")  # not a zero-width interval: a count is exact
+    elif g.value is not None:
         parts.append(f"{g.value:.3g}" + (f" [{g.low:.3g}, {g.high:.3g}]" if g.low is not None and g.high is not None else ""))
     if g.outcome == "inconclusive" and g.more_samples:
         parts.append(f"~{g.more_samples} more samples")

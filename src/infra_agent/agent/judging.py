@@ -23,12 +23,22 @@ def commit_message(exp: Experiment) -> str:
     lines = [f"infra-agent {exp.id}: {h.statement}"[:200], "",
              f"Hypothesis: {h.metric} {'rises' if h.direction == 'higher' else 'falls'} by >= {h.min_effect:g}"
              + (f" in scenario {h.scenario}" if h.scenario else ""),
-             f"Verdict: {v.outcome if v else exp.status}" + (f", effect {v.effect:.4g} [{v.low:.4g}, {v.high:.4g}] ({v.interval})"
-                                                              if v and v.effect is not None and v.low is not None and v.high is not None else ""),
+             f"Verdict: {v.outcome if v else exp.status}" + _effect(exp),
              f"Run: {exp.run_id}, parent {exp.parent}"]
     if v:
         lines += [f"Gate {g.name}: {g.outcome}" for g in v.gates if g.kind != "hypothesis"]
     return "\n".join(lines)
+
+
+def _effect(exp: Experiment) -> str:
+    from infra_agent.judge.effect_text import count_move, effect_text
+
+    v = exp.verdict
+    if count_move(exp) is not None:  # a count's move, not a ratio-style "effect 0 [0, 0]"
+        return f", {effect_text(exp)}"
+    if v and v.effect is not None and v.low is not None and v.high is not None:
+        return f", effect {v.effect:.4g} [{v.low:.4g}, {v.high:.4g}] ({v.interval})"
+    return ""
 
 
 __all__ = ["commit_message", "failure_finding"]

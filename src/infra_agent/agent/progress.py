@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from infra_agent.records import Experiment, GateResult
+from infra_agent.records import EXACT_COUNT, Experiment, GateResult
 from infra_agent.safety import scrub_text
 
 _COLOUR = {"pass": "green", "fail": "red", "inconclusive": "yellow", "error": "red", "skipped": "dim",
@@ -29,7 +29,7 @@ def gate_table(gates: list[GateResult], title: str = "gates") -> Table:
         t.add_column(col)
     for g in gates:
         val = "-" if g.value is None else f"{g.value:.4g}"
-        if g.low is not None and g.high is not None and g.interval not in ("", "exact count"):
+        if g.low is not None and g.high is not None and g.interval not in ("", EXACT_COUNT):
             val += f" [{g.low:.4g}, {g.high:.4g}]"
         t.add_row(g.name, g.gate, Text(g.outcome, style=_COLOUR.get(g.outcome, "")), val, g.measured_in or "-")
     return t

@@ -139,6 +139,8 @@ def _default_metrics(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]])
 
 
 def render_comparison(comp: Comparison, console: Console, a: Path, b: Path, warnings: list[str] | None = None) -> None:
+    from infra_agent.judge.verdict import PER_REQUEST_LABEL
+
     table = Table(title=f"{b.name} vs {a.name} (ratio = B/A)")
     for col, just in (("metric", "left"), ("A", "right"), ("B", "right"), ("ratio", "right"), ("95% CI", "right"), ("from", "left")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
@@ -162,7 +164,9 @@ def render_comparison(comp: Comparison, console: Console, a: Path, b: Path, warn
     for v in comp.verdicts:
         color = _COLOR[v.outcome]
         line = f"[{color}]{v.outcome.upper()}[/] {escape(v.gate)}: {escape(v.message)}"
-        if v.more_samples is not None and v.low is not None:
+        # A per-request interval decides nothing however many requests: its verdict already
+        # asks for runs ("2 more each"), and more requests would not decide it.
+        if v.more_samples is not None and v.low is not None and PER_REQUEST_LABEL not in v.message:
             line += f"; about {v.more_samples} more samples would likely decide it"
         console.print(line, highlight=False)
 

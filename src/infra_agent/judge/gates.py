@@ -40,6 +40,7 @@ from infra_agent.judge.pooling import hard_failure, statistic_of
 from infra_agent.judge.process_noise import ProcessNoise, tau_for
 from infra_agent.records import (
     COUNT_METRICS,
+    EXACT_COUNT,
     GateResult,
     GateSpec,
     Hypothesis,
@@ -276,5 +277,5 @@ def _count_outcome(h: Hypothesis, candidate: Sequence[Feedback], baseline: Seque
     msg = f"{h.metric}: baseline {base:g} -> candidate {cand:g} (exact count, no interval needed)"
     res = GateResult(name="hypothesis", gate=label, kind="hypothesis", spec=h.gate_spec(), outcome="pass" if ok else "fail",
                      value=cand,
-                     low=cand, high=cand, interval="exact count", message=msg, measured_in=measured_in)
+                     low=cand, high=cand, interval=EXACT_COUNT, message=msg, measured_in=measured_in)
     return ("supported" if ok else "refuted"), res

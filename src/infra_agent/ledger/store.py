@@ -28,6 +28,7 @@ from infra_agent.ledger import codec, schema
 from infra_agent.ledger.costs import ProbeCost, probe_costs
 from infra_agent.ledger.errors import LedgerError
 from infra_agent.records import FINISHED, Experiment, RunRecord
+from infra_agent.vocabulary import FindingKind
 
 log = logging.getLogger(__name__)
 
@@ -280,11 +281,15 @@ class Ledger:
 
         A rejected experiment is left out: it stopped before its probe's work (a patch that did
         not apply, a cheap gate that failed before any e2e run), so its 0.1 s would price an
-        e2e probe that really takes ~30 s as nearly free."""
+        e2e probe that really takes ~30 s as nearly free.  So is one whose server refused its
+        configuration (agent/refused.py): it ends ``done``, but after a launch that failed in
+        seconds, with no benchmark run."""
         counted = tuple(sorted(FINISHED - {"rejected"}))
         marks = ", ".join("?" * len(counted))
-        rows = self._read(f"SELECT probe, tier, wall_s FROM experiments WHERE probe IS NOT NULL AND tier IS NOT "
-                          f"NULL AND status IN ({marks})", counted)
+        rows = self._read(f"SELECT probe, tier, wall_s FROM experiments AS e WHERE probe IS NOT NULL AND tier IS NOT "
+                          f"NULL AND status IN ({marks}) AND NOT EXISTS (SELECT 1 FROM findings AS f WHERE "
+                          f"f.run_id = e.run_id AND f.exp_id = e.id AND f.side = 'candidate' AND f.kind = ?)",
+                          (*counted, FindingKind.SERVER_REFUSED_CONFIG))
         return probe_costs((r["probe"], r["tier"], float(r["wall_s"])) for r in rows)
 
     # ---- proposer state ----------------------------------------------------------

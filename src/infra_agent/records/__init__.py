@@ -25,6 +25,7 @@ from infra_agent.records.experiment import (
 )
 from infra_agent.records.gate import (
     COUNT_METRICS,
+    EXACT_COUNT,
     GateKind,
     GateOutcome,
     GateResult,
@@ -35,6 +36,6 @@ from infra_agent.records.gate import (
 from infra_agent.records.loop_state import LoopState
 from infra_agent.records.run import RunRecord, RunStatus
 
-__all__ = ["COUNT_METRICS", "FINISHED", "Change", "Cost", "Direction", "Experiment", "GateKind", "GateOutcome",
+__all__ = ["COUNT_METRICS", "EXACT_COUNT", "FINISHED", "Change", "Cost", "Direction", "Experiment", "GateKind", "GateOutcome",
            "GateResult", "GateSpec", "Hypothesis", "LoopState", "Op", "ProbeCall", "RecordOutcome", "RunRecord", "RunStatus", "Status",
            "Step", "Verdict", "VerdictOutcome", "parse_gate_text"]

@@ -24,6 +24,9 @@ GateKind = Literal["absolute", "relative", "check", "hypothesis"]
 GateOutcome = Literal["pass", "fail", "inconclusive", "error", "skipped"]
 # Exact counts a check reports in Feedback.meta: compared exactly, as differences.
 COUNT_METRICS: frozenset[str] = frozenset({"failed_checks", "refused_entries", "timing_failures", "checked"})
+# The interval label of a count's gate: compared exactly, so its value has no interval
+# (the [0, 0] its low and high would make reads as a measured ratio).
+EXACT_COUNT = "exact count"
 
 _NUM = r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|inf)"
 # The labels the judge writes: "output_throughput>=300 @chat", "p99_ttft_ms<=1.1 @chat x baseline".

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra_agent.agent.conclusion import describe_gate, not_passing
-from infra_agent.records import Experiment, GateResult, RunRecord
+from infra_agent.judge.effect_text import count_move
+from infra_agent.records import EXACT_COUNT, Experiment, GateResult, RunRecord
 from infra_agent.report.decisions import Decision, Decisions, decision_of
 from infra_agent.report.fmt import fmt_duration, fmt_interval, fmt_num, fmt_time
 from infra_agent.report.noise import Noise, load_note, noise_of
@@ -156,8 +157,11 @@ class ReportModel:
 
 
 def _gate_cell(g: GateResult, s: Scrubber) -> GateCell:
-    return GateCell(outcome=g.outcome, value=fmt_num(g.value), interval=fmt_interval(g.low, g.high),
-                    label=s.text(g.interval), measured_in=s.text(g.measured_in), message=s.text(g.message))
+    # A count is compared exactly: its zero-width [0, 0] would read as a measured interval.
+    interval, label = (f"({EXACT_COUNT})", "") if g.interval == EXACT_COUNT else \
+        (fmt_interval(g.low, g.high), s.text(g.interval))
+    return GateCell(outcome=g.outcome, value=fmt_num(g.value), interval=interval,
+                    label=label, measured_in=s.text(g.measured_in), message=s.text(g.message))
 
 
 def _gate_rows(before: list[GateResult], after: list[GateResult], s: Scrubber) -> list[GateRow]:
@@ -259,11 +263,24 @@ def _probe_of(e: Experiment, s: Scrubber) -> tuple[str, str, str]:
             why + " + ".join(r for r in runs if r))
 
 
+def _effect(e: Experiment, s: Scrubber) -> tuple[str, str, str]:
+    """The verdict's effect, its interval and what that interval is.  A count shows its move
+    (``3 → 0``, exact), not a ratio-style ``0 [0, 0]`` that reads as "no change"."""
+    v = e.verdict
+    if v is None:
+        return "", "", ""
+    move = count_move(e)
+    if move is not None:
+        return move, f"({EXACT_COUNT})", ""
+    return fmt_num(v.effect), fmt_interval(v.low, v.high), s.text(v.interval)
+
+
 def _experiment_view(e: Experiment, depth: int, glyph: str, path: list[str], run: RunRecord, s: Scrubber,
                      decision: Decision | None) -> ExperimentView:
     h, v, c = e.hypothesis, e.verdict, e.cost
     findings, more = _findings(e, s)
     probe, probe_tier, probe_reason = _probe_of(e, s)
+    effect, effect_interval, effect_label = _effect(e, s)
     config = ""
     if e.probe is not None and e.probe.config:
         config = ", ".join(f"{k}={_knob_value(val)}" for k, val in s.data(e.probe.config).items())
@@ -275,8 +292,7 @@ def _experiment_view(e: Experiment, depth: int, glyph: str, path: list[str], run
         diff=s.text(e.change.diff) if e.change.diff and e.change.diff.strip() else "",
         description=s.text(e.change.description),
         probe=probe, probe_tier=probe_tier, probe_reason=probe_reason, probe_config=config,
-        verdict=v.outcome if v else "", effect=fmt_num(v.effect) if v else "",
-        effect_interval=fmt_interval(v.low, v.high) if v else "", effect_label=s.text(v.interval) if v else "",
+        verdict=v.outcome if v else "", effect=effect, effect_interval=effect_interval, effect_label=effect_label,
         verdict_message=s.text(v.message) if v else "",
         gates=[(s.text(g.gate or g.name), _gate_cell(g, s)) for g in (v.gates if v else [])],
         accepted=e.accepted, on_path=e.id in path, baseline=e.parent is None or e.id == run.baseline,

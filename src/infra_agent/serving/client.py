@@ -16,6 +16,7 @@ decides what a pattern of failures means (unreachable server, wrong protocol).
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import time
 from dataclasses import dataclass, field
@@ -27,7 +28,12 @@ from infra_agent.serving.timing import StreamClock
 
 Endpoint = Literal["completions", "chat"]
 # "empty": a well-formed stream that carried no token chunk at all (nothing to time a TTFT by).
-ErrorKind = Literal["", "connect", "timeout", "http", "protocol", "empty", "other"]
+# "client": this machine could not open the connection (out of file descriptors or local
+# ports): the server was never asked, so it says nothing about the server.
+ErrorKind = Literal["", "connect", "client", "timeout", "http", "protocol", "empty", "other"]
+
+# connect() errors that are this machine's limits, not the server's answer.
+_CLIENT_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
 
 _PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -167,6 +173,11 @@ async def send_request(client: aiohttp.ClientSession, base_url: str, req: Reques
                 return rec
             end = time.perf_counter()
     except aiohttp.ClientConnectorError as exc:
+        if getattr(exc.os_error, "errno", None) in _CLIENT_LIMITS:
+            rec.error, rec.error_kind = (f"this client could not open a connection to {url}: {exc} (a limit of this "
+                                         "machine's, not the server's: raise the open-file limit, ulimit -n, or lower "
+                                         "the concurrency)"), "client"
+            return rec
         rec.error, rec.error_kind = f"cannot connect to {url}: {exc}", "connect"
         return rec
     except asyncio.TimeoutError as exc:  # aiohttp's socket timeouts subclass it

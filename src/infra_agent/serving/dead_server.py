@@ -5,6 +5,10 @@ the load generator goes on "sending" every remaining request (19 207 of them onc
 seconds), each one a failure that says the same thing, and the result reads as a very
 bad server rather than a dead one.  A few refusals can happen on a live server (a full
 accept queue under a burst); a run of them with no success in between cannot.
+
+Only the server's answer counts: a connection this machine could not open (out of file
+descriptors under a burst, error kind ``client``) never reached the server, so it neither
+adds to the streak nor breaks it; counted, it stopped windows on live servers.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class RefusalStreak:
 
     def see(self, rec: RequestRecord) -> bool:
         """Record one finished request; True when the streak has just reached the limit."""
+        if rec.error_kind == "client":
+            return False
         if rec.error_kind == "connect":
             self.streak += 1
             self.last_error = rec.error

@@ -96,7 +96,9 @@ class MeasuredWindow:
             result["client_cpu_s"] = cpu
             result["client_cpu_share"] = cpu / max(end - self.window_start, 1e-9)
         if self.stopped:  # check_failed_fraction turns it into the run's error, unless a more specific one comes first
-            result["stopped"] = f"{self.stopped} after {sum(r is not None for r in self.records)} of {len(records)} requests"
+            # Those that had an answer (or an error) when it stopped; the rest carry STOPPED_BEFORE_AN_ANSWER.
+            ended = sum(r is not None and not r.error.startswith(STOPPED_BEFORE_AN_ANSWER) for r in self.records)
+            result["stopped"] = f"{self.stopped} after {ended} of {len(records)} requests"
         if self.server_metrics_error:
             # /metrics answered before the window and not after it: the server went away
             # or stopped answering, so the window's numbers are not to be trusted alone.

@@ -20,6 +20,7 @@ refused with a 400 naming the field, rather than being encoded with a replacemen
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -97,6 +98,10 @@ def _same(value: Any, neutral: Any) -> bool:
     return type(value) is type(neutral) and value == neutral
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
@@ -136,6 +141,10 @@ class _Body(BaseModel):
             value = data.get(name)
             if value is None or any(_same(value, v) for v in neutral):
                 continue
+            if isinstance(value, float) and not math.isfinite(value) and any(_is_number(v) for v in neutral):
+                # NaN equals no neutral value, so it would be answered "set it to 0": what is
+                # wrong with it is that it is no number, as for temperature and top_p.
+                raise bad_request(f"'{name}': Input should be a finite number", param=name, code="invalid_value")
             allowed = " or ".join(json.dumps(v) for v in neutral)
             raise bad_request(f"'{name}' is not supported by refstack; leave it out, or set it to null"
                               + (f" or {allowed}" if allowed else ""), param=name, code="unsupported_value")

@@ -57,7 +57,7 @@ def test_compare_single_runs_decide_nothing_unless_per_request(tmp_path: Path) -
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
     assert "INCONCLUSIVE median_ttft_ms<=1.1" in text and "describes these two runs only" in text
-    assert "FAIL" not in text
+    assert "FAIL" not in text and "more samples would likely decide it" not in text  # runs decide, not requests
     assert "INCONCLUSIVE output_throughput>=0.95" in text  # throughput has no per-request samples
     assert "per-request bootstrap: ignores between-run variance" in text
     data = json.loads(runner.invoke(app, [*args, "--per-request", "--json"]).stdout)

@@ -51,3 +51,36 @@ def test_a_ratio_prints_its_interval(tmp_path: Path) -> None:
     text = effect_text(exp)
     assert exp.verdict is not None and text.startswith("effect 1.2") and "[" in text
     assert text in _outcome(exp)
+
+
+def _count_fix(tmp_path: Path) -> Experiment:
+    def checks(n: int) -> Feedback:
+        return Feedback(probe="kernel-check", tier=Tier.check, ok=n == 0, meta={"failed_checks": n})
+
+    hyp = Hypothesis(statement="fp32 accumulation fixes the TP checks", metric="failed_checks", direction="lower",
+                     min_effect=1)
+    plan = Plan(probe=ProbeCall(name="kernel-check", tier=Tier.check), mode="pair", check="tp-checks")
+    exp = _judged(tmp_path, hyp, [checks(3)], [checks(0)], plan)
+    exp.status, exp.feedback, exp.probe = "done", checks(0), plan.probe
+    return exp
+
+
+def test_a_count_fix_in_the_mcp_and_llm_result_text_and_the_commit_message(tmp_path: Path) -> None:
+    # run_experiment's result (the MCP tool's text and the llm proposer's) and the accepted
+    # change's commit message printed "effect=0 [0, 0] (exact count)" for 3 -> 0.
+    from infra_agent.agent.conclusion import describe_gate
+    from infra_agent.agent.judging import commit_message
+    from infra_agent.agent.proposers.llm_prompt import experiment_result
+
+    exp = _count_fix(tmp_path)
+    assert exp.verdict is not None and exp.verdict.accepted
+    result = experiment_result(exp)
+    verdict_line = next(line for line in result.splitlines() if line.startswith("verdict:"))
+    assert verdict_line.startswith("verdict: SUPPORTED failed_checks 3 → 0 (exact count);"), verdict_line
+    hyp_gate = next(line for line in result.splitlines() if line.startswith("- hypothesis:"))
+    assert "value=0 (exact count)" in hyp_gate, hyp_gate
+    assert "[0, 0]" not in result
+    message = commit_message(exp)
+    assert "Verdict: supported, failed_checks 3 → 0 (exact count)" in message and "[0, 0]" not in message
+    gate = next(g for g in exp.verdict.gates if g.kind == "hypothesis")
+    assert describe_gate(gate) == "hypothesis is pass (0, exact count)"

@@ -130,6 +130,31 @@ def test_probe_costs_learn_from_finished_experiments_of_all_runs(ledger: Ledger,
                                     ("serve", "e2e"): ProbeCost(n=1, mean_s=30.0, median_s=30.0)}
 
 
+def test_probe_costs_leave_out_a_configuration_the_server_refused(ledger: Ledger, fx: ModuleType) -> None:
+    # A refused configuration ends "done" (refuted), but its server exited at start-up: its
+    # 2.5 s launch is not what an e2e benchmark of a configuration that runs costs.
+    from infra_agent.agent.executors.base import Refusal
+    from infra_agent.agent.planner import Plan
+    from infra_agent.agent.refused import record_refusal
+    from infra_agent.records import ProbeCall
+
+    ledger.create_run(fx.make_run("a"))
+    ledger.save_experiment(fx.make_experiment("a", 1, wall_s=30.0, probe="serving", tier="e2e"))
+    refused = fx.make_experiment("a", 2, wall_s=2.5, probe="serving", tier="e2e")
+    plan = Plan(probe=ProbeCall(name="serving", tier="e2e"), mode="ab", scenarios=["chat"])
+    record_refusal(refused, Refusal(server="refstack", exit_code=2, reason="error: --max-running must be >= 1"), plan,
+                   {"max_num_seqs": 64})
+    assert refused.status == "done" and refused.verdict is not None and refused.verdict.outcome == "refuted"
+    ledger.save_experiment(refused)
+    assert ledger.probe_costs() == {("serving", "e2e"): ProbeCost(n=1, mean_s=30.0, median_s=30.0)}
+    # A finding of that kind on the parent's side says nothing about the candidate's launch.
+    parent_side = fx.make_experiment("a", 3, wall_s=32.0, probe="serving", tier="e2e")
+    assert parent_side.baseline_feedback is not None
+    parent_side.baseline_feedback.findings = list(refused.feedback.findings) if refused.feedback else []
+    ledger.save_experiment(parent_side)
+    assert ledger.probe_costs()[("serving", "e2e")] == ProbeCost(n=2, mean_s=31.0, median_s=31.0)
+
+
 def test_state_is_json_per_run(ledger: Ledger, fx: ModuleType) -> None:
     ledger.create_run(fx.make_run("a"))
     ledger.create_run(fx.make_run("b"))

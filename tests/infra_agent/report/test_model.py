@@ -85,3 +85,41 @@ def test_the_baseline_card_names_the_runs_that_measured_it(run: RunRecord) -> No
     assert view.probe_reason == "the baseline's own measurement: 3 e2e run(s) + 1 check run(s)"
     md = render_markdown(run, [base])
     assert "**Probe:** not run" not in md and "3 e2e run(s)" in md
+
+
+def test_a_count_fix_shows_its_move_not_a_zero_interval(run: RunRecord, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # failed_checks 3 -> 0 was "effect 0 [0, 0]" on the card, the tree and the hypothesis gate.
+    from infra_agent.agent.executors.base import Execution
+    from infra_agent.agent.planner import Plan
+    from infra_agent.judge.accept import judge
+    from infra_agent.records import Hypothesis, ProbeCall
+    from infra_agent.report import render_html, render_markdown
+    from infra_agent.workspace import load_workspace
+
+    from ..agent.loop_workspace import make_workspace
+
+    def checks(n: int) -> Feedback:
+        return Feedback(probe="kernel-check", tier=Tier.check, ok=n == 0, meta={"failed_checks": n})
+
+    ws = load_workspace(make_workspace(tmp_path / "ws", criteria=[]))
+    plan = Plan(probe=ProbeCall(name="kernel-check", tier=Tier.check), mode="pair", check="tp-checks")
+    base = Experiment(id="e0", run_id=run.id, seq=0, role="baseline", proposer="-", status="done",
+                      hypothesis=Hypothesis(statement="baseline", metric="-", direction="higher"))
+    fix = Experiment(id="e1", run_id=run.id, seq=1, parent="e0", status="done", probe=plan.probe, feedback=checks(0),
+                     baseline_feedback=checks(3),
+                     hypothesis=Hypothesis(statement="fp32 accumulation fixes the TP checks", metric="failed_checks",
+                                           direction="lower", min_effect=1))
+    fix.verdict = judge(ws, fix, Execution(status="done", baseline={"tp-checks": [checks(3)]},
+                                           candidate={"tp-checks": [checks(0)]}), plan, {})
+    assert fix.verdict.outcome == "supported" and (fix.verdict.low, fix.verdict.high) == (0, 0)
+    run = run.model_copy(update={"baseline": "e0", "best": "e1"})
+    view = next(x for x in build_model(run, [base, fix]).experiments if x.id == "e1")
+    assert (view.effect, view.effect_interval, view.effect_label) == ("3 → 0", "(exact count)", "")
+    hyp_cell = next(c for name, c in view.gates if name == "failed_checks <= baseline - 1")
+    assert (hyp_cell.value, hyp_cell.interval) == ("0", "(exact count)")
+    md = render_markdown(run, [base, fix])
+    assert "- **Verdict:** ✓ supported, effect 3 → 0 (exact count), accepted" in md
+    assert "`failed_checks <= baseline - 1`: ✓ pass 0 (exact count) (in e1)" in md
+    assert "[0, 0]" not in md
+    html = render_html(run, [base, fix])
+    assert '<span class="num">3 → 0</span> <span class="ci">(exact count)</span>' in html and "[0, 0]" not in html

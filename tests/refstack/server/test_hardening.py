@@ -87,6 +87,25 @@ def test_a_non_finite_sampling_parameter_is_named_as_such(refstack_server: Any, 
     assert "finite number" in err["message"] and "less than" not in err["message"], err
 
 
+@pytest.mark.parametrize(("path", "param"), [
+    (COMPLETIONS, "presence_penalty"), (CHAT, "presence_penalty"), (COMPLETIONS, "frequency_penalty"),
+    (CHAT, "frequency_penalty"), (COMPLETIONS, "min_p"), (CHAT, "repetition_penalty"), (COMPLETIONS, "top_k"),
+    (COMPLETIONS, "n"), (COMPLETIONS, "best_of"),
+])
+@pytest.mark.parametrize("raw", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_value_of_an_unsupported_number_is_named_as_such(refstack_server: Any, path: str, param: str,
+                                                                      raw: str) -> None:
+    # NaN equals no neutral value, so these were answered "not supported ... set it to null
+    # or 0", as if a penalty of NaN were a setting refstack merely lacks.
+    prompt = b'"prompt": "hi"' if path == COMPLETIONS else b'"messages": [{"role": "user", "content": "hi"}]'
+    body = b'{%s, "max_tokens": 2, "%s": %s}' % (prompt, param.encode(), raw.encode())
+    err = assert_error(post_raw(refstack_server.url, path, body), 400, param, "invalid_value")
+    assert err["message"] == f"'{param}': Input should be a finite number", err
+    # A finite value that is not the neutral one is still the unsupported parameter it was.
+    finite = b'{%s, "max_tokens": 2, "%s": 0.5}' % (prompt, param.encode())
+    assert_error(post_raw(refstack_server.url, path, finite), 400, param, "unsupported_value")
+
+
 # ---- models (item 9): an unknown name is a 404; the served one and no model work ----
 
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])

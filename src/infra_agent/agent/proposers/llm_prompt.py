@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from infra_agent.agent.proposers.base import LoopState
+from infra_agent.judge.effect_text import count_move, effect_text, gate_estimate
 from infra_agent.records import Experiment, GateResult
 from infra_agent.safety import bound, scrub, secret_values
 
@@ -49,11 +50,7 @@ def _fmt(x: float | None) -> str:
 def render_gates(gates: Iterable[GateResult]) -> str:
     rows = []
     for g in gates:
-        est = ""
-        if g.value is not None:
-            est = f" value={_fmt(g.value)}"
-            if g.low is not None and g.high is not None:
-                est += f" [{_fmt(g.low)}, {_fmt(g.high)}]"
+        est = f" value={gate_estimate(g)}" if g.value is not None else ""
         more = f" (needs ~{g.more_samples} more samples)" if g.more_samples else ""
         msg = f" - {g.message}" if g.message else ""
         rows.append(f"- {g.name}: {g.gate} -> {g.outcome.upper()}{est}{more}{msg}")
@@ -146,7 +143,9 @@ def experiment_result(e: Experiment, limit: int = 8000, secrets: Iterable[str] =
     v = e.verdict
     if v is not None:
         eff = ""
-        if v.effect is not None:
+        if count_move(e) is not None:  # a count's move, not a ratio-style "effect=0 [0, 0]"
+            eff = f" {effect_text(e)}"
+        elif v.effect is not None:
             eff = f" effect={_fmt(v.effect)}"
             if v.low is not None and v.high is not None:
                 eff += f" [{_fmt(v.low)}, {_fmt(v.high)}]" + (f" ({v.interval})" if v.interval else "")
