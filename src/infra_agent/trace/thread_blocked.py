@@ -15,7 +15,12 @@ that explanation ahead of Nagle's algorithm when such a finding is present.
 from __future__ import annotations
 
 from infra_agent.feedback import Finding, Location
-from infra_agent.trace.thread_states import EVENT_LOOP, CallSite, ThreadStates, ThreadStatesReport
+from infra_agent.trace.thread_states import (
+    EVENT_LOOP,
+    CallSite,
+    ThreadStates,
+    ThreadStatesReport,
+)
 from infra_agent.vocabulary import FindingKind
 
 BLOCKED_SHARE_MIN = 0.2  # of the thread's sampled time, in calls other than its normal wait
