@@ -47,12 +47,14 @@ def _render_report(report: TimelineReport, fb: Any, con: Any) -> None:
         con.print(f"  {src['format']:7} {src['path']}  ({clock.get('how', '')})")
     for w in report.warnings:
         con.print(f"[yellow]warning:[/] {w}")
-    t = Table(title="threads", title_justify="left")
-    for col in ("thread", "busy ms", "idle ms", "waiting ms", "busy", "spans"):
-        t.add_column(col, justify="left" if col == "thread" else "right")
-    for th in report.threads:
-        t.add_row(th.thread, _ms(th.busy_us), _ms(th.idle_us), _ms(th.waiting_us), _pct(th.busy_share), str(th.spans))
-    con.print(t)
+    if report.threads:  # threads with spans; a server without spans has its thread states below
+        t = Table(title="threads", title_justify="left")
+        for col in ("thread", "busy ms", "idle ms", "waiting ms", "busy", "spans"):
+            t.add_column(col, justify="left" if col == "thread" else "right")
+        for th in report.threads:
+            t.add_row(th.thread, _ms(th.busy_us), _ms(th.idle_us), _ms(th.waiting_us), _pct(th.busy_share),
+                      str(th.spans))
+        con.print(t)
     if report.streams:
         t = Table(title="GPU streams (Kineto device events)", title_justify="left")
         for col in ("stream", "events", "busy ms", "of", "busy", "median us"):

@@ -14,7 +14,8 @@ Python server (ours with spans, or one we did not write):
 - **The source line.**  Calls into C (``time.sleep``, ``lock.acquire``, a raw
   ``sock.recv``, ``SimpleQueue.get``) leave no frame: the innermost frame is their
   caller, stopped on the line that calls them.  That line, read from the file the
-  frame names (the sampled process runs on this machine), says which call it is.
+  frame names (the sampled process runs on this machine), says which call it is.  A
+  line that awaits, and asyncio's own lines (its sockets never block), are no such call.
 
 The **call site** is the frame a person would change: the first frame outside the
 library chain (the handler that called ``Queue.get``), else the caller of the
@@ -175,7 +176,9 @@ def blocking_call(frames: Sequence[Frame], read_line: ReadLine | None = None) ->
         site_index = i if i >= 0 else max(matched - 1, 0)
         return Blocking(kind, frames[matched].name, frames[site_index], for_work, _outer(frames, site_index))
     leaf = frames[-1]
-    if leaf.line is None:
+    # asyncio's transports call send/recv on non-blocking sockets: parked on such a line, the
+    # thread is in the syscall's copy or re-taking the GIL, never waiting on the peer.
+    if leaf.line is None or "/asyncio/" in _norm(leaf.file):
         return None
     text = (read_line or _read_line)(leaf.file, leaf.line)
     if not text or "await " in text:
