@@ -93,6 +93,9 @@ _LINE_CALLS: tuple[tuple[re.Pattern[str], str, bool], ...] = (
 _LOOP_ENTRY = (("/asyncio/base_events.py", ("run_forever", "run_until_complete", "_run_once")),
                ("/asyncio/runners.py", ("run",)),
                ("/uvloop/__init__.py", ("run",)))
+# Where a loop written in C (uvloop) is entered: its selector wait is below these, with no
+# Python frame above them.  asyncio's own loop always shows ``_run_once`` and its selector.
+_C_LOOP_ENTRY = (("/asyncio/runners.py", ("run",)), ("/uvloop/__init__.py", ("run",)))
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,7 @@ def loop_waits_for_io(frames: Sequence[Frame]) -> bool:
     if len(frames) >= 2 and _is(frames[-2], (("/asyncio/base_events.py", ("_run_once",)),)):
         return _short(leaf.name) in ("select", "poll", "_poll", "control")
     # A loop written in C waits below its run call: no Python frame above it.
-    return _is(leaf, _LOOP_ENTRY) or "/uvloop/" in _norm(leaf.file)
+    return _is(leaf, _C_LOOP_ENTRY) or "/uvloop/" in _norm(leaf.file)
 
 
 def _outer(frames: Sequence[Frame], site_index: int) -> bool:
@@ -165,16 +168,17 @@ def blocking_call(frames: Sequence[Frame], read_line: ReadLine | None = None) ->
     """The call a parked stack (innermost frame last) waits in, or None when none is known."""
     if not frames:
         return None
-    matched: int | None = None
+    matched: tuple[int, str, bool] | None = None  # the outermost known call of the chain: index, kind, for work
     i = len(frames) - 1
     while i >= 0 and is_library(frames[i]):
-        if _known(frames[i]) is not None:
-            matched = i
+        known = _known(frames[i])
+        if known is not None:
+            matched = (i, *known)
         i -= 1
     if matched is not None:
-        kind, for_work = _known(frames[matched])  # type: ignore[misc]
-        site_index = i if i >= 0 else max(matched - 1, 0)
-        return Blocking(kind, frames[matched].name, frames[site_index], for_work, _outer(frames, site_index))
+        at, kind, for_work = matched
+        site_index = i if i >= 0 else max(at - 1, 0)  # all library (a pool's worker): the call's caller
+        return Blocking(kind, frames[at].name, frames[site_index], for_work, _outer(frames, site_index))
     leaf = frames[-1]
     # asyncio's transports call send/recv on non-blocking sockets: parked on such a line, the
     # thread is in the syscall's copy or re-taking the GIL, never waiting on the peer.
