@@ -56,8 +56,8 @@ _SOCKET_OUT = {n: (SOCKET, False) for n in ("send", "sendall", "sendto", "sendms
 _SUBPROCESS = {n: (SUBPROCESS, False) for n in ("wait", "_wait", "_try_wait", "communicate", "_communicate", "run",
                                                  "call", "check_call", "check_output")}
 _LIBRARY: tuple[tuple[str, dict[str, tuple[str, bool]]], ...] = (
-    ("/threading.py", {"wait": (LOCK, True), "acquire": (LOCK, False), "join": (LOCK, False),
-                       "_wait_for_tstate_lock": (LOCK, False)}),
+    ("/threading.py", {"wait": (LOCK, True), "acquire": (LOCK, False), "__enter__": (LOCK, False),
+                       "join": (LOCK, False), "_wait_for_tstate_lock": (LOCK, False)}),
     ("/queue.py", {"get": (QUEUE, True), "put": (QUEUE, False), "join": (QUEUE, False)}),
     ("/multiprocessing/queues.py", {"get": (QUEUE, True), "put": (QUEUE, False)}),
     ("/multiprocessing/connection.py", {**_SOCKET_IN, **_SOCKET_OUT}),
@@ -81,7 +81,9 @@ _BOOTSTRAP = ("_bootstrap", "_bootstrap_inner", "run")  # threading.Thread's own
 _LINE_CALLS: tuple[tuple[re.Pattern[str], str, bool], ...] = (
     (re.compile(r"([\w.]*\bsleep)\s*\("), SLEEP, False),
     (re.compile(r"([\w.]*\.acquire)\s*\("), LOCK, False),
-    (re.compile(r"^\s*with\s+([\w.]*(?:lock|mutex|sem\w*))\b", re.I), LOCK, False),
+    # ``with self._wake:`` parked with no frame above it: a C ``__enter__``, a lock's acquire
+    # (a context manager written in Python would show its own frame).
+    (re.compile(r"^\s*with\s+([\w.]+)\s*(?::|,|\bas\b)"), LOCK, False),
     (re.compile(r"([\w.]*\.(?:recv\w*|accept|select|poll|epoll))\s*\("), SOCKET, True),
     (re.compile(r"\b(select\.select|select\.poll)\s*\("), SOCKET, True),
     (re.compile(r"([\w.]*\.(?:send\w*|connect))\s*\("), SOCKET, False),

@@ -27,8 +27,12 @@ def step(q):
 def guarded(self):
     with self._lock:
         pass
+
+def submit(self):
+    with self._wake:
+        self._wake.notify()
 """
-SLEEP_LINE, AWAIT_LINE, COMPUTE_LINE, GET_LINE, LOCK_LINE = 4, 5, 8, 11, 14
+SLEEP_LINE, AWAIT_LINE, COMPUTE_LINE, GET_LINE, LOCK_LINE, WITH_LINE = 4, 5, 8, 11, 14, 18
 
 
 def app_file(tmp_path: Path) -> str:

@@ -26,6 +26,7 @@ from .synth_dumps import (
     LIB,
     LOCK_LINE,
     SLEEP_LINE,
+    WITH_LINE,
     app_file,
     asyncio_server,
     frame,
@@ -93,6 +94,9 @@ def test_each_kind_of_wait_and_its_call_site(tmp_path: Path) -> None:
         # a C lock leaves no frame: the caller's line says what it waits on
         (thread_under("loop", app, 30, frame("guarded", app, LOCK_LINE)), False, None,
          ("blocked", "lock", "guarded", f"{app}:{LOCK_LINE}", "self._lock")),
+        # any C context manager entered on the line, while another thread holds the GIL: still the lock
+        (thread_under("loop", app, 30, frame("submit", app, WITH_LINE)), False, owner,
+         ("blocked", "lock", "submit", f"{app}:{WITH_LINE}", "self._wake")),
         (thread_under("loop", app, 30, frame("SocketIO.readinto", f"{LIB}/socket.py", 706), frame("step", app, 11)),
          False, None, ("blocked", "socket", "step", f"{app}:11", "SocketIO.readinto")),
         (thread_under("loop", app, 30, frame("Popen._try_wait", f"{LIB}/subprocess.py", 2004),
