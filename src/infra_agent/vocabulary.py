@@ -95,6 +95,9 @@ class FindingKind:
     GC_PAUSE: Final = "gc_pause"
     DELTA_ATTRIBUTION: Final = "delta_attribution"
     SAMPLER_UNAVAILABLE: Final = "sampler_unavailable"
+    # a thread that serves requests (an event loop, a tokenizer, an output thread) parked
+    # off the GIL in a call other than its normal wait for a share of the window
+    THREAD_BLOCKED: Final = "thread_blocked"
     # quality probe (teacher-forced logprobs, candidate against baseline)
     NO_LOGPROBS: Final = "no_logprobs"
     LOGPROB_DIVERGENCE: Final = "logprob_divergence"

@@ -47,12 +47,14 @@ def _render_report(report: TimelineReport, fb: Any, con: Any) -> None:
         con.print(f"  {src['format']:7} {src['path']}  ({clock.get('how', '')})")
     for w in report.warnings:
         con.print(f"[yellow]warning:[/] {w}")
-    t = Table(title="threads", title_justify="left")
-    for col in ("thread", "busy ms", "idle ms", "waiting ms", "busy", "spans"):
-        t.add_column(col, justify="left" if col == "thread" else "right")
-    for th in report.threads:
-        t.add_row(th.thread, _ms(th.busy_us), _ms(th.idle_us), _ms(th.waiting_us), _pct(th.busy_share), str(th.spans))
-    con.print(t)
+    if report.threads:  # threads with spans; a server without spans has its thread states below
+        t = Table(title="threads", title_justify="left")
+        for col in ("thread", "busy ms", "idle ms", "waiting ms", "busy", "spans"):
+            t.add_column(col, justify="left" if col == "thread" else "right")
+        for th in report.threads:
+            t.add_row(th.thread, _ms(th.busy_us), _ms(th.idle_us), _ms(th.waiting_us), _pct(th.busy_share),
+                      str(th.spans))
+        con.print(t)
     if report.streams:
         t = Table(title="GPU streams (Kineto device events)", title_justify="left")
         for col in ("stream", "events", "busy ms", "of", "busy", "median us"):
@@ -90,6 +92,7 @@ def _render_report(report: TimelineReport, fb: Any, con: Any) -> None:
             t.add_row(f"{wr.group}@{wr.thread}", _ms(wr.span_us), _pct(wr.waiting_share), h.thread if h else "-",
                       f"{h.function} {h.where}" if h else "-", _pct(h.share) if h else "-")
         con.print(t)
+    _render_states(report, con)
     if report.paths:
         durs = sorted(p.end_us - p.start_us for p in report.paths)
         con.print(f"[bold]critical paths[/]: {len(report.paths)} request(s), median {_ms(durs[len(durs) // 2])} ms; "
@@ -102,6 +105,27 @@ def _render_report(report: TimelineReport, fb: Any, con: Any) -> None:
         con.print(f"[bold]{ss.step_span}[/] x{ss.steps}: model {_pct(ss.model_us / ss.step_us)}, non-model "
                   f"{_pct(ss.non_model_share)} ({parts}; untraced {_pct(ss.untraced_us / ss.step_us)})")
     con.print(fb.render_text(), markup=False, highlight=False)
+
+
+def _render_states(report: TimelineReport, con: Any) -> None:
+    """Every dump-sampled thread: its shares by state and the call site it was blocked in most."""
+    ts = report.thread_states
+    if ts is None or not ts.threads:
+        if ts is not None and ts.note:
+            con.print(f"[bold]thread states[/]: {ts.note}")
+        return
+    t = Table(title=f"thread states ({ts.snapshots} py-spy dumps): share of each thread's sampled time",
+              title_justify="left")
+    for col in ("thread", "role", "running", "gil wait", "native", "blocked", "idle", "top blocked call site"):
+        t.add_column(col, justify="left" if col in ("thread", "role", "top blocked call site") else "right")
+    for th in ts.threads:
+        s = th.shares
+        site = next(iter(th.blocked_sites()), None)
+        where = (f"{_pct(site.share)} {site.label.partition(':')[2]} {site.waits_in or ''} @ {site.function} "
+                 f"{site.where}" if site else "-")
+        t.add_row(th.thread, th.role or "-", _pct(s.get("running", 0.0)), _pct(s.get("gil_wait", 0.0)),
+                  _pct(s.get("native", 0.0)), _pct(th.blocked_share), _pct(s.get("idle", 0.0)), where)
+    con.print(t)
 
 
 def _render_diff(d: TimelineDiff, con: Any) -> None:
@@ -122,8 +146,10 @@ def register(app: typer.Typer) -> None:
 
     @trace.command("analyze")
     def analyze_cmd(
-        traces: list[Path] = typer.Argument(..., help="Span traces (Chrome trace JSON: ours, or Kineto)."),
-        pyspy: Path | None = typer.Option(None, "--pyspy", help="py-spy record --format chrometrace --gil --idle output."),
+        traces: list[Path] | None = typer.Argument(None, help="Span traces (Chrome trace JSON: ours, or Kineto); "
+                                                   "none for a server without spans, with --pyspy."),
+        pyspy: Path | None = typer.Option(None, "--pyspy", help="py-spy samples: dumps (JSON lines, every thread's "
+                                          "state) or record --format chrometrace --gil --idle output."),
         kineto: list[Path] | None = typer.Option(None, "--kineto", help="PyTorch profiler trace (repeatable)."),
         pyspy_start_unix_ns: int | None = typer.Option(None, "--pyspy-start-unix-ns", help="Unix ns at which py-spy started sampling (default: file mtime minus its last ts)."),
         pyspy_offset_us: float = typer.Option(0.0, "--pyspy-offset-us", help="Shift py-spy samples by this many µs."),
@@ -134,9 +160,11 @@ def register(app: typer.Typer) -> None:
         merged: Path | None = typer.Option(None, "--merged", help="Write all sources as one Chrome trace here (Perfetto opens it)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Overlap matrix, per-thread time, GIL holders during waits, critical paths, trends."""
+        """Overlap matrix, per-thread time, GIL holders during waits, thread states, critical paths, trends."""
         if by not in ("cat", "name"):
             raise typer.BadParameter(f"expected 'cat' or 'name', got {by!r}", param_hint="--by")
+        if not traces and pyspy is None:
+            raise typer.BadParameter("give a span trace, or py-spy samples alone with --pyspy FILE", param_hint="TRACES")
         pairs = _pairs(expect_overlap, ":", "A:B")
         hints = dict(_pairs(knob_hint, "=", "PATTERN=KNOB"))
         with user_errors(as_json):
@@ -144,7 +172,7 @@ def register(app: typer.Typer) -> None:
             from infra_agent.trace.feedback import timeline_feedback
             from infra_agent.trace.load import load_timeline, read_json
 
-            tl = load_timeline(traces, pyspy=pyspy, kineto=kineto or [], pyspy_start_unix_ns=pyspy_start_unix_ns,
+            tl = load_timeline(traces or [], pyspy=pyspy, kineto=kineto or [], pyspy_start_unix_ns=pyspy_start_unix_ns,
                                pyspy_offset_us=pyspy_offset_us)
             result = read_json(serving_result) if serving_result else None
             report = analyze(tl, by=by, expect_overlap=pairs)

@@ -14,8 +14,10 @@ keeps a server running, else the workspace target launched with this run's knobs
   does not find it).  When ptrace is refused the analysis runs on spans alone and
   says so (a ``sampler_unavailable`` finding);
 - runs the timeline analysis (:mod:`infra_agent.trace`) and turns it into findings
-  (GIL contention, missing overlap, idle threads, span trends ...) whose locations name
-  a component and, where the workspace allows, a knob.
+  (GIL contention, a serving thread blocked, missing overlap, idle threads, span trends
+  ...) whose locations name a component and, where the workspace allows, a knob.  A
+  target without spans (a server we did not write) still gets every sampled thread's
+  states from py-spy alone.
 
 Its parts: the config (``timeline_config.py``), the sampled window
 (``timeline_sampling.py``), the analysis (``timeline_analysis.py``), the locating of
@@ -23,8 +25,9 @@ findings (``timeline_locate.py``) and the target's profiler (``timeline_profile.
 
 The Feedback holds the serving probe's measurements of the window (the same names, so
 the judge compares e2e metrics across probes), the timeline's own (``overlap_share``,
-``gil_wait_share``, ``thread_busy_share``, ``gil_holder_share``, and from the collector's
-spans ``gc_pause_ms``, the window's longest collection, and ``gc_share``) and the merged Perfetto
+``gil_wait_share``, ``thread_busy_share``, ``gil_holder_share``, ``thread_blocked_share`` per
+sampled thread, and from the collector's spans ``gc_pause_ms``, the window's longest
+collection, and ``gc_share``) and the merged Perfetto
 trace as an artifact.
 
 **Comparing two values of a knob** (``compare_knob``): the probe starts two servers of
@@ -66,7 +69,7 @@ from infra_agent.workspace.models import Scenario
 
 # Metrics a timeline run reports beside the serving ones.
 TIMELINE_METRICS: tuple[str, ...] = ("overlap_share", "gil_wait_share", "thread_busy_share", "gil_holder_share",
-                                     "gc_pause_ms", "gc_share",
+                                     "gc_pause_ms", "gc_share", "thread_blocked_share",
                                      "input_throughput")
 
 
@@ -193,6 +196,7 @@ class TimelineProbe(Probe):
             fb.ok, fb.error = False, runs[0].get("error", "the traced window failed") if runs else "no window ran"
             return
         doc, err = _get_json(trace_url)
+        spans_path = None
         if doc is None:
             fb.findings.append(Finding(
                 kind=FindingKind.OVERLAP_UNMEASURABLE, severity="warning",
@@ -200,10 +204,13 @@ class TimelineProbe(Probe):
                 next_question=f"Start the target with tracing on ({', '.join(f'{k}={v}' for k, v in cfg.trace_knobs.items())}) "
                               "so the timeline can be analysed."))
             fb.meta["trace_error"] = err
-            return
-        spans_path = ctx.workdir / f"spans-{name}.json"
-        spans_path.write_text(json.dumps(doc))
-        fb.artifacts.append(Artifact(kind="trace", path=str(spans_path), description="server spans of the window"))
+            # A server without our spans (vLLM, SGLang): its threads' states come from py-spy alone.
+            if sampler_res is None or sampler_res.path is None:
+                return
+        else:
+            spans_path = ctx.workdir / f"spans-{name}.json"
+            spans_path.write_text(json.dumps(doc))
+            fb.artifacts.append(Artifact(kind="trace", path=str(spans_path), description="server spans of the window"))
         analyse_window(cfg, ctx, fb, name, spans_path, sampler_res, picked, runs[0], arm, kineto, profile_notes)
 
     # ------------------------------------------------------------------ two values of a knob

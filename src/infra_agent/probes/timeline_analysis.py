@@ -18,29 +18,33 @@ from infra_agent.probes.timeline_locate import knobs_for, locate, span_categorie
 from infra_agent.vocabulary import FindingKind
 
 
-def analyse_window(cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: str, spans_path: Path,
+def analyse_window(cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: str, spans_path: Path | None,
                    sampler_res: Any, picked: dict[str, Any], result: dict[str, Any], arm: str | None,
                    kineto: Path | None = None, profile_notes: list[str] | None = None) -> None:
     """Add the findings, measurements and merged trace of one traced window to ``fb``.
 
-    ``sampler_res`` is the py-spy result (None: not sampled), ``picked`` the process it
-    sampled, ``result`` the window's serving result, ``arm`` the compared knob's side.
+    ``spans_path`` is the window's span trace (None: the target has none, and the py-spy
+    samples are analysed alone), ``sampler_res`` the py-spy result (None: not sampled),
+    ``picked`` the process it sampled, ``result`` the window's serving result, ``arm`` the
+    compared knob's side.
     """
     from infra_agent.trace.analyze import analyze
     from infra_agent.trace.feedback import timeline_feedback
     from infra_agent.trace.load import TraceLoadError, load_timeline
     from infra_agent.trace.merge import write_merged
+    from infra_agent.trace.thread_blocked import explain_bursts
 
     pyspy = sampler_res.path if sampler_res is not None else None
     notes = list(profile_notes or [])
+    spans = [spans_path] if spans_path is not None else []
     try:
         try:
-            tl = load_timeline([spans_path], pyspy=pyspy, kineto=[kineto] if kineto is not None else [])
+            tl = load_timeline(spans, pyspy=pyspy, kineto=[kineto] if kineto is not None else [])
         except TraceLoadError as exc:
             if kineto is None or str(kineto) not in str(exc):
                 raise
             notes.append(f"torch.profiler trace left out: {exc}")  # it costs the Kineto part only
-            tl = load_timeline([spans_path], pyspy=pyspy)
+            tl = load_timeline(spans, pyspy=pyspy)
     except TraceLoadError as exc:
         fb.findings.append(Finding(kind=FindingKind.OVERLAP_UNMEASURABLE, severity="warning",
                                    message=f"the span trace could not be read: {exc}"))
@@ -66,6 +70,8 @@ def analyse_window(cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: s
         locate(f, components, cats, ctx.workspace, hints)
         f.evidence.setdefault("scenario", name)
         fb.findings.append(f)
+    # The serving windows' bursty_stream came first; a parked stream writer now explains it.
+    explain_bursts(fb.findings)
     for m in tfb.measurements:
         m.tags.update(tags)
         fb.measurements.append(m)
@@ -101,6 +107,9 @@ def _workspace_hints(ws: Any, tl: Any, cfg: TimelineConfig) -> dict[str, str]:
 
 def _small_report(report: Any) -> dict[str, Any]:
     d = report.to_dict()
+    states = report.thread_states
     return {"duration_us": d["duration_us"], "samples": d["samples"], "warnings": d["warnings"],
             "threads": d["threads"][:8], "expected_overlap": d["expected_overlap"], "waits": d["waits"][:4],
-            "holder_spans": d["holder_spans"], "sources": d["sources"]}
+            "holder_spans": d["holder_spans"], "sources": d["sources"],
+            "thread_states": [{**t.to_dict(), "sites": [c.to_dict() for c in t.sites[:4]]} for t in states.threads[:12]]
+            if states is not None else []}

@@ -1,7 +1,8 @@
 """One call from a loaded timeline to every interval analysis, as one report.
 
 ``analyze(timeline)`` runs: per-thread busy/idle/waiting time, idle gaps, the overlap
-matrix, GIL attribution of waits (when py-spy samples are loaded), critical paths of
+matrix, GIL attribution of waits (when py-spy samples are loaded), every sampled
+thread's states (from py-spy dumps, with or without spans), critical paths of
 requests (when spans carry request ids), span trends and per-step shares.  The report
 is plain data (``to_dict()`` is JSON); :mod:`infra_agent.trace.feedback` turns it into
 findings.
@@ -33,6 +34,7 @@ from infra_agent.trace.intervals import (
 )
 from infra_agent.trace.model import Span, Timeline
 from infra_agent.trace.overlap import OverlapMatrix, overlap_between, overlap_matrix
+from infra_agent.trace.thread_states import ThreadStatesReport, thread_states
 
 
 @dataclass
@@ -77,6 +79,8 @@ class TimelineReport:
     samples: int = 0
     gc: GCPauses | None = None  # the cyclic collector's pauses, when the trace has gc spans
     streams: list[Any] = field(default_factory=list)  # gpu.StreamReport, from a Kineto trace's device events
+    # every dump-sampled thread's states (running, waiting for the GIL, blocked, idle)
+    thread_states: ThreadStatesReport | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -93,6 +97,7 @@ class TimelineReport:
             "step_shares": self.step_shares.to_dict() if self.step_shares is not None else None,
             "gc": self.gc.to_dict() if self.gc is not None else None,
             "streams": [r.to_dict() for r in self.streams],
+            "thread_states": self.thread_states.to_dict() if self.thread_states is not None else None,
         }
 
 
@@ -165,6 +170,8 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
     gpu = timeline.gpu_spans()  # GPU streams: beside our threads in the matrix, the table, expected overlaps
     timed = spans + gpu
     window = timeline.window()
+    if not timed and not timeline.instants and timeline.sampled_window is not None:
+        window = timeline.sampled_window  # py-spy samples alone (a server without spans): their window
     waits, waiting_by_thread = waiting_analysis(timeline, by=by)
     segments = holder_timeline(timeline.samples, timeline.sampled_window) if timeline.sampled_window else []
     holder_spans: dict[str, dict[str, object]] = {}
@@ -212,4 +219,5 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
         step_shares=trends_mod.step_shares(spans, step_span=step_span, model_spans=model_spans),
         samples=len(timeline.samples), gc=gc_pauses(spans, window),
         streams=stream_reports(gpu, spans, window, step_span=step_span),
+        thread_states=thread_states(timeline),
     )

@@ -13,6 +13,7 @@ from typing import Any
 
 from infra_agent.feedback import Feedback, Finding, Location, Measurement, Tier
 from infra_agent.trace.analyze import TimelineReport
+from infra_agent.trace.thread_blocked import MIN_SAMPLES, thread_blocked
 from infra_agent.trace.trends import PositionLatency
 from infra_agent.vocabulary import FindingKind
 
@@ -49,6 +50,7 @@ def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
     """Every finding the report supports, one kind after another (the order the agent reads them in)."""
     hints = knob_hints or {}
     return [
+        *thread_blocked(report.thread_states),
         *_gil_contention(report, hints),
         *_absent_expected(report),
         *_no_overlap(report, hints),
@@ -231,6 +233,11 @@ def measurements(report: TimelineReport) -> list[Measurement]:
                                      interval=r.reference) for r in report.streams]
     out += [Measurement.from_samples("overlap_share", "ratio", [e.share_of_a], better="higher", interval=f"{e.a}|{e.b}")
             for e in report.expected]
+    if report.thread_states is not None:
+        # Blocked off the GIL, its normal wait left out: the share a fix of the call site gives back.
+        sampled = [t for t in report.thread_states.threads if t.samples >= MIN_SAMPLES]
+        out += [Measurement.from_samples("thread_blocked_share", "ratio", [t.blocked_share], better="lower",
+                                         thread=t.thread) for t in sampled[:8]]
     if report.gc is not None:
         # The longest stop of the window: what one unlucky step (and every stream in it) waited.
         out.append(Measurement.from_samples("gc_pause_ms", "ms", [report.gc.longest_us / 1e3], better="lower",

@@ -198,21 +198,25 @@ def load_timeline(
 ) -> Timeline:
     """Load span traces, an optional py-spy recording and Kineto traces onto one clock.
 
-    A file passed among ``traces`` is accepted in any of the formats (a Kineto trace or
-    a py-spy recording given there is routed to the right parser).
+    A file passed among ``traces`` is accepted in any of the formats (a Kineto trace, a
+    py-spy recording or py-spy dumps given there is routed to the right parser).
     """
     from infra_agent.trace import pyspy as pyspy_mod
 
     timeline = Timeline()
     docs: list[tuple[Path, Any, str]] = []
+    dumps: list[Path] = []
     for t in traces:
+        if _is_dump_file(Path(t)):  # JSON lines of py-spy dumps: samples, whichever argument brought them
+            dumps.append(Path(t))
+            continue
         doc = read_json(t)
         docs.append((Path(t), doc, detect_format(doc)))
     for k in kineto:
         doc = read_json(k)
         fmt = detect_format(doc)
         docs.append((Path(k), doc, "kineto" if fmt in ("kineto", "chrome") else fmt))
-    pyspy_paths = [p for p, _, f in docs if f == "pyspy"] + ([Path(pyspy)] if pyspy else [])
+    pyspy_paths = [p for p, _, f in docs if f == "pyspy"] + dumps + ([Path(pyspy)] if pyspy else [])
     for path, doc, fmt in docs:
         if fmt == "unknown":
             raise TraceLoadError(f"{path}: expected Chrome trace JSON (a list of events or an object with "

@@ -83,3 +83,23 @@ def test_verb_module_stays_light() -> None:
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'scipy', 'torch', 'httpx'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_analyze_py_spy_dumps_alone_shows_every_threads_states(tmp_path: Path) -> None:
+    """A server without spans: the dumps alone, as --pyspy or as the trace argument."""
+    from .synth_dumps import SLEEP_LINE, app_file, asyncio_server, write_dumps
+
+    app = app_file(tmp_path)
+    dumps = write_dumps(tmp_path / "gil.jsonl", asyncio_server(app, blocking=True))
+    res = CliRunner().invoke(_app(), ["trace", "analyze", "--pyspy", str(dumps)], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "thread states (40 py-spy dumps)" in res.output and "event loop" in res.output
+    assert f"time.sleep @ handle {app}:{SLEEP_LINE}" in res.output and "thread_blocked" in res.output
+    res = CliRunner().invoke(_app(), ["trace", "analyze", str(dumps), "--json"])
+    out = json.loads(res.stdout)
+    loop = out["report"]["thread_states"]["threads"][0]
+    assert loop["thread"] == "MainThread" and loop["role"] == "event loop" and loop["blocked_share"] > 0.5
+    assert loop["sites"][0]["where"] == f"{app}:{SLEEP_LINE}"
+    assert "thread_blocked" in {f["kind"] for f in out["feedback"]["findings"]}
+    res = CliRunner().invoke(_app(), ["trace", "analyze"])
+    assert res.exit_code == 2 and "--pyspy" in res.output

@@ -1,0 +1,110 @@
+"""The ``thread_blocked`` finding, and the bursty stream it explains.
+
+A thread that serves requests (an event loop, a tokenizer, an output thread: see
+``thread_states.role_of``) that spends a share of the window parked off the GIL in a
+call other than its normal wait holds up every request behind it, and no span shows it:
+the thread is not running anything.  The finding names the thread, the kind of wait, the
+call site (function, file:line) and its share, and who ran meanwhile.
+
+A stream whose chunks arrive in bursts (the serving probe's ``bursty_stream``) has one
+explanation the data can show first: the thread that writes the stream was parked, so
+its chunks queued up and left together when it resumed.  :func:`explain_bursts` puts
+that explanation ahead of Nagle's algorithm when such a finding is present.
+"""
+
+from __future__ import annotations
+
+from infra_agent.feedback import Finding, Location
+from infra_agent.trace.thread_states import (
+    EVENT_LOOP,
+    CallSite,
+    ThreadStates,
+    ThreadStatesReport,
+)
+from infra_agent.vocabulary import FindingKind
+
+BLOCKED_SHARE_MIN = 0.2  # of the thread's sampled time, in calls other than its normal wait
+MIN_SAMPLES = 5  # fewer snapshots of a thread say too little about its shares
+MIN_SITE_SAMPLES = 3  # the call site named must have been seen more than once or twice
+# Roles whose thread writes (or hands over) the stream's chunks: parked, they hold chunks back.
+STREAM_ROLES = (EVENT_LOOP, "output", "detokenizer", "http")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _split_where(where: str) -> tuple[str | None, int | None]:
+    file, _, line = where.rpartition(":")
+    if file and line.isdigit():
+        return file, int(line)
+    return (where if where != "?" else None), None
+
+
+def _question(t: ThreadStates, site: CallSite, kind: str) -> str:
+    call = site.waits_in or site.function
+    if t.role == EVENT_LOOP:
+        return (f"Why does the event loop call {call} at {site.where}? A blocking call there stops every request the "
+                "loop serves: await an async equivalent, or move it off the loop (loop.run_in_executor, "
+                "asyncio.to_thread).")
+    return {
+        "lock": f"Who holds the lock {t.thread} waits for at {site.where}, and what does it do while holding it?",
+        "queue": f"What fills the queue {t.thread} waits on at {site.where}, and why is it slow to?",
+        "sleep": f"Why does {t.thread} sleep at {site.where}? A polling interval there adds to every request it serves.",
+        "socket": f"What does {t.thread} wait for at {site.where}: a peer process, a reply, a slow client?",
+        "subprocess": f"Why does {t.thread} wait for a subprocess at {site.where} while it serves requests?",
+    }.get(kind, f"What native call is {t.thread} parked in at {site.where} ({call})?")
+
+
+def thread_blocked(states: ThreadStatesReport | None) -> list[Finding]:
+    """A serving thread parked off the GIL for more than ``BLOCKED_SHARE_MIN`` of the window."""
+    out: list[Finding] = []
+    for t in states.threads if states is not None else []:
+        sites = t.blocked_sites()
+        if t.role is None or t.samples < MIN_SAMPLES or t.blocked_share < BLOCKED_SHARE_MIN or not sites:
+            continue
+        site = sites[0]
+        if site.samples < MIN_SITE_SAMPLES:
+            continue
+        kind = site.label.partition(":")[2]
+        call = f" ({site.waits_in})" if site.waits_in else ""
+        msg = (f"{t.role} thread {t.thread} was blocked off the GIL {_pct(t.blocked_share)} of the sampled window "
+               f"({t.samples} samples): {_pct(site.share)} in {kind}{call} at {site.function} ({site.where})")
+        m = site.meanwhile
+        if m:
+            msg += (f"; meanwhile {m['thread']} {m['how']} at {m['function']} ({m['where']}) in "
+                    f"{_pct(float(m['share']))} of it")  # type: ignore[arg-type]
+        else:
+            msg += "; no other thread ran meanwhile"
+        if t.role == EVENT_LOOP:
+            msg += ": every request on this loop waits while it is parked"
+        file, line = _split_where(site.where)
+        out.append(Finding(
+            kind=FindingKind.THREAD_BLOCKED, severity="warning", message=msg,
+            location=Location(file=file, line=line, thread=t.thread, span=site.span, component="server"),
+            evidence={"thread": t.thread, "role": t.role, "blocked_share": t.blocked_share, "kind": kind,
+                      "waits_in": site.waits_in, "function": site.function, "where": site.where,
+                      "site_share": site.share, "samples": t.samples, "site_samples": site.samples,
+                      **({f"meanwhile_{k}": v for k, v in m.items()} if m else {})},
+            next_question=_question(t, site, kind)))
+    return out
+
+
+def explain_bursts(findings: list[Finding]) -> None:
+    """Put a parked stream-writing thread ahead of Nagle in every ``bursty_stream`` finding."""
+    blocked = [f for f in findings if f.kind == FindingKind.THREAD_BLOCKED and f.evidence.get("role") in STREAM_ROLES]
+    if not blocked:
+        return
+    top = max(blocked, key=lambda f: (f.evidence.get("role") == EVENT_LOOP, float(f.evidence["blocked_share"])))
+    ev = top.evidence
+    for f in findings:
+        if f.kind != FindingKind.BURSTY_STREAM or "blocked_thread" in f.evidence:
+            continue
+        f.message += (f"; the {ev['role']} thread {ev['thread']} was blocked {_pct(float(ev['blocked_share']))} of "
+                      f"the window in {ev['kind']} at {ev['function']} ({ev['where']}) (thread_blocked): chunks wait "
+                      "while it is parked and leave together when it resumes")
+        f.next_question = (f"Does {ev['thread']} block in {ev['waits_in'] or ev['function']} at {ev['where']}? Unblock it "
+                           "first: a parked writer holds back every chunk. Only if bursts remain: "
+                           + (f.next_question or ""))
+        f.evidence.update({"blocked_thread": ev["thread"], "blocked_where": ev["where"], "blocked_kind": ev["kind"],
+                           "blocked_share": ev["blocked_share"]})
