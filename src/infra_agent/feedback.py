@@ -136,6 +136,9 @@ class Location(BaseModel):
 
     file: str | None = None
     line: int | None = None
+    # The code at ``file:line``, as a profiler names it (``Engine._forward``): the function
+    # a change would edit, which a line number alone stops naming after the next edit.
+    function: str | None = None
     span: str | None = None
     thread: str | None = None
     kernel: str | None = None
@@ -159,7 +162,7 @@ class Location(BaseModel):
         parts = []
         if self.file:
             parts.append(f"{self.file}:{self.line}" if self.line else self.file)
-        for key in ("component", "knob", "kernel", "variant", "precision", "span", "thread"):
+        for key in ("function", "component", "knob", "kernel", "variant", "precision", "span", "thread"):
             val = getattr(self, key)
             if val:
                 parts.append(f"{key}={val}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from infra_agent.trace.code_sites import growth_site, phase_site
 from infra_agent.trace.critical import CriticalPath, critical_paths
 from infra_agent.trace.gc_pauses import GC_SPAN, GCPauses, gc_pauses
 from infra_agent.trace.gil import (
@@ -159,6 +160,32 @@ def _holder_span(spans: list[Span], thread: str, waiting: list[Interval],
     return {"thread": thread, "span": "|".join(names), "share_of_wait": both / waited}
 
 
+def _while_sampled(timeline: Timeline, spans: list[Span]) -> list[Span]:
+    """The spans a trend compares: with py-spy samples, those inside the sampled window only.
+    The sampler takes CPU time from the target (a dump reads every thread's stack), so on a
+    machine with few cores the spans before it started ran faster, and every span would seem
+    to rise across the window."""
+    if timeline.sampled_window is None:
+        return spans
+    lo, hi = timeline.sampled_window
+    return [s for s in spans if s.start_us >= lo and s.end_us <= hi]
+
+
+def _code_sites(timeline: Timeline, spans: list[Span], trends: list[Any], shares: Any, step_span: str,
+                model_spans: tuple[str, ...]) -> None:
+    """Name the code behind a rising span (whose share of its thread rose with it) and behind
+    the largest non-model part of the steps (the step function's callee for it), from the
+    py-spy dumps (nothing without them)."""
+    if not any(s.snapshot for s in timeline.samples):
+        return
+    for t in trends:
+        if t.rising:
+            t.site = growth_site(timeline, {s.thread for s in spans if s.name == t.name})
+    if shares is not None and shares.step_us > 0:
+        threads = {s.thread for s in spans if s.name == step_span}
+        shares.site = phase_site(timeline, threads, shares.top_phase, model_spans, list(shares.by_name))
+
+
 def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str, str]] | None = None,
             step_span: str = "engine.step", model_spans: tuple[str, ...] = ("decode", "prefill", "model.forward"),
             context_args: tuple[str, ...] | None = None, gap_min_us: float = 1000.0) -> TimelineReport:
@@ -207,6 +234,9 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
         found_gaps = gaps(merge(ivs), window, gap_min_us)
         if found_gaps:
             thread_gaps[thread] = sorted(found_gaps, key=lambda g: g[0] - g[1])[:5]
+    trends = trends_mod.span_trends(_while_sampled(timeline, spans), context_args=context_args, step_span=step_span)
+    shares = trends_mod.step_shares(spans, step_span=step_span, model_spans=model_spans)
+    _code_sites(timeline, spans, trends, shares, step_span, model_spans)
     return TimelineReport(
         window=window, sources=timeline.sources, warnings=list(timeline.warnings),
         threads=thread_times(timed, window, waiting_by_thread),
@@ -215,8 +245,7 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
         overlap=overlap_matrix([s for s in spans if s.cat != GC_SPAN] + gpu, by=by),
         waits=waits, holder_spans=holder_spans, expected=expected,
         gaps=thread_gaps, paths=critical_paths(timeline),
-        trends=trends_mod.span_trends(spans, context_args=context_args),
-        step_shares=trends_mod.step_shares(spans, step_span=step_span, model_spans=model_spans),
+        trends=trends, step_shares=shares,
         samples=len(timeline.samples), gc=gc_pauses(spans, window),
         streams=stream_reports(gpu, spans, window, step_span=step_span),
         thread_states=thread_states(timeline),

@@ -27,6 +27,7 @@ IDLE_SHARE_MIN = 0.5
 # or the collector's total share of the window, whichever fires first.
 GC_PAUSE_MIN_US = 20_000.0
 GC_SHARE_MIN = 0.02
+GC_SITE_SHARE_MIN = 0.3  # the code that began this share of the collector's time is named as the cause
 
 
 def _knob(hints: dict[str, str], *texts: str) -> str | None:
@@ -164,12 +165,23 @@ def _span_trends(report: TimelineReport) -> list[Finding]:
             continue
         best = t.best_fit()
         msg = t.describe() + (f", while {flat[0]} stayed flat" if flat else "")
+        site, code = t.site, ""
+        loc = Location(span=t.name)
+        if site is not None:
+            # The code the span's late (long) instances ran: where the growing work is.
+            file, line = _split_where(site.where)
+            loc = Location(span=t.name, file=file, line=line, function=site.function)
+            msg += f"; late in the window {_pct(site.share)} of its sampled time was in {site.function} ({site.where})"
+            code = f" Look at {site.function} ({site.where}) first."
         out.append(Finding(
-            kind=FindingKind.SPAN_TREND, severity="warning", message=msg, location=Location(span=t.name),
+            kind=FindingKind.SPAN_TREND, severity="warning", message=msg, location=loc,
             evidence={"n": t.n, "mean_first_us": t.mean_first_us, "mean_last_us": t.mean_last_us, "ratio": t.ratio,
-                      **({"slope": best.slope, "slope_unit": best.unit, "r2": best.r2} if best else {})},
+                      **({"size": t.size, "size_at": t.size_at, "adj_first_us": t.adj_first_us,
+                          "adj_last_us": t.adj_last_us, "size_ratio": t.size_ratio} if t.size else {}),
+                      **({"slope": best.slope, "slope_unit": best.unit, "r2": best.r2} if best else {}),
+                      **({"site": site.to_dict()} if site is not None else {})},
             next_question=f"What in {t.name} scales with {best.regressor if best else 'time'}? Look for work over all "
-                          "tokens generated so far (O(n) per step, O(n²) per request)."))
+                          "tokens generated so far (O(n) per step, O(n²) per request)." + code))
     return out
 
 
@@ -179,13 +191,22 @@ def _step_overhead(report: TimelineReport) -> list[Finding]:
     if ss is None or not (ss.step_us > 0 and ss.non_model_share >= STEP_OVERHEAD_MIN):
         return []
     shares = {k: v / ss.step_us for k, v in ss.by_name.items()}
-    top_name = next(iter(shares), "untraced")
-    return [Finding(
-        kind=FindingKind.STEP_OVERHEAD, severity="warning",
-        message=f"non-model work took {_pct(ss.non_model_share)} of {ss.step_span} time over {ss.steps} steps "
-                f"(largest: {top_name} {_pct(shares.get(top_name, ss.untraced_us / ss.step_us))})",
-        location=Location(span=top_name, component="engine.loop"), evidence=ss.to_dict(),
-        next_question=f"Can {top_name} move off the step's critical path (overlap it with the forward pass, or batch it)?")]
+    # Step time in no child span is a part of its own: the largest when nothing named beats it.
+    shares["untraced"] = shares.get("untraced", 0.0) + ss.untraced_us / ss.step_us
+    top_name = ss.top_phase
+    msg = (f"non-model work took {_pct(ss.non_model_share)} of {ss.step_span} time over {ss.steps} steps "
+           f"(largest: {top_name} {_pct(shares[top_name])})")
+    loc = Location(span=top_name, component="engine.loop")
+    question = f"Can {top_name} move off the step's critical path (overlap it with the forward pass, or batch it)?"
+    site = ss.site
+    if site is not None:
+        file, line = _split_where(site.where)
+        loc = Location(span=top_name, component="engine.loop", file=file, line=line, function=site.function)
+        msg += f"; the step's {top_name} part is {site.function} ({site.where}), {_pct(site.share)} of its sampled time"
+        question = (f"What does {site.function} ({site.where}) do in every {ss.step_span}? Move it off the step "
+                    "(a thread of its own, or batched over steps), or make it cheaper.")
+    return [Finding(kind=FindingKind.STEP_OVERHEAD, severity="warning", message=msg, location=loc,
+                    evidence=ss.to_dict(), next_question=question)]
 
 
 def _gc_pause(report: TimelineReport, hints: dict[str, str]) -> list[Finding]:
@@ -196,18 +217,29 @@ def _gc_pause(report: TimelineReport, hints: dict[str, str]) -> list[Finding]:
     thread = max(gcp.by_thread, key=gcp.by_thread.__getitem__, default=None)
     full = gcp.by_generation.get(2, {})
     knob = _knob(hints, "gc")
-    return [Finding(
-        kind=FindingKind.GC_PAUSE, severity="warning",
-        message=f"Python's garbage collector stopped the process for {gcp.total_us / 1e3:.1f} ms in {gcp.count} "
-                f"collection(s), {_pct(gcp.share)} of the window; the longest, generation "
-                f"{gcp.longest_generation}, took {gcp.longest_us / 1e3:.1f} ms"
-                + (f" ({int(full['count'])} full collection(s), {full['total_us'] / 1e3:.1f} ms)" if full else "")
-                + (f", on thread {thread}" if thread else ""),
-        location=Location(component="runtime.gc", span="gc", thread=thread, knob=knob),
-        evidence=gcp.to_dict(),
-        next_question="Does a full collection walk objects that live for the whole run (the model's modules and "
-                      "tensors, the imports)? Freeze them once startup is done (gc.collect(); gc.freeze(), as vLLM "
-                      "and SGLang do)" + (f": try knob {knob}." if knob else ", or raise the collector's thresholds."))]
+    loc = Location(component="runtime.gc", span="gc", thread=thread, knob=knob)
+    freeze = ("Does a full collection walk objects that live for the whole run (the model's modules and tensors, the "
+              "imports)? Freeze them once startup is done (gc.collect(); gc.freeze(), as vLLM and SGLang do)"
+              + (f": try knob {knob}." if knob else ", or raise the collector's thresholds."))
+    msg = (f"Python's garbage collector stopped the process for {gcp.total_us / 1e3:.1f} ms in {gcp.count} "
+           f"collection(s), {_pct(gcp.share)} of the window; the longest, generation {gcp.longest_generation}, took "
+           f"{gcp.longest_us / 1e3:.1f} ms"
+           + (f" ({int(full['count'])} full collection(s), {full['total_us'] / 1e3:.1f} ms)" if full else "")
+           + (f", on thread {thread}" if thread else ""))
+    question = freeze
+    site = gcp.sites[0] if gcp.sites and float(gcp.sites[0]["share"]) >= GC_SITE_SHARE_MIN else None
+    if site is not None:
+        # Allocation that keeps crossing the threshold is what starts the collections: its code is the cause.
+        file, line = _split_where(str(site["where"]))
+        loc = Location(component="runtime.gc", span="gc", thread=thread, knob=knob, file=file, line=line,
+                       function=str(site["function"]))
+        msg += (f"; allocations in {site['function']} ({site['where']}) began {int(site['count'])} of them, "
+                f"{_pct(float(site['share']))} of the collector's time")
+        question = (f"What does {site['function']} ({site['where']}) allocate on every call (lists of tuples, dicts, "
+                    "objects kept for a while)? Fewer Python objects there (reuse a buffer, keep numbers in a tensor "
+                    "or an array) means fewer collections. " + freeze)
+    return [Finding(kind=FindingKind.GC_PAUSE, severity="warning", message=msg, location=loc,
+                    evidence=gcp.to_dict(), next_question=question)]
 
 
 def _position_latency(position: PositionLatency | None) -> list[Finding]:

@@ -29,6 +29,9 @@ class GCPauses:
     window_us: float
     by_generation: dict[int, dict[str, float]] = field(default_factory=dict)  # gen -> count, total_us, longest_us
     by_thread: dict[str, float] = field(default_factory=dict)  # thread -> µs stopped in collections
+    # Where the collections began, by the code whose allocation crossed the threshold (the
+    # tracer's ``function``/``where`` args): {"function", "where", "count", "us", "share"}, largest first.
+    sites: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def share(self) -> float:
@@ -39,7 +42,7 @@ class GCPauses:
         return {"count": self.count, "total_us": self.total_us, "longest_us": self.longest_us,
                 "longest_generation": self.longest_generation, "window_us": self.window_us, "share": self.share,
                 "by_generation": {str(g): v for g, v in sorted(self.by_generation.items())},
-                "by_thread": dict(sorted(self.by_thread.items(), key=lambda kv: -kv[1]))}
+                "by_thread": dict(sorted(self.by_thread.items(), key=lambda kv: -kv[1])), "sites": self.sites}
 
 
 def gc_pauses(spans: list[Span], window: Interval) -> GCPauses | None:
@@ -59,4 +62,20 @@ def gc_pauses(spans: list[Span], window: Interval) -> GCPauses | None:
     longest = max(mine, key=lambda s: s.dur_us)
     return GCPauses(count=len(mine), total_us=total(merge((s.start_us, s.end_us) for s in mine)),
                     longest_us=longest.dur_us, longest_generation=int(longest.args.get("generation", -1)),
-                    window_us=window[1] - window[0], by_generation=dict(by_gen), by_thread=dict(by_thread))
+                    window_us=window[1] - window[0], by_generation=dict(by_gen), by_thread=dict(by_thread),
+                    sites=_sites(mine))
+
+
+def _sites(spans: list[Span], top: int = 3) -> list[dict[str, Any]]:
+    """The collector's time by the code that began each collection (spans without the args left out)."""
+    acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+    for s in spans:
+        fn, where = s.args.get("function"), s.args.get("where")
+        if isinstance(fn, str) and isinstance(where, str):
+            a = acc[(fn, where)]
+            a[0] += 1
+            a[1] += s.dur_us
+    spent = sum(s.dur_us for s in spans)
+    rows = sorted(acc.items(), key=lambda kv: -kv[1][1])[:top]
+    return [{"function": fn, "where": where, "count": int(n), "us": us, "share": us / spent if spent > 0 else 0.0}
+            for (fn, where), (n, us) in rows]

@@ -26,6 +26,7 @@ from infra_agent.vocabulary import FindingKind
 BLOCKED_SHARE_MIN = 0.2  # of the thread's sampled time, in calls other than its normal wait
 MIN_SAMPLES = 5  # fewer snapshots of a thread say too little about its shares
 MIN_SITE_SAMPLES = 3  # the call site named must have been seen more than once or twice
+HOLDER_SHARE_MIN = 0.5  # a lock's holder is named when seen inside its block in half the waits or more
 # Roles whose thread writes (or hands over) the stream's chunks: parked, they hold chunks back.
 STREAM_ROLES = (EVENT_LOOP, "output", "detokenizer", "http")
 
@@ -79,14 +80,28 @@ def thread_blocked(states: ThreadStatesReport | None) -> list[Finding]:
         if t.role == EVENT_LOOP:
             msg += ": every request on this loop waits while it is parked"
         file, line = _split_where(site.where)
+        loc = Location(file=file, line=line, function=site.function, thread=t.thread, span=site.span,
+                       component="server")
+        question = _question(t, site, kind)
+        h = site.holder if site.holder and float(site.holder["share"]) >= HOLDER_SHARE_MIN else None  # type: ignore[arg-type]
+        if h is not None:
+            # The lock's holder is the cause: the location points at the section it holds the lock across.
+            msg += (f"; the lock was held by {h['thread']} in {h['function']} ({h['where']}, inside `with {h['lock']}:` "
+                    f"at line {h['with_line']}) in {_pct(float(h['share']))} of it")  # type: ignore[arg-type]
+            hfile, hline = _split_where(str(h["where"]))
+            loc = Location(file=hfile, line=hline, function=str(h["function"]), thread=str(h["thread"]),
+                           component="server")
+            question = (f"Why does {h['function']} ({h['where']}) hold {h['lock']} across that section while "
+                        f"{t.thread} waits for it at {site.function} ({site.where})? Hold it only around the state it "
+                        "guards, and do the long work outside it.")
         out.append(Finding(
-            kind=FindingKind.THREAD_BLOCKED, severity="warning", message=msg,
-            location=Location(file=file, line=line, thread=t.thread, span=site.span, component="server"),
+            kind=FindingKind.THREAD_BLOCKED, severity="warning", message=msg, location=loc,
             evidence={"thread": t.thread, "role": t.role, "blocked_share": t.blocked_share, "kind": kind,
                       "waits_in": site.waits_in, "function": site.function, "where": site.where,
                       "site_share": site.share, "samples": t.samples, "site_samples": site.samples,
-                      **({f"meanwhile_{k}": v for k, v in m.items()} if m else {})},
-            next_question=_question(t, site, kind)))
+                      **({f"meanwhile_{k}": v for k, v in m.items()} if m else {}),
+                      **({f"holder_{k}": v for k, v in h.items()} if h else {})},
+            next_question=question))
     return out
 
 

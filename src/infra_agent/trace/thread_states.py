@@ -35,13 +35,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from infra_agent.trace.blocking_calls import (
+    LOCK,
     OTHER,
+    QUEUE,
     SOCKET,
     ReadLine,
     blocking_call,
     loop_waits_for_io,
     runs_event_loop,
 )
+from infra_agent.trace.lock_holders import LockBlocks
 from infra_agent.trace.model import Sample, Span, Timeline
 
 RUNNING, NATIVE, GIL_WAIT, BLOCKED, IDLE = "running", "native", "gil_wait", "blocked", "idle"
@@ -84,11 +87,14 @@ class CallSite:
     # who ran while this thread was here: {"thread", "function", "where", "how", "share"}
     meanwhile: dict[str, object] | None = None
     span: str | None = None  # the thread's innermost span during these samples, when it has spans
+    # parked on a lock: the other thread seen inside a ``with LOCK:`` block meanwhile (lock_holders.py),
+    # {"thread", "function", "where", "lock", "with_line", "share"}
+    holder: dict[str, object] | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {"label": self.label, "function": self.function, "where": self.where, "waits_in": self.waits_in,
                 "us": self.us, "share": self.share, "samples": self.samples, "meanwhile": self.meanwhile,
-                "span": self.span}
+                "span": self.span, "holder": self.holder}
 
 
 @dataclass
@@ -216,6 +222,13 @@ def _top(counter: dict[tuple[str, str, str, str], float], denom: float) -> dict[
     return {"thread": thread, "function": fn, "where": where, "how": how, "share": us / denom}
 
 
+def _top_holder(counter: dict[tuple[str, str, str, str, int], float], denom: float) -> dict[str, object] | None:
+    if not counter or denom <= 0:
+        return None
+    (thread, fn, where, lock, with_line), us = max(counter.items(), key=lambda kv: kv[1])
+    return {"thread": thread, "function": fn, "where": where, "lock": lock, "with_line": with_line, "share": us / denom}
+
+
 @dataclass
 class _Acc:
     """One (thread, state, call site)'s time, and who ran and which span was open meanwhile."""
@@ -224,6 +237,7 @@ class _Acc:
     n: int = 0
     meanwhile: dict[tuple[str, str, str, str], float] = field(default_factory=lambda: defaultdict(float))
     span: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    holders: dict[tuple[str, str, str, str, int], float] = field(default_factory=lambda: defaultdict(float))
 
 
 SiteKey = tuple[str, str, str, str, "str | None"]  # thread, label, function, where, waits_in
@@ -246,11 +260,13 @@ def thread_states(timeline: Timeline, read_line: ReadLine | None = None, top: in
     seen: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # thread -> [samples, µs]
     per_label: dict[tuple[str, str], float] = defaultdict(float)
     sites: dict[SiteKey, _Acc] = defaultdict(_Acc)
+    blocks = LockBlocks(lambda file: _source(read, file))
     for ts, w in zip(times, _weights(times, timeline.sampled_window), strict=True):
         group = by_ts[ts]
         owner = next((s for s in group if s.holds_gil), None)
-        for s in group:
-            st = classify(s, owner if owner is not None and owner.thread != s.thread else None, s.thread in loops, read)
+        states = [classify(s, owner if owner is not None and owner.thread != s.thread else None, s.thread in loops,
+                           read) for s in group]
+        for s, st in zip(group, states, strict=True):
             seen[s.thread][0] += 1
             seen[s.thread][1] += w
             per_label[(s.thread, st.label)] += w
@@ -264,7 +280,34 @@ def thread_states(timeline: Timeline, read_line: ReadLine | None = None, top: in
             span = spans.innermost(s.thread, ts)
             if span is not None:
                 acc.span[span] += w
+            if st.state == BLOCKED and st.kind == LOCK:
+                for key in _holders(s, group, states, blocks):
+                    acc.holders[key] += w
     return ThreadStatesReport(len(times), _per_thread(seen, per_label, sites, loops, top))
+
+
+def _source(read: ReadLine, file: str) -> str:
+    """A whole file through ``read`` (line by line: "" past its end)."""
+    lines, n = [], 1
+    while text := read(file, n):
+        lines.append(text)
+        n += 1
+    return "".join(lines)
+
+
+def _holders(waiter: Sample, group: list[Sample], states: list[SampleState],
+             blocks: LockBlocks) -> list[tuple[str, str, str, str, int]]:
+    """The other threads of one snapshot inside a ``with LOCK:`` body while ``waiter`` is parked on a lock.
+    A thread parked in a lock or queue wait, or at its rest, is no holder: a ``Condition.wait`` inside its
+    ``with cond:`` block released the lock for the wait."""
+    out = []
+    for other, st in zip(group, states, strict=True):
+        if other.thread == waiter.thread or st.state == IDLE or (st.state == BLOCKED and st.kind in (LOCK, QUEUE)):
+            continue
+        held = blocks.held(other.frames)
+        if held is not None:
+            out.append((other.thread, held.frame.name, held.frame.where(), held.lock, held.with_line))
+    return out
 
 
 def _per_thread(seen: dict[str, list[float]], per_label: dict[tuple[str, str], float], sites: dict[SiteKey, _Acc],
@@ -280,7 +323,8 @@ def _per_thread(seen: dict[str, list[float]], per_label: dict[tuple[str, str], f
             for (_, _, fn, where, waits_in), a in rows:
                 mine.append(CallSite(label, fn, where, waits_in, a.us, a.us / us if us else 0.0, a.n,
                                      _top(a.meanwhile, a.us),
-                                     max(a.span, key=a.span.__getitem__) if a.span else None))
+                                     max(a.span, key=a.span.__getitem__) if a.span else None,
+                                     _top_holder(a.holders, a.us)))
         mine.sort(key=lambda c: -c.us)
         out.append(ThreadStates(thread, role_of(thread, thread in loops), int(n), us, shares, mine))
     out.sort(key=lambda t: (t.role is None, -t.blocked_share, t.thread))

@@ -1,0 +1,198 @@
+"""Which code ran: a sampled stack's own frame, and the code sampled inside given intervals.
+
+A py-spy stack often ends in frames no change would edit: the standard library's
+(``JSONEncoder.iterencode`` under a ``json.dumps``) and a comprehension's or generator
+expression's frame of its own (``<genexpr>``, ``<setcomp>``: Python 3.11 runs every one
+as a frame, 3.12 inlines list, set and dict comprehensions).  The **code site** of a
+stack is the innermost frame that is neither: the function that called into the library
+or holds the comprehension, the one whose code would change.  Third-party packages
+count as code: for a server we did not write (vLLM), its own package is the code.
+
+Each dump snapshot of a thread weighs the time up to the midpoints with its neighbours
+(as in the thread-state analysis).  A dump's time is known only to the tens of
+milliseconds a ``py-spy dump`` takes, far coarser than an engine step, so no snapshot is
+placed inside one span: the code behind a span is found from the stacks alone, over
+seconds.  ``growth_site`` names the code whose share of a thread rose across the
+window (the code behind a span that grows); ``phase_site`` the callee of a loop's step
+function behind one phase of the step (the code behind a step's non-model time).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from infra_agent.trace.blocking_calls import blocking_call
+from infra_agent.trace.intervals import Interval
+from infra_agent.trace.model import Frame, Sample, Timeline
+
+# The standard library's files (not its site-packages), and the import system's frozen modules.
+_STDLIB = re.compile(r"[/\\]lib[/\\]python\d+(?:\.\d+)?t?[/\\](?!(?:site|dist)-packages[/\\])|^<frozen ", re.I)
+
+
+_COMPREHENSIONS = frozenset({"<genexpr>", "<listcomp>", "<setcomp>", "<dictcomp>", "<lambda>"})
+
+
+def is_plumbing(frame: Frame) -> bool:
+    """A frame no change would edit: the standard library's, or a comprehension's own."""
+    return bool(_STDLIB.search(frame.file)) or frame.name.rsplit(".", 1)[-1] in _COMPREHENSIONS
+
+
+def code_frame(frames: Sequence[Frame]) -> Frame | None:
+    """The innermost frame (frames innermost last) that is the program's own code; the
+    innermost frame when every one is plumbing (a thread running only the library)."""
+    for f in reversed(frames):
+        if not is_plumbing(f):
+            return f
+    return frames[-1] if frames else None
+
+
+@dataclass
+class CodeSite:
+    function: str
+    where: str  # file:line of the code frame (its line seen most)
+    us: float  # sampled time of the snapshots whose stack holds it, inside the intervals
+    share: float  # of the sampled time inside the intervals
+    samples: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"function": self.function, "where": self.where, "us": self.us, "share": self.share,
+                "samples": self.samples}
+
+
+def _weights(times: list[float], window: Interval) -> list[float]:
+    out = []
+    for i, t in enumerate(times):
+        lo = window[0] if i == 0 else (times[i - 1] + t) / 2
+        hi = window[1] if i + 1 == len(times) else (t + times[i + 1]) / 2
+        out.append(max(hi - lo, 0.0))
+    return out
+
+
+@dataclass
+class _Seen:
+    us: float = 0.0
+    n: int = 0
+    depth: int = 0
+    lines: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+
+class _Profile:
+    """Inclusive sampled time per code frame (function, file) of some dump snapshots, and its lines."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.n = 0
+        self.seen: dict[tuple[str, str], _Seen] = defaultdict(_Seen)
+
+    def add(self, frames: Sequence[Frame], w: float) -> None:
+        self.total += w
+        self.n += 1
+        counted: set[tuple[str, str]] = set()
+        code = [f for f in frames if not is_plumbing(f)] or list(frames[-1:])
+        for depth, f in enumerate(code):
+            key = (f.name, f.file)
+            if key in counted:
+                continue  # recursion: a stack counts once per function
+            counted.add(key)
+            acc = self.seen[key]
+            acc.us, acc.n, acc.depth = acc.us + w, acc.n + 1, max(acc.depth, depth)
+            acc.lines[f.where()] += w
+
+    def share(self, key: tuple[str, str]) -> float:
+        acc = self.seen.get(key)
+        return acc.us / self.total if acc is not None and self.total > 0 else 0.0
+
+    def site(self, key: tuple[str, str]) -> CodeSite:
+        a = self.seen[key]
+        return CodeSite(key[0], max(a.lines, key=a.lines.__getitem__), a.us, self.share(key), a.n)
+
+
+def _snapshots(timeline: Timeline, threads: set[str]) -> list[tuple[float, Sample, float]]:
+    """(ts, sample, weight) of the dump snapshots of ``threads`` (weights over every snapshot's time)."""
+    if timeline.sampled_window is None:
+        return []
+    snaps = [s for s in timeline.samples if s.snapshot]
+    times = sorted({s.ts_us for s in snaps})
+    weight = dict(zip(times, _weights(times, timeline.sampled_window), strict=True))
+    return [(s.ts_us, s, weight[s.ts_us]) for s in snaps if s.thread in threads and s.frames]
+
+
+def growth_site(timeline: Timeline, threads: set[str], min_rise: float = 0.1, carry: float = 0.8,
+                min_samples: int = 4) -> CodeSite | None:
+    """The code whose share of ``threads``' working sampled time rose most from its first half
+    to its second: of the frames whose inclusive share rose by ``carry`` of the
+    largest rise or more, the deepest (its callers rose with it, by as much; below it the rise
+    splits among callees).  None when no share rose by ``min_rise``, or with fewer than
+    ``min_samples`` snapshots in a half.  Whole halves, not single spans: a dump's time is
+    known only to the tens of milliseconds a ``py-spy dump`` takes, far coarser than a step."""
+    # Working samples only: on a CPU or holding the GIL.  A thread that waits for the GIL more
+    # as another thread works more would otherwise pass for growing work of its own.
+    rows = [r for r in _snapshots(timeline, threads) if r[1].holds_gil or not r[1].idle]
+    if not rows:
+        return None
+    mid = sorted(ts for ts, _, _ in rows)[len(rows) // 2]  # halves of the busy time, not of the window
+    early, late = _Profile(), _Profile()
+    for ts, s, w in rows:
+        (early if ts < mid else late).add(s.frames, w)
+    if min(early.n, late.n) < min_samples:
+        return None
+    rise = {k: late.share(k) - early.share(k) for k in late.seen}
+    top = max(rise.values(), default=0.0)
+    if top < min_rise:
+        return None
+    carried = [k for k, r in rise.items() if r >= carry * top]
+    return late.site(max(carried, key=lambda k: (late.seen[k].depth, rise[k])))
+
+
+def _word(name: str) -> str:
+    """What a function or span is called, for matching the two: ``Engine._sample`` -> ``sample``,
+    ``model.forward`` -> ``forward``."""
+    return name.rsplit(".", 1)[-1].lstrip("_").lower()
+
+
+def phase_site(timeline: Timeline, threads: set[str], phase: str, model_spans: Sequence[str],
+               phases: Sequence[str], min_share: float = 0.1, min_samples: int = 2) -> CodeSite | None:
+    """The code behind one phase of a loop's steps, from the stacks of ``threads``.
+
+    The step function is the deepest code frame on nearly every snapshot not at rest
+    (``Engine.step``); each of its callees is matched to the step's spans by name: a callee
+    called like a model span (``_forward``: ``model.forward``) is the model, one called like
+    a phase (``_sample``: ``sample``) is that phase, any other is code no span covers
+    (``phase`` "untraced").  The largest callee of ``phase``, if it holds ``min_share`` of
+    the busy time, is named by its deepest frame on most of its snapshots.  None when no
+    callee matches."""
+    busy = [(s, w) for _, s, w in _snapshots(timeline, threads) if not _at_rest(s.frames)]
+    whole = _Profile()
+    for s, w in busy:
+        whole.add(s.frames, w)
+    common = [k for k, a in whole.seen.items() if a.us >= 0.9 * whole.total]
+    if len(busy) < min_samples or not common:
+        return None
+    step = max(common, key=lambda k: whole.seen[k].depth)
+    callees: dict[tuple[str, str], _Profile] = defaultdict(_Profile)
+    for s, w in busy:
+        code = [f for f in s.frames if not is_plumbing(f)]
+        at = next((i for i, f in enumerate(code) if (f.name, f.file) == step), None)
+        if at is not None and at + 1 < len(code):
+            callees[(code[at + 1].name, code[at + 1].file)].add(code[at + 1:], w)
+    named = {_word(n) for n in (*model_spans, *phases)}
+    mine = [k for k in callees if (_word(k[0]) == _word(phase) if phase != "untraced" else _word(k[0]) not in named)]
+    if not mine:
+        return None
+    prof = callees[max(mine, key=lambda k: callees[k].total)]
+    if prof.total < min_share * whole.total or prof.n < min_samples:
+        return None
+    inner = [k for k, a in prof.seen.items() if a.us >= 0.5 * prof.total]
+    key = max(inner, key=lambda k: prof.seen[k].depth)
+    site = prof.site(key)
+    site.share = prof.seen[key].us / whole.total
+    return site
+
+
+def _at_rest(frames: Sequence[Frame]) -> bool:
+    """A worker waiting for work at its outer loop (the engine loop's ``self._wake.wait()``)."""
+    b = blocking_call(frames)
+    return b is not None and b.for_work and b.outer
