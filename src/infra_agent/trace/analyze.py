@@ -178,12 +178,15 @@ def _code_sites(timeline: Timeline, spans: list[Span], trends: list[Any], shares
     py-spy dumps (nothing without them)."""
     if not any(s.snapshot for s in timeline.samples):
         return
+    phases = list(shares.by_name) if shares is not None else []
     for t in trends:
         if t.rising:
-            t.site = growth_site(timeline, {s.thread for s in spans if s.name == t.name})
+            # A phase of the step (``sample``) grows in its own code; the step itself, anywhere in it.
+            phase = t.name if t.name in phases else None
+            t.site = growth_site(timeline, {s.thread for s in spans if s.name == t.name}, phase, model_spans, phases)
     if shares is not None and shares.step_us > 0:
         threads = {s.thread for s in spans if s.name == step_span}
-        shares.site = phase_site(timeline, threads, shares.top_phase, model_spans, list(shares.by_name))
+        shares.site = phase_site(timeline, threads, shares.top_phase, model_spans, phases)
 
 
 def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str, str]] | None = None,

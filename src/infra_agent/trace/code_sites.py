@@ -53,13 +53,14 @@ def code_frame(frames: Sequence[Frame]) -> Frame | None:
 class CodeSite:
     function: str
     where: str  # file:line of the code frame (its line seen most)
-    us: float  # sampled time of the snapshots whose stack holds it, inside the intervals
-    share: float  # of the sampled time inside the intervals
+    us: float  # sampled time of the snapshots whose stack holds it
+    share: float  # of the sampled time it is a site of
     samples: int
+    before: float | None = None  # a growing site's share in the first third, ``share`` being the last's
 
     def to_dict(self) -> dict[str, object]:
         return {"function": self.function, "where": self.where, "us": self.us, "share": self.share,
-                "samples": self.samples}
+                "samples": self.samples, "before": self.before}
 
 
 def _weights(times: list[float], window: Interval) -> list[float]:
@@ -91,7 +92,7 @@ class _Profile:
         self.total += w
         self.n += 1
         counted: set[tuple[str, str]] = set()
-        code = [f for f in frames if not is_plumbing(f)] or list(frames[-1:])
+        code = [f for f in frames if not is_plumbing(f)] or list(frames[-1:])  # () adds only to the total
         for depth, f in enumerate(code):
             key = (f.name, f.file)
             if key in counted:
@@ -120,23 +121,78 @@ def _snapshots(timeline: Timeline, threads: set[str]) -> list[tuple[float, Sampl
     return [(s.ts_us, s, weight[s.ts_us]) for s in snaps if s.thread in threads and s.frames]
 
 
-def growth_site(timeline: Timeline, threads: set[str], min_rise: float = 0.1, carry: float = 0.8,
+def _word(name: str) -> str:
+    """What a function or span is called, for matching the two: ``Engine._sample`` -> ``sample``,
+    ``model.forward`` -> ``forward``."""
+    return name.rsplit(".", 1)[-1].lstrip("_").lower()
+
+
+class _Phases:
+    """The step function of a loop thread and the phase each stack is in.
+
+    The step function is the deepest code frame on nearly every snapshot not at rest
+    (``Engine.step``); each of its callees is matched to the step's spans by name: a callee
+    called like a model span (``_forward``: ``model.forward``) is the model, one called like
+    a phase (``_sample``: ``sample``) is that phase, any other is code no span covers
+    (``untraced``)."""
+
+    def __init__(self, busy: list[tuple[Sample, float]], model_spans: Sequence[str], phases: Sequence[str]) -> None:
+        whole = _Profile()
+        for s, w in busy:
+            whole.add(s.frames, w)
+        common = [k for k, a in whole.seen.items() if a.us >= 0.9 * whole.total]
+        self.step = max(common, key=lambda k: whole.seen[k].depth) if common else None
+        self.named = {_word(n) for n in (*model_spans, *phases)}
+
+    def callee(self, frames: Sequence[Frame]) -> list[Frame]:
+        """The stack's code frames from the step function's callee inwards ([] outside the step)."""
+        code = [f for f in frames if not is_plumbing(f)]
+        at = next((i for i, f in enumerate(code) if (f.name, f.file) == self.step), None)
+        return code[at + 1:] if at is not None else []
+
+    def matches(self, callee: Frame, phase: str) -> bool:
+        word = _word(callee.name)
+        return word == _word(phase) if phase != "untraced" else word not in self.named
+
+
+def _working(s: Sample) -> bool:
+    """Running the program's code: holding the GIL, or on a CPU in a native call of its own (a
+    kernel).  Not a thread in the standard library's I/O (a socket call that released the GIL,
+    then waits to take it back from a thread that works more): that is another thread's work."""
+    return s.holds_gil or (not s.idle and s.leaf is not None and not is_plumbing(s.leaf))
+
+
+def _busy(timeline: Timeline, threads: set[str]) -> list[tuple[float, Sample, float]]:
+    return [r for r in _snapshots(timeline, threads) if not _at_rest(r[1].frames)]
+
+
+def growth_site(timeline: Timeline, threads: set[str], phase: str | None = None, model_spans: Sequence[str] = (),
+                phases: Sequence[str] = (), min_rise: float = 0.1, carry: float = 0.5,
                 min_samples: int = 4) -> CodeSite | None:
-    """The code whose share of ``threads``' working sampled time rose most from its first half
-    to its second: of the frames whose inclusive share rose by ``carry`` of the
-    largest rise or more, the deepest (its callers rose with it, by as much; below it the rise
-    splits among callees).  None when no share rose by ``min_rise``, or with fewer than
-    ``min_samples`` snapshots in a half.  Whole halves, not single spans: a dump's time is
-    known only to the tens of milliseconds a ``py-spy dump`` takes, far coarser than a step."""
-    # Working samples only: on a CPU or holding the GIL.  A thread that waits for the GIL more
-    # as another thread works more would otherwise pass for growing work of its own.
-    rows = [r for r in _snapshots(timeline, threads) if r[1].holds_gil or not r[1].idle]
+    """The code whose share of ``threads``' working sampled time rose most from its first third
+    to its last (within one ``phase`` of the thread's steps, when given: see ``_Phases``):
+    of the frames whose inclusive share rose by ``carry`` of the largest rise or more, the
+    deepest.  Its callers rose with it, by as much; below it the rise splits among callees
+    (and a dump of a running thread now and then misses its innermost frames, so even the
+    frame that does the growing work is not on every stack of it).  None when no share rose
+    by ``min_rise``, or with fewer than ``min_samples`` snapshots in a third."""
+    rows = [r for r in _snapshots(timeline, threads) if _working(r[1])]
     if not rows:
         return None
-    mid = sorted(ts for ts, _, _ in rows)[len(rows) // 2]  # halves of the busy time, not of the window
+    steps = _Phases([(s, w) for _, s, w in _busy(timeline, threads)], model_spans, phases) if phase else None
+    # The first and last thirds of the working time (not of the window): work that grows with
+    # each token grows fastest at the end, and the middle third dilutes both sides.
+    times = sorted(ts for ts, _, _ in rows)
+    first, last = times[len(times) // 3], times[(2 * len(times)) // 3]
     early, late = _Profile(), _Profile()
     for ts, s, w in rows:
-        (early if ts < mid else late).add(s.frames, w)
+        if first <= ts < last:
+            continue
+        frames: Sequence[Frame] = s.frames
+        if steps is not None and phase is not None:
+            inner = steps.callee(frames)
+            frames = inner if inner and steps.matches(inner[0], phase) else ()
+        (early if ts < first else late).add(frames, w)
     if min(early.n, late.n) < min_samples:
         return None
     rise = {k: late.share(k) - early.share(k) for k in late.seen}
@@ -144,51 +200,35 @@ def growth_site(timeline: Timeline, threads: set[str], min_rise: float = 0.1, ca
     if top < min_rise:
         return None
     carried = [k for k, r in rise.items() if r >= carry * top]
-    return late.site(max(carried, key=lambda k: (late.seen[k].depth, rise[k])))
-
-
-def _word(name: str) -> str:
-    """What a function or span is called, for matching the two: ``Engine._sample`` -> ``sample``,
-    ``model.forward`` -> ``forward``."""
-    return name.rsplit(".", 1)[-1].lstrip("_").lower()
+    key = max(carried, key=lambda k: (late.seen[k].depth, rise[k]))
+    site = late.site(key)
+    site.before = early.share(key)
+    return site
 
 
 def phase_site(timeline: Timeline, threads: set[str], phase: str, model_spans: Sequence[str],
                phases: Sequence[str], min_share: float = 0.1, min_samples: int = 2) -> CodeSite | None:
-    """The code behind one phase of a loop's steps, from the stacks of ``threads``.
-
-    The step function is the deepest code frame on nearly every snapshot not at rest
-    (``Engine.step``); each of its callees is matched to the step's spans by name: a callee
-    called like a model span (``_forward``: ``model.forward``) is the model, one called like
-    a phase (``_sample``: ``sample``) is that phase, any other is code no span covers
-    (``phase`` "untraced").  The largest callee of ``phase``, if it holds ``min_share`` of
-    the busy time, is named by its deepest frame on most of its snapshots.  None when no
-    callee matches."""
-    busy = [(s, w) for _, s, w in _snapshots(timeline, threads) if not _at_rest(s.frames)]
-    whole = _Profile()
-    for s, w in busy:
-        whole.add(s.frames, w)
-    common = [k for k, a in whole.seen.items() if a.us >= 0.9 * whole.total]
-    if len(busy) < min_samples or not common:
+    """The code behind one phase of a loop's steps (see ``_Phases``), from the stacks of
+    ``threads``: the largest callee of ``phase``, if it holds ``min_share`` of the busy time,
+    named by its deepest frame on most of its snapshots.  None when no callee matches."""
+    busy = [(s, w) for _, s, w in _busy(timeline, threads)]
+    steps = _Phases(busy, model_spans, phases)
+    if len(busy) < min_samples or steps.step is None:
         return None
-    step = max(common, key=lambda k: whole.seen[k].depth)
+    total = sum(w for _, w in busy)
     callees: dict[tuple[str, str], _Profile] = defaultdict(_Profile)
     for s, w in busy:
-        code = [f for f in s.frames if not is_plumbing(f)]
-        at = next((i for i, f in enumerate(code) if (f.name, f.file) == step), None)
-        if at is not None and at + 1 < len(code):
-            callees[(code[at + 1].name, code[at + 1].file)].add(code[at + 1:], w)
-    named = {_word(n) for n in (*model_spans, *phases)}
-    mine = [k for k in callees if (_word(k[0]) == _word(phase) if phase != "untraced" else _word(k[0]) not in named)]
-    if not mine:
+        inner = steps.callee(s.frames)
+        if inner and steps.matches(inner[0], phase):
+            callees[(inner[0].name, inner[0].file)].add(inner, w)
+    if not callees:
         return None
-    prof = callees[max(mine, key=lambda k: callees[k].total)]
-    if prof.total < min_share * whole.total or prof.n < min_samples:
+    prof = callees[max(callees, key=lambda k: callees[k].total)]
+    if prof.total < min_share * total or prof.n < min_samples:
         return None
-    inner = [k for k, a in prof.seen.items() if a.us >= 0.5 * prof.total]
-    key = max(inner, key=lambda k: prof.seen[k].depth)
+    key = max((k for k, a in prof.seen.items() if a.us >= 0.5 * prof.total), key=lambda k: prof.seen[k].depth)
     site = prof.site(key)
-    site.share = prof.seen[key].us / whole.total
+    site.share = prof.seen[key].us / total
     return site
 
 

@@ -168,16 +168,18 @@ def _span_trends(report: TimelineReport) -> list[Finding]:
         site, code = t.site, ""
         loc = Location(span=t.name)
         if site is not None:
-            # The code the span's late (long) instances ran: where the growing work is.
+            # The code whose share of the span's thread grew with it: where the growing work is.
             file, line = _split_where(site.where)
             loc = Location(span=t.name, file=file, line=line, function=site.function)
-            msg += f"; late in the window {_pct(site.share)} of its sampled time was in {site.function} ({site.where})"
+            msg += (f"; the growth is in {site.function} ({site.where}): {_pct(site.before or 0.0)} → "
+                    f"{_pct(site.share)} of its thread's working samples")
             code = f" Look at {site.function} ({site.where}) first."
         out.append(Finding(
             kind=FindingKind.SPAN_TREND, severity="warning", message=msg, location=loc,
             evidence={"n": t.n, "mean_first_us": t.mean_first_us, "mean_last_us": t.mean_last_us, "ratio": t.ratio,
                       **({"size": t.size, "size_at": t.size_at, "adj_first_us": t.adj_first_us,
                           "adj_last_us": t.adj_last_us, "size_ratio": t.size_ratio} if t.size else {}),
+                      **({"share_first": t.share_first, "share_last": t.share_last} if t.share_ratio is not None else {}),
                       **({"slope": best.slope, "slope_unit": best.unit, "r2": best.r2} if best else {}),
                       **({"site": site.to_dict()} if site is not None else {})},
             next_question=f"What in {t.name} scales with {best.regressor if best else 'time'}? Look for work over all "
@@ -202,7 +204,7 @@ def _step_overhead(report: TimelineReport) -> list[Finding]:
     if site is not None:
         file, line = _split_where(site.where)
         loc = Location(span=top_name, component="engine.loop", file=file, line=line, function=site.function)
-        msg += f"; the step's {top_name} part is {site.function} ({site.where}), {_pct(site.share)} of its sampled time"
+        msg += f"; the step's {top_name} part is {site.function} ({site.where}), in {_pct(site.share)} of its thread's busy samples"
         question = (f"What does {site.function} ({site.where}) do in every {ss.step_span}? Move it off the step "
                     "(a thread of its own, or batched over steps), or make it cheaper.")
     return [Finding(kind=FindingKind.STEP_OVERHEAD, severity="warning", message=msg, location=loc,

@@ -1,0 +1,119 @@
+"""Code-level bottlenecks planted in examples/refstack-code, each found by one timeline window.
+
+Each test makes the workspace twice (``make_workspace.py``: a repository holding
+refstack's source), plants one bottleneck in one copy, and runs the real timeline probe
+(the workspace's server launched from that copy, a real load, py-spy dumps of the
+server, its spans) on each.  On the planted copy there must be a warning whose location
+names the function that causes the bottleneck, in the copy's own source (the server ran
+the edited code, not the installed refstack), at a line the plant wrote; on the clean
+copy, no such finding.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from infra_agent.feedback import Feedback, Finding
+from infra_agent.vocabulary import FindingKind
+
+from .code_workspace import (
+    ALLOCATION_CHURN,
+    BLOCKING_CALL,
+    LOCK_HELD,
+    PER_TOKEN_WORK,
+    SYNC_WRITE,
+    Plant,
+    code_workspace,
+    describe,
+    python_on_path,
+    timeline,
+    warnings_of,
+)
+
+
+def _pyspy_works() -> bool:
+    try:
+        return subprocess.run(["py-spy", "--version"], capture_output=True, timeout=20, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not _pyspy_works(), reason="py-spy is not installed")]
+
+
+@pytest.fixture
+def on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", python_on_path())
+
+
+def _measure(tmp_path: Path, plant: Plant, scenario: str, **config: object) -> tuple[Path, Feedback, Feedback]:
+    """The planted copy, and one timeline window on it and on the clean copy."""
+    clean = code_workspace(tmp_path / "clean")
+    planted = code_workspace(tmp_path / "planted")
+    plant.apply(planted)
+    fb = timeline(planted, tmp_path / "planted-out", scenario, **config)
+    if any(f.kind == FindingKind.SAMPLER_UNAVAILABLE for f in fb.findings):
+        pytest.skip("py-spy could not attach here")
+    return planted, fb, timeline(clean, tmp_path / "clean-out", scenario, **config)
+
+
+def _named(fb: Feedback, kind: str, function: str) -> Finding:
+    found = [f for f in warnings_of(fb, kind) if f.location is not None and f.location.function == function]
+    assert found, f"no {kind} warning naming {function}:\n{describe(fb)}"
+    return found[0]
+
+
+def _in_planted_code(f: Finding, planted: Path, plant: Plant, rel: str) -> None:
+    """The location is the planted copy's file (the server ran it), at a line the plant wrote."""
+    loc = f.location
+    assert loc is not None and loc.file is not None and loc.line is not None
+    assert Path(loc.file).resolve() == (planted / rel).resolve(), loc
+    line = (planted / rel).read_text().splitlines()[loc.line - 1].strip()
+    assert line and any(line in new for file, _, new in plant.edits if file == rel), (loc, line)
+
+
+def test_a_blocking_call_on_the_event_loop(tmp_path: Path, on_path: None) -> None:
+    planted, fb, clean = _measure(tmp_path, BLOCKING_CALL, "chat")
+    f = _named(fb, FindingKind.THREAD_BLOCKED, "_respond")
+    _in_planted_code(f, planted, BLOCKING_CALL, "src/refstack/server/openai_routes.py")
+    assert f.evidence["role"] == "event loop" and f.evidence["kind"] == "sleep", f.message
+    assert not warnings_of(clean, FindingKind.THREAD_BLOCKED), describe(clean)
+
+
+def test_a_lock_held_across_a_long_section(tmp_path: Path, on_path: None) -> None:
+    planted, fb, clean = _measure(tmp_path, LOCK_HELD, "short-burst")
+    # The loop waits for the lock in add_request; the finding points at the code holding it.
+    f = _named(fb, FindingKind.THREAD_BLOCKED, "Engine._forward")
+    _in_planted_code(f, planted, LOCK_HELD, "src/refstack/engine/engine.py")
+    assert f.evidence["kind"] == "lock" and f.evidence["function"] == "Engine.add_request", f.message
+    assert f.evidence["holder_lock"] == "self._lock" and f.location is not None and f.location.thread == "engine-loop"
+    assert not warnings_of(clean, FindingKind.THREAD_BLOCKED), describe(clean)
+
+
+def test_per_token_work_that_grows_with_the_output(tmp_path: Path, on_path: None) -> None:
+    planted, fb, clean = _measure(tmp_path, PER_TOKEN_WORK, "long-output")
+    f = _named(fb, FindingKind.SPAN_TREND, "extend_text")
+    _in_planted_code(f, planted, PER_TOKEN_WORK, "src/refstack/engine/deltas.py")
+    assert f.location is not None and f.location.span == "sample"
+    assert f.evidence["share_last"] >= 1.5 * f.evidence["share_first"], f.evidence
+    assert not [t for t in warnings_of(clean, FindingKind.SPAN_TREND) if t.location and t.location.span == "sample"], \
+        describe(clean)
+
+
+def test_a_synchronous_write_per_step(tmp_path: Path, on_path: None) -> None:
+    planted, fb, clean = _measure(tmp_path, SYNC_WRITE, "chat")
+    f = _named(fb, FindingKind.STEP_OVERHEAD, "Engine._journal")
+    _in_planted_code(f, planted, SYNC_WRITE, "src/refstack/engine/engine.py")
+    assert f.location is not None and f.location.span == "untraced", f.message
+    assert not warnings_of(clean, FindingKind.STEP_OVERHEAD), describe(clean)
+
+
+def test_allocation_churn_that_triggers_collections(tmp_path: Path, on_path: None) -> None:
+    planted, fb, clean = _measure(tmp_path, ALLOCATION_CHURN, "chat")
+    f = _named(fb, FindingKind.GC_PAUSE, "Engine._sample")
+    _in_planted_code(f, planted, ALLOCATION_CHURN, "src/refstack/engine/engine.py")
+    assert f.evidence["sites"][0]["share"] >= 0.5, f.evidence["sites"]
+    assert not warnings_of(clean, FindingKind.GC_PAUSE), describe(clean)
