@@ -17,24 +17,16 @@ from infra_agent.agent.runner import RunOptions, start_run
 from infra_agent.ledger import Ledger
 from infra_agent.standin.server import received_requests, serve_standin
 
-from ..probes.code_workspace import BLOCKING_CALL, code_workspace, git, python_on_path
+from ..probes.code_workspace import (
+    BLOCKING_CALL,
+    HANDLER,
+    code_workspace,
+    fix_diff,
+    git,
+    python_on_path,
+)
 
 pytestmark = pytest.mark.slow
-
-HANDLER = "src/refstack/server/openai_routes.py"
-
-
-def _fix(ws: Path) -> str:
-    """The diff that takes the planted call out again (made in the tree, then undone)."""
-    path = ws / HANDLER
-    planted = path.read_text()
-    _, _, new = BLOCKING_CALL.edits[0]
-    sleep = new.splitlines(keepends=True)[-1]
-    path.write_text(planted.replace(sleep, ""))
-    diff = git(ws, "diff")
-    path.write_text(planted)
-    return diff
-
 
 def test_the_llm_proposer_fixes_a_blocking_call_measured_from_the_worktree(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
@@ -42,7 +34,7 @@ def test_the_llm_proposer_fixes_a_blocking_call_measured_from_the_worktree(tmp_p
     ws = code_workspace(tmp_path / "ws")
     BLOCKING_CALL.apply(ws)
     git(ws, "commit", "-qam", "audit each request (synchronously)")
-    diff = _fix(ws)
+    diff = fix_diff(ws)
     script = {"turns": [
         {"tool_calls": [{"tool": "read_file", "arguments": {"path": HANDLER, "start_line": 165, "max_lines": 20}}]},
         {"tool_calls": [{"tool": "propose_diff", "arguments": {"diff": diff}}]},

@@ -138,6 +138,20 @@ ALLOCATION_CHURN = Plant("allocation churn that triggers collections", (
 ))
 
 
+HANDLER = "src/refstack/server/openai_routes.py"
+
+
+def fix_diff(ws: Path) -> str:
+    """The diff that takes ``BLOCKING_CALL``'s call out of a tree that holds it (made in the tree, then undone)."""
+    path = ws / HANDLER
+    planted = path.read_text()
+    sleep = BLOCKING_CALL.edits[0][2].splitlines(keepends=True)[-1]
+    path.write_text(planted.replace(sleep, ""))
+    diff = git(ws, "diff")
+    path.write_text(planted)
+    return diff
+
+
 def timeline(ws: Path, workdir: Path, scenario: str, **config: Any) -> Feedback:
     """One timeline probe window of ``scenario`` on the workspace's server, py-spy on the server process."""
     fb = TimelineProbe().execute({"scenarios": [scenario], "sample_process": "server", **config},

@@ -1,0 +1,71 @@
+"""examples/refstack-code through ``infra-agent mcp``: an MCP client measures a change to refstack's code.
+
+The workspace's tree carries a planted regression (a blocking call on the event loop);
+the client reads the handler, proposes the diff that removes it and runs the experiment,
+through the ``mcp`` package's own client over stdio.  The server runs the loop's
+executor: both sides in worktrees, each launching refstack from its own tree.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from infra_agent.ledger import Ledger
+
+from ..probes.code_workspace import (
+    BLOCKING_CALL,
+    HANDLER,
+    code_workspace,
+    fix_diff,
+    git,
+    python_on_path,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _text(res: object) -> str:
+    return "\n".join(c.text for c in getattr(res, "content", []) if getattr(c, "type", "") == "text")
+
+
+def _failed(res: object) -> bool:
+    return bool(getattr(res, "is_error", None) or getattr(res, "isError", None))
+
+
+def test_an_mcp_client_measures_a_code_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", python_on_path())
+    ws = code_workspace(tmp_path / "ws")
+    BLOCKING_CALL.apply(ws)
+    git(ws, "commit", "-qam", "audit each request (synchronously)")
+    diff = fix_diff(ws)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "infra_agent.mcp", "--workspace", str(ws),
+                                                                 "--budget-runs", "2"],
+                                   env=dict(os.environ), cwd=str(ws))
+
+    async def main() -> str:
+        with open(tmp_path / "server-stderr.log", "a") as errlog:
+            async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as s:
+                await s.initialize()
+                res = await s.call_tool("read_file", {"path": HANDLER, "start_line": 170, "max_lines": 12})
+                assert not _failed(res) and "time.sleep(0.02)" in _text(res), _text(res)
+                res = await s.call_tool("run_experiment", {
+                    "statement": "The handler's synchronous audit call blocks the event loop for 20 ms a request; "
+                                 "without it the loop serves the chats in parallel again and output throughput rises",
+                    "metric": "output_throughput", "direction": "higher", "min_effect": 0.2, "scenario": "chat",
+                    "locality": {"component": "server"}, "diff": diff})
+                assert not _failed(res), _text(res)
+                return _text(res)
+
+    text = anyio.run(main)
+    with Ledger.for_workspace(ws) as ledger:
+        run = ledger.list_runs()[0]
+        exps = {e.role: e for e in ledger.experiments(run.id)}
+    exp = exps["experiment"]
+    assert exp.verdict is not None and exp.verdict.outcome == "supported" and exp.accepted, text
+    assert exp.commit is not None and "time.sleep(0.02)" not in git(ws, "show", f"{exp.commit}:{HANDLER}")
