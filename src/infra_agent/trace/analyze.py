@@ -10,6 +10,7 @@ findings.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -171,6 +172,29 @@ def _while_sampled(timeline: Timeline, spans: list[Span]) -> list[Span]:
     return [s for s in spans if s.start_us >= lo and s.end_us <= hi]
 
 
+def _phase_of(spans: list[Span], name: str, phases: list[str]) -> str | None:
+    """The step phase (a span of ``phases``) that spans named ``name`` run in: the phase itself,
+    else the one holding most of them on their thread; None outside every phase."""
+    if name in phases:
+        return name
+    where: dict[tuple[str, str], list[Interval]] = defaultdict(list)
+    for s in spans:
+        if s.name in phases:
+            where[(s.name, s.thread)].append((s.start_us, s.end_us))
+    merged = {k: merge(v) for k, v in where.items()}
+    starts = {k: [a for a, _ in v] for k, v in merged.items()}
+    votes: dict[str, int] = defaultdict(int)
+    for s in spans:
+        if s.name != name:
+            continue
+        for (phase, thread), ivs in merged.items():
+            i = bisect_right(starts[(phase, thread)], s.start_us) - 1 if thread == s.thread else -1
+            if i >= 0 and s.end_us <= ivs[i][1]:
+                votes[phase] += 1
+                break
+    return max(votes, key=votes.__getitem__) if votes else None
+
+
 def _code_sites(timeline: Timeline, spans: list[Span], trends: list[Any], shares: Any, step_span: str,
                 model_spans: tuple[str, ...]) -> None:
     """Name the code behind a rising span (whose share of its thread rose with it) and behind
@@ -181,8 +205,9 @@ def _code_sites(timeline: Timeline, spans: list[Span], trends: list[Any], shares
     phases = list(shares.by_name) if shares is not None else []
     for t in trends:
         if t.rising:
-            # A phase of the step (``sample``) grows in its own code; the step itself, anywhere in it.
-            phase = t.name if t.name in phases else None
+            # A span inside a phase of the step (``sample``; ``attention`` in ``decode``) grows in
+            # that phase's code; the step itself, anywhere in it.
+            phase = _phase_of(spans, t.name, [*phases, *model_spans]) if t.name != step_span else None
             t.site = growth_site(timeline, {s.thread for s in spans if s.name == t.name}, phase, model_spans, phases)
     if shares is not None and shares.step_us > 0:
         threads = {s.thread for s in spans if s.name == step_span}

@@ -130,19 +130,30 @@ def _word(name: str) -> str:
 class _Phases:
     """The step function of a loop thread and the phase each stack is in.
 
-    The step function is the deepest code frame on nearly every snapshot not at rest
-    (``Engine.step``); each of its callees is matched to the step's spans by name: a callee
-    called like a model span (``_forward``: ``model.forward``) is the model, one called like
-    a phase (``_sample``: ``sample``) is that phase, any other is code no span covers
-    (``untraced``)."""
+    The step function is the deepest code frame on nearly every snapshot not at rest that
+    calls the model (``Engine.step``; a callee that takes nearly all the time, as a slow
+    journal write can, is on as many snapshots but calls no model); each of its callees is
+    matched to the step's spans by name: a callee called like a model span (``_forward``:
+    ``model.forward``) is the model, one called like a phase (``_sample``: ``sample``) is
+    that phase, any other is code no span covers (``untraced``)."""
 
     def __init__(self, busy: list[tuple[Sample, float]], model_spans: Sequence[str], phases: Sequence[str]) -> None:
         whole = _Profile()
         for s, w in busy:
             whole.add(s.frames, w)
-        common = [k for k, a in whole.seen.items() if a.us >= 0.9 * whole.total]
-        self.step = max(common, key=lambda k: whole.seen[k].depth) if common else None
-        self.named = {_word(n) for n in (*model_spans, *phases)}
+        self.model = {_word(n) for n in model_spans}
+        self.named = self.model | {_word(n) for n in phases}
+        common = sorted((k for k, a in whole.seen.items() if a.us >= 0.9 * whole.total),
+                        key=lambda k: -whole.seen[k].depth)
+        self.step = next((k for k in common if self._calls_model(k, busy)), common[0] if common else None)
+
+    def _calls_model(self, key: tuple[str, str], busy: list[tuple[Sample, float]]) -> bool:
+        for s, _ in busy:
+            code = [f for f in s.frames if not is_plumbing(f)]
+            at = next((i for i, f in enumerate(code) if (f.name, f.file) == key), None)
+            if at is not None and at + 1 < len(code) and _word(code[at + 1].name) in self.model:
+                return True
+        return False
 
     def callee(self, frames: Sequence[Frame]) -> list[Frame]:
         """The stack's code frames from the step function's callee inwards ([] outside the step)."""
@@ -151,8 +162,11 @@ class _Phases:
         return code[at + 1:] if at is not None else []
 
     def matches(self, callee: Frame, phase: str) -> bool:
+        """``callee`` runs ``phase``: a model span (any model callee), a named phase, or ``untraced``."""
         word = _word(callee.name)
-        return word == _word(phase) if phase != "untraced" else word not in self.named
+        if phase == "untraced":
+            return word not in self.named
+        return word in self.model if _word(phase) in self.model else word == _word(phase)
 
 
 def _working(s: Sample) -> bool:
@@ -208,16 +222,18 @@ def growth_site(timeline: Timeline, threads: set[str], phase: str | None = None,
 
 def phase_site(timeline: Timeline, threads: set[str], phase: str, model_spans: Sequence[str],
                phases: Sequence[str], min_share: float = 0.1, min_samples: int = 2) -> CodeSite | None:
-    """The code behind one phase of a loop's steps (see ``_Phases``), from the stacks of
-    ``threads``: the largest callee of ``phase``, if it holds ``min_share`` of the busy time,
-    named by its deepest frame on most of its snapshots.  None when no callee matches."""
+    """The code behind one phase of a loop's steps (see ``_Phases``), from the working stacks
+    of ``threads`` (see ``_working``): the largest callee of ``phase``, if it holds
+    ``min_share`` of that time, named by its deepest frame on most of its snapshots.  None
+    when no callee matches."""
     busy = [(s, w) for _, s, w in _busy(timeline, threads)]
     steps = _Phases(busy, model_spans, phases)
-    if len(busy) < min_samples or steps.step is None:
+    working = [(s, w) for s, w in busy if _working(s)]
+    if len(working) < min_samples or steps.step is None:
         return None
-    total = sum(w for _, w in busy)
+    total = sum(w for _, w in working)
     callees: dict[tuple[str, str], _Profile] = defaultdict(_Profile)
-    for s, w in busy:
+    for s, w in working:
         inner = steps.callee(s.frames)
         if inner and steps.matches(inner[0], phase):
             callees[(inner[0].name, inner[0].file)].add(inner, w)

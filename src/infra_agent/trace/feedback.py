@@ -204,7 +204,7 @@ def _step_overhead(report: TimelineReport) -> list[Finding]:
     if site is not None:
         file, line = _split_where(site.where)
         loc = Location(span=top_name, component="engine.loop", file=file, line=line, function=site.function)
-        msg += f"; the step's {top_name} part is {site.function} ({site.where}), in {_pct(site.share)} of its thread's busy samples"
+        msg += f"; the step's {top_name} part is {site.function} ({site.where}), in {_pct(site.share)} of its thread's working samples"
         question = (f"What does {site.function} ({site.where}) do in every {ss.step_span}? Move it off the step "
                     "(a thread of its own, or batched over steps), or make it cheaper.")
     return [Finding(kind=FindingKind.STEP_OVERHEAD, severity="warning", message=msg, location=loc,

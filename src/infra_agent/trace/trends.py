@@ -79,19 +79,27 @@ class SpanTrend:
 
     @property
     def share_ratio(self) -> float | None:
-        """Last tenth over first tenth of its share of the step (None outside steps)."""
+        """How much it grew against the rest of its step, last tenth over first tenth: the ratio
+        of its time to the rest of the step's (its share's odds), which a whole-machine slowdown
+        leaves alone and which, unlike the share itself, does not saturate as the span comes to
+        fill its step.  None outside steps."""
         if self.share_time_fit is None:
             return None
-        return self.share_last / self.share_first if self.share_first > 0 else 1.0
+        odds = [s / (1 - s) if s < 1 else float("inf") for s in (self.share_first, self.share_last)]
+        return odds[1] / odds[0] if odds[0] > 0 else 1.0
 
     @property
     def rising(self) -> bool:
+        """Its duration (at one size of work) rises over the window, and by half or more: measured
+        against the rest of its step when it runs in steps, else on the duration itself."""
         time_fit = self.adj_time_fit if self.size is not None else \
             next((f for f in self.fits if f.regressor == "time"), None)
-        if not (self.size_ratio >= RISE_RATIO and time_fit is not None and time_fit.slope > 0 and time_fit.p < P_MAX):
+        if time_fit is None or time_fit.slope <= 0 or time_fit.p >= P_MAX:
             return False
         share, fit = self.share_ratio, self.share_time_fit
-        return share is None or (fit is not None and share >= RISE_RATIO and fit.slope > 0 and fit.p < P_MAX)
+        if share is None or fit is None:
+            return self.size_ratio >= RISE_RATIO
+        return share >= RISE_RATIO and fit.slope > 0 and fit.p < P_MAX
 
     @property
     def flat(self) -> bool:

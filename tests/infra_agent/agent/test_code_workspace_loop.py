@@ -23,14 +23,11 @@ from ..probes.code_workspace import (
     code_workspace,
     fix_diff,
     git,
-    python_on_path,
 )
 
 pytestmark = pytest.mark.slow
 
-def test_the_llm_proposer_fixes_a_blocking_call_measured_from_the_worktree(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", python_on_path())
+def test_the_llm_proposer_fixes_a_blocking_call_measured_from_the_worktree(tmp_path: Path) -> None:
     ws = code_workspace(tmp_path / "ws")
     BLOCKING_CALL.apply(ws)
     git(ws, "commit", "-qam", "audit each request (synchronously)")

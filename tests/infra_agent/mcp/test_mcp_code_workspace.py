@@ -24,7 +24,6 @@ from ..probes.code_workspace import (
     code_workspace,
     fix_diff,
     git,
-    python_on_path,
 )
 
 pytestmark = pytest.mark.slow
@@ -38,8 +37,7 @@ def _failed(res: object) -> bool:
     return bool(getattr(res, "is_error", None) or getattr(res, "isError", None))
 
 
-def test_an_mcp_client_measures_a_code_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", python_on_path())
+def test_an_mcp_client_measures_a_code_change(tmp_path: Path) -> None:
     ws = code_workspace(tmp_path / "ws")
     BLOCKING_CALL.apply(ws)
     git(ws, "commit", "-qam", "audit each request (synchronously)")

@@ -28,7 +28,6 @@ from .code_workspace import (
     Plant,
     code_workspace,
     describe,
-    python_on_path,
     timeline,
     warnings_of,
 )
@@ -42,11 +41,6 @@ def _pyspy_works() -> bool:
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not _pyspy_works(), reason="py-spy is not installed")]
-
-
-@pytest.fixture
-def on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", python_on_path())
 
 
 def _measure(tmp_path: Path, plant: Plant, scenario: str, **config: object) -> tuple[Path, Feedback, Feedback]:
@@ -75,7 +69,7 @@ def _in_planted_code(f: Finding, planted: Path, plant: Plant, rel: str) -> None:
     assert line and any(line in new for file, _, new in plant.edits if file == rel), (loc, line)
 
 
-def test_a_blocking_call_on_the_event_loop(tmp_path: Path, on_path: None) -> None:
+def test_a_blocking_call_on_the_event_loop(tmp_path: Path) -> None:
     planted, fb, clean = _measure(tmp_path, BLOCKING_CALL, "chat")
     f = _named(fb, FindingKind.THREAD_BLOCKED, "_respond")
     _in_planted_code(f, planted, BLOCKING_CALL, "src/refstack/server/openai_routes.py")
@@ -83,7 +77,7 @@ def test_a_blocking_call_on_the_event_loop(tmp_path: Path, on_path: None) -> Non
     assert not warnings_of(clean, FindingKind.THREAD_BLOCKED), describe(clean)
 
 
-def test_a_lock_held_across_a_long_section(tmp_path: Path, on_path: None) -> None:
+def test_a_lock_held_across_a_long_section(tmp_path: Path) -> None:
     planted, fb, clean = _measure(tmp_path, LOCK_HELD, "short-burst")
     # The loop waits for the lock in add_request; the finding points at the code holding it.
     f = _named(fb, FindingKind.THREAD_BLOCKED, "Engine._forward")
@@ -93,7 +87,7 @@ def test_a_lock_held_across_a_long_section(tmp_path: Path, on_path: None) -> Non
     assert not warnings_of(clean, FindingKind.THREAD_BLOCKED), describe(clean)
 
 
-def test_per_token_work_that_grows_with_the_output(tmp_path: Path, on_path: None) -> None:
+def test_per_token_work_that_grows_with_the_output(tmp_path: Path) -> None:
     planted, fb, clean = _measure(tmp_path, PER_TOKEN_WORK, "long-output")
     f = _named(fb, FindingKind.SPAN_TREND, "extend_text")
     _in_planted_code(f, planted, PER_TOKEN_WORK, "src/refstack/engine/deltas.py")
@@ -103,7 +97,7 @@ def test_per_token_work_that_grows_with_the_output(tmp_path: Path, on_path: None
         describe(clean)
 
 
-def test_a_synchronous_write_per_step(tmp_path: Path, on_path: None) -> None:
+def test_a_synchronous_write_per_step(tmp_path: Path) -> None:
     planted, fb, clean = _measure(tmp_path, SYNC_WRITE, "chat")
     f = _named(fb, FindingKind.STEP_OVERHEAD, "Engine._journal")
     _in_planted_code(f, planted, SYNC_WRITE, "src/refstack/engine/engine.py")
@@ -111,7 +105,7 @@ def test_a_synchronous_write_per_step(tmp_path: Path, on_path: None) -> None:
     assert not warnings_of(clean, FindingKind.STEP_OVERHEAD), describe(clean)
 
 
-def test_allocation_churn_that_triggers_collections(tmp_path: Path, on_path: None) -> None:
+def test_allocation_churn_that_triggers_collections(tmp_path: Path) -> None:
     planted, fb, clean = _measure(tmp_path, ALLOCATION_CHURN, "chat")
     f = _named(fb, FindingKind.GC_PAUSE, "Engine._sample")
     _in_planted_code(f, planted, ALLOCATION_CHURN, "src/refstack/engine/engine.py")
