@@ -181,15 +181,15 @@ def _busy(timeline: Timeline, threads: set[str]) -> list[tuple[float, Sample, fl
 
 
 def growth_site(timeline: Timeline, threads: set[str], phase: str | None = None, model_spans: Sequence[str] = (),
-                phases: Sequence[str] = (), min_rise: float = 0.1, carry: float = 0.5,
-                min_samples: int = 4) -> CodeSite | None:
-    """The code whose share of ``threads``' working sampled time rose most from its first third
-    to its last (within one ``phase`` of the thread's steps, when given: see ``_Phases``):
-    of the frames whose inclusive share rose by ``carry`` of the largest rise or more, the
-    deepest.  Its callers rose with it, by as much; below it the rise splits among callees
-    (and a dump of a running thread now and then misses its innermost frames, so even the
-    frame that does the growing work is not on every stack of it).  None when no share rose
-    by ``min_rise``, or with fewer than ``min_samples`` snapshots in a third."""
+                phases: Sequence[str] = (), min_rise: float = 0.1, min_samples: int = 4) -> CodeSite | None:
+    """The code site (see ``code_frame``) whose share of ``threads``' working sampled time rose
+    most from its first third to its last, within one ``phase`` of the thread's steps when
+    given (see ``_Phases``): the function whose own time grew, with the library and the
+    comprehensions it calls counted as its own.  Not a caller: a caller's inclusive time rises
+    with every callee's, so only the innermost code says which one grew (and a dump of a running
+    thread now and then misses its innermost frames, which makes a caller look like the leaf
+    only now and then).  None when no share rose by ``min_rise``, or with fewer than
+    ``min_samples`` snapshots in a third."""
     rows = [r for r in _snapshots(timeline, threads) if _working(r[1])]
     if not rows:
         return None
@@ -202,19 +202,17 @@ def growth_site(timeline: Timeline, threads: set[str], phase: str | None = None,
     for ts, s, w in rows:
         if first <= ts < last:
             continue
-        frames: Sequence[Frame] = s.frames
+        site = code_frame(s.frames)
         if steps is not None and phase is not None:
-            inner = steps.callee(frames)
-            frames = inner if inner and steps.matches(inner[0], phase) else ()
-        (early if ts < first else late).add(frames, w)
+            inner = steps.callee(s.frames)
+            site = site if inner and steps.matches(inner[0], phase) else None
+        (early if ts < first else late).add([site] if site is not None else [], w)
     if min(early.n, late.n) < min_samples:
         return None
     rise = {k: late.share(k) - early.share(k) for k in late.seen}
-    top = max(rise.values(), default=0.0)
-    if top < min_rise:
+    key = max(rise, key=rise.__getitem__, default=None)
+    if key is None or rise[key] < min_rise:
         return None
-    carried = [k for k, r in rise.items() if r >= carry * top]
-    key = max(carried, key=lambda k: (late.seen[k].depth, rise[k]))
     site = late.site(key)
     site.before = early.share(key)
     return site

@@ -179,7 +179,8 @@ def _span_trends(report: TimelineReport) -> list[Finding]:
             evidence={"n": t.n, "mean_first_us": t.mean_first_us, "mean_last_us": t.mean_last_us, "ratio": t.ratio,
                       **({"size": t.size, "size_at": t.size_at, "adj_first_us": t.adj_first_us,
                           "adj_last_us": t.adj_last_us, "size_ratio": t.size_ratio} if t.size else {}),
-                      **({"share_first": t.share_first, "share_last": t.share_last} if t.share_ratio is not None else {}),
+                      **({"share_first": t.share_first, "share_last": t.share_last, "share_ratio": t.share_ratio}
+                         if t.share_ratio is not None else {}),
                       **({"slope": best.slope, "slope_unit": best.unit, "r2": best.r2} if best else {}),
                       **({"site": site.to_dict()} if site is not None else {})},
             next_question=f"What in {t.name} scales with {best.regressor if best else 'time'}? Look for work over all "

@@ -81,13 +81,15 @@ BLOCKING_CALL = Plant("a blocking call on the event loop", ((
     '    tracing.instant("http.submit", cat="server", request_id=rs.request_id, path=request.url.path)\n'
     "    time.sleep(0.02)  # an audit call, made synchronously on the event loop\n"),))
 
-LOCK_HELD = Plant("a lock held across a long section", ((
-    ENGINE,
-    "        logits = self._run_model(\n"
-    "            chunks, [SeqChunk(slot=c.request.slot, token_ids=c.token_ids, start_pos=c.start_pos) for c in chunks])\n",
-    "        with self._lock:  # the inbox lock, held while the model runs\n"
-    "            logits = self._run_model(\n"
-    "                chunks, [SeqChunk(slot=c.request.slot, token_ids=c.token_ids, start_pos=c.start_pos) for c in chunks])\n"),))
+LOCK_HELD = Plant("a lock held across a long section", (
+    (ENGINE, "        self._lock = threading.Lock()\n", "        self._lock = threading.RLock()\n"),
+    (ENGINE,
+     "            try:\n"
+     "                self.step()\n",
+     "            try:\n"
+     "                with self._lock:  # the counts stay consistent for their readers while a step runs\n"
+     "                    self.step()\n"),
+))
 
 PER_TOKEN_WORK = Plant("per-token work that grows with the output", ((
     "src/refstack/engine/deltas.py",
