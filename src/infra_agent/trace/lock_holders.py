@@ -6,8 +6,9 @@ lock owners, but a stack shows the block each frame is in.  A frame stopped insi
 body of ``with self._lock:`` (a bare name or attribute as the context manager: a lock,
 a condition, a semaphore; a call such as ``with open(...)`` or ``with torch.no_grad():``
 is something else) holds that lock, so in the snapshots where one thread is parked on a
-lock, the other threads' innermost such frames are the candidate holders, and the one
-seen in most of them is named.
+lock, the other threads' such frames are the candidate holders (the outermost of those on
+the innermost block's lock: a re-entrant lock taken again deeper down is held from the
+outer block on), and the one seen in most of them is named.
 
 A frame waiting in a ``Condition.wait`` inside its ``with cond:`` block has released the
 lock for the wait, and one stopped on the ``with`` line itself is still taking it: neither
@@ -64,12 +65,17 @@ class LockBlocks:
         return self._blocks[file]
 
     def held(self, frames: Sequence[Frame]) -> HeldLock | None:
-        """The innermost frame of a stack (innermost last) stopped inside a ``with NAME:`` body."""
+        """The frame of a stack (innermost last) that holds a lock: the innermost frame stopped
+        inside a ``with NAME:`` body names the lock, and the outermost frame inside a block on
+        the same name holds it longest (a re-entrant lock taken again deeper down)."""
+        found: HeldLock | None = None
         for f in reversed(frames):
             if f.line is None or is_plumbing(f):  # the standard library's own locks are its plumbing
                 continue
             inside = [b for b in self._of(f.file) if b[0] <= f.line <= b[1]]
+            if found is not None:
+                inside = [b for b in inside if b[3] == found.lock]
             if inside:
                 _, _, with_line, lock = max(inside, key=lambda b: b[0])
-                return HeldLock(f, lock, with_line)
-        return None
+                found = HeldLock(f, lock, with_line)
+        return found

@@ -81,6 +81,8 @@ BLOCKING_CALL = Plant("a blocking call on the event loop", ((
     '    tracing.instant("http.submit", cat="server", request_id=rs.request_id, path=request.url.path)\n'
     "    time.sleep(0.02)  # an audit call, made synchronously on the event loop\n"),))
 
+# The engine holds its inbox lock (made re-entrant) for its whole step, a step that opens with a
+# short window for requests in flight to join it: the lock keeps exactly those requests out.
 LOCK_HELD = Plant("a lock held across a long section", (
     (ENGINE, "        self._lock = threading.Lock()\n", "        self._lock = threading.RLock()\n"),
     (ENGINE,
@@ -89,6 +91,12 @@ LOCK_HELD = Plant("a lock held across a long section", (
      "            try:\n"
      "                with self._lock:  # the counts stay consistent for their readers while a step runs\n"
      "                    self.step()\n"),
+    (ENGINE,
+     "        with self._lock:\n"
+     "            new, self._inbox = self._inbox, []\n",
+     "        with self._lock:\n"
+     "            time.sleep(0.003)  # a moment for requests in flight to join this step\n"
+     "            new, self._inbox = self._inbox, []\n"),
 ))
 
 PER_TOKEN_WORK = Plant("per-token work that grows with the output", ((

@@ -85,6 +85,20 @@ def test_a_lock_held_across_a_section_names_its_holder(tmp_path: Path) -> None:
     assert "held by engine-loop in Engine._forward" in f.message and "self._lock" in (f.next_question or "")
 
 
+def test_a_reentrant_lock_is_held_by_its_outermost_block(tmp_path: Path) -> None:
+    from infra_agent.trace.lock_holders import LockBlocks
+
+    src = tmp_path / "reentrant.py"
+    src.write_text("def run(self):\n    with self._lock:\n        self.step()\n\n"
+                   "def step(self):\n    with self._lock:\n        work()\n    with self._other:\n        work()\n")
+    f = str(src)
+    held = LockBlocks().held([Frame("run", f, 3), Frame("step", f, 7), Frame("work", "/srv/x.py", 1)])
+    assert held is not None and (held.frame.name, held.lock, held.with_line) == ("run", "self._lock", 2)
+    # Another lock inside: the innermost block names the lock, and no outer block holds that one.
+    held = LockBlocks().held([Frame("run", f, 3), Frame("step", f, 9)])
+    assert held is not None and (held.frame.name, held.lock) == ("step", "self._other")
+
+
 def test_a_condition_wait_holds_no_lock(tmp_path: Path) -> None:
     eng = _engine(tmp_path)
     waiter = loop_under(eng, frame("Engine.add_request", eng, WAKE_LINE))
