@@ -43,9 +43,12 @@ class NodeExecutor(LocalExecutor):
     """The local executor over the copies a driver shipped: no git here, the driver did it."""
 
     def __init__(self, workspace: Workspace, run_id: str, jobs_dir: Path, sides: dict[str, Path],
-                 code_ids: dict[str, str], cache: dict[str, tuple[str, Feedback]], **options: Any) -> None:
+                 code_ids: dict[str, str], cache: dict[str, tuple[str, Feedback]], first_prompt_set: int | None = None,
+                 **options: Any) -> None:
         super().__init__(workspace, run_id, **options)
         self.jobs_dir = jobs_dir
+        # The block of the run's prompt sets the driver reserved for this task's windows.
+        self.first_prompt_set = first_prompt_set
         self.sides = sides
         self.code_ids = {str(sides[k].resolve()): v for k, v in code_ids.items()}
         self._check_cache = dict(cache)
@@ -62,6 +65,10 @@ class NodeExecutor(LocalExecutor):
 
     def base_commit(self) -> str | None:
         return None  # the driver recorded it before shipping
+
+    def _reserve_prompt_sets(self, size: int) -> int:
+        # The driver keeps the run's count; a task runs one job of windows.
+        return self.first_prompt_set if self.first_prompt_set is not None else super()._reserve_prompt_sets(size)
 
     def _code_id(self, ws_dir: Path) -> str:
         # The cache key the driver would compute for the folder this one was copied from.
@@ -118,7 +125,8 @@ def run_experiment(spec: dict[str, Any], events: Any = None) -> dict[str, Any]:
 
         ws = load_workspace(sides["m" if spec["kind"] == "measure" else "b"] / spec["yaml_name"])
         cache = {k: (first, Feedback.model_validate(fb)) for k, (first, fb) in spec["cache"].items()}
-        runner = NodeExecutor(ws, run_id, root / "jobs", sides, spec["code_ids"], cache, **spec["options"])
+        runner = NodeExecutor(ws, run_id, root / "jobs", sides, spec["code_ids"], cache, spec.get("first_prompt_set"),
+                              **spec["options"])
 
         def on_event(ev: dict[str, Any]) -> None:
             _emit(events, {**ev, "exp": exp.id})
