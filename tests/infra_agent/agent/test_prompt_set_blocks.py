@@ -9,6 +9,7 @@ import pytest
 from infra_agent.agent.executors.local import LocalExecutor
 from infra_agent.agent.executors.prompt_sets import (
     MAX_RERUNS,
+    GivenBlock,
     PromptSetCounter,
     block_size,
     slot_set,
@@ -82,3 +83,10 @@ def test_every_window_of_a_run_sends_prompts_no_earlier_window_sent(tmp_path: Pa
     seeds = {w["seed"] for fb in batches[0].candidate["chat"] + measured.candidate["chat"] for w in fb.meta["prompts"]}
     assert len(seeds) == 4
     assert PromptSetCounter(ex.jobs_dir).reserve(1) > max(every)  # what a resumed run would draw next
+
+
+def test_a_ray_task_draws_from_the_block_its_driver_reserved() -> None:
+    block = GivenBlock(40)
+    seen: list[int] = []
+    out = block.run_block((2, 1), lambda first: seen.append(first) or {"prompt_sets_used": 2})
+    assert seen == [40] and out == {"prompt_sets_used": 2}

@@ -26,11 +26,7 @@ from typing import Any
 from infra_agent.agent.executors.base import Execution, Executor, OnEvent, Refusal
 from infra_agent.agent.executors.cleanup import kill_marked
 from infra_agent.agent.executors.jobs import ProbeTimeout, run_job
-from infra_agent.agent.executors.prompt_sets import (
-    PromptSetCounter,
-    block_size,
-    windows_per_run,
-)
+from infra_agent.agent.executors.prompt_sets import PromptSetCounter, windows_per_run
 from infra_agent.agent.executors.protect import check_changes, check_judge_files
 from infra_agent.agent.executors.server_pool import ServerPool
 from infra_agent.agent.executors.shadowing import check_knob_env, check_shadowing
@@ -247,17 +243,10 @@ class LocalExecutor(Executor):
 
     def _windows_job(self, exp_id: str, job: dict[str, Any], windows: tuple[int, int], on_event: OnEvent | None,
                      what: str) -> dict[str, Any]:
-        """A job of serving windows, with a block of prompt sets of its own (``prompt_sets.py``):
-        every window of the run, on a kept server or a fresh one, sends prompts none before it sent."""
-        size = block_size(*windows)
-        first = self._reserve_prompt_sets(size)
-        out = self._job(exp_id, {**job, "first_prompt_set": first}, self.timeout_s, on_event, what)
-        used = out.get("prompt_sets_used")
-        self.prompt_sets.settle(first, size, used if isinstance(used, int) else None)
-        return out
-
-    def _reserve_prompt_sets(self, size: int) -> int:
-        return self.prompt_sets.reserve(size)
+        """A job of serving windows on a block of the run's prompt sets (``prompt_sets.py``): every
+        window of the run, on a kept server or a fresh one, sends prompts none before it sent."""
+        return self.prompt_sets.run_block(windows, lambda first: self._job(
+            exp_id, {**job, "first_prompt_set": first}, self.timeout_s, on_event, what))
 
     def _load_key(self) -> dict[str, Any]:
         """The job's re-run threshold for loaded windows (absent: the worker's default)."""

@@ -20,6 +20,7 @@ it gives back (``settle``).  ``per_slot`` is the windows one probe run sends (it
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,26 @@ class PromptSetCounter:
         with self._lock:
             if used is not None and 0 <= used < size and self._load() == first + size:
                 self._store(first + used)
+
+    def run_block(self, windows: tuple[int, int], run: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+        """``run(first)``: a job of ``windows`` (slots, windows a slot sends a side) on a block
+        of its own; the block's tail the job did not draw (``prompt_sets_used``) is given back."""
+        size = block_size(*windows)
+        first = self.reserve(size)
+        out = run(first)
+        used = out.get("prompt_sets_used")
+        self.settle(first, size, used if isinstance(used, int) else None)
+        return out
+
+
+class GivenBlock(PromptSetCounter):
+    """A block reserved elsewhere: a Ray task's, by the driver, which keeps the run's count."""
+
+    def __init__(self, first: int) -> None:  # no file and no lock: the count is the driver's
+        self.first = first
+
+    def reserve(self, size: int) -> int:
+        return self.first
+
+    def settle(self, first: int, size: int, used: int | None) -> None:
+        return None

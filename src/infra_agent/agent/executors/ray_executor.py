@@ -116,7 +116,7 @@ class RayExecutor(LocalExecutor):
                 exp.base_commit = self.base_commit()
             side = self._measured_dir(exp)
             # The node's windows draw from a block of the run's prompt sets, reserved here (prompt_sets.py).
-            first = self._reserve_prompt_sets(block_size(len(scenarios) * repeats, 1)) if scenarios else None
+            first = self.prompt_sets.reserve(block_size(len(scenarios) * repeats, 1)) if scenarios else None
             return self._submit("measure", exp, {"m": side}, [exp.knobs], on_event, scenarios=scenarios,
                                 repeats=repeats, checks=checks, result_metrics=result_metrics, first_prompt_set=first)
         return self._guarded(exp, submit)
@@ -126,7 +126,7 @@ class RayExecutor(LocalExecutor):
             a_dir, b_dir = self._sides(exp, best)  # worktrees and the protected-path check, here
             first = None
             if plan.mode == "ab":
-                first = self._reserve_prompt_sets(block_size(len(plan.scenarios) * self.pairs,
+                first = self.prompt_sets.reserve(block_size(len(plan.scenarios) * self.pairs,
                                                              windows_per_run(plan.probe.config)))
             return self._submit(plan.mode, exp, {"a": a_dir, "b": b_dir}, [best.knobs, exp.knobs], on_event,
                                 plan=plan, best=_light(best), first_prompt_set=first)

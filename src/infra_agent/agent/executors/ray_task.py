@@ -27,6 +27,7 @@ from typing import Any
 from infra_agent.agent.executors.base import Execution
 from infra_agent.agent.executors.cleanup import kill_marked
 from infra_agent.agent.executors.local import LocalExecutor
+from infra_agent.agent.executors.prompt_sets import GivenBlock
 from infra_agent.agent.executors.ray_ship import collect_artifacts, unpack
 from infra_agent.feedback import Feedback
 from infra_agent.records import Experiment
@@ -47,8 +48,8 @@ class NodeExecutor(LocalExecutor):
                  **options: Any) -> None:
         super().__init__(workspace, run_id, **options)
         self.jobs_dir = jobs_dir
-        # The block of the run's prompt sets the driver reserved for this task's windows.
-        self.first_prompt_set = first_prompt_set
+        if first_prompt_set is not None:  # the block of the run's prompt sets the driver reserved
+            self.prompt_sets = GivenBlock(first_prompt_set)
         self.sides = sides
         self.code_ids = {str(sides[k].resolve()): v for k, v in code_ids.items()}
         self._check_cache = dict(cache)
@@ -65,10 +66,6 @@ class NodeExecutor(LocalExecutor):
 
     def base_commit(self) -> str | None:
         return None  # the driver recorded it before shipping
-
-    def _reserve_prompt_sets(self, size: int) -> int:
-        # The driver keeps the run's count; a task runs one job of windows.
-        return self.first_prompt_set if self.first_prompt_set is not None else super()._reserve_prompt_sets(size)
 
     def _code_id(self, ws_dir: Path) -> str:
         # The cache key the driver would compute for the folder this one was copied from.
