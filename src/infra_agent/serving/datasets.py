@@ -199,10 +199,15 @@ def jsonl_requests(
     prompt_field: str = "prompt",
     tokenizer: Tokenizer | None = None,
     seed: int = 0,
+    start: int | None = None,
 ) -> list[RequestInput]:
     """Lines of ``{prompt_field: str}`` or ``{"messages": [...]}``; optional ``output_len``/``max_tokens``.
 
-    With more requests than lines the file is cycled in a seeded shuffled order.
+    With more requests than lines the file is cycled in a seeded shuffled order.  With
+    ``start``, the lines are shuffled once (``seed``) and read as a ring from position
+    ``start``: consecutive windows given starts ``k * n`` get disjoint prompts until the
+    ring wraps (``serving/prompt_sets.py``); ``start=0`` with ``n`` <= lines is the
+    order without it.
     """
     tok = tokenizer or ByteTokenizer()
     p = Path(path)
@@ -227,7 +232,10 @@ def jsonl_requests(
         rows.append(RequestInput(prompt=prompt, prompt_len=len(tok.encode(text)), output_len=out))
     if not rows:
         raise ConfigError(str(p), None, "at least one prompt line", "an empty file")
-    order = np.random.default_rng(seed).permutation(max(n, len(rows))) % len(rows)
+    if start is None:
+        order = np.random.default_rng(seed).permutation(max(n, len(rows))) % len(rows)
+    else:
+        order = np.random.default_rng(seed).permutation(len(rows))[(start + np.arange(n)) % len(rows)]
     return [rows[int(i)] for i in order[:n]]
 
 

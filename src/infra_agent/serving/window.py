@@ -69,6 +69,10 @@ class MeasuredWindow:
     tokenizer_check: str | None = None
     # Why the window stopped sending before its last request (serving/dead_server.py), if it did.
     stopped: str | None = None
+    # Which prompt set the window draws (serving/prompt_sets.py; None: the dataset's own),
+    # and the record of what was drawn, for the result.
+    prompt_set: int | None = None
+    prompts: dict[str, Any] | None = None
 
     def finished(self, i: int, rec: RequestRecord) -> None:
         self.records[i] = rec
@@ -91,6 +95,8 @@ class MeasuredWindow:
         result.update(result_header(self.base_url, self.scenario, self.model or "default", self.tokenizer, self.headers))
         if self.tokenizer_check is not None:
             result["tokenizer_check"] = self.tokenizer_check
+        if self.prompts is not None:
+            result["prompts"] = self.prompts
         if self.cpu_start is not None:
             cpu = (self.cpu_end if self.cpu_end is not None else time.process_time()) - self.cpu_start
             result["client_cpu_s"] = cpu
