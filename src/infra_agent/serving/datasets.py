@@ -10,6 +10,7 @@ and re-encoded until the count matches, as vLLM's random dataset does.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,6 +56,9 @@ class HFTokenizer:
         if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
             raise ConfigError(file, field, f"a tokenizer folder holding one of {', '.join(_TOKENIZER_FILES)}",
                               f"{self.spec} (none of them in it)")
+        # transformers warns at import that PyTorch is missing (a base install has none, and a
+        # tokenizer needs none); the advice is noise in a benchmark's output.
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
         try:
             from transformers import AutoTokenizer
         except ImportError as exc:

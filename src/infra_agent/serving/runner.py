@@ -22,7 +22,12 @@ from urllib.parse import urlsplit
 
 from infra_agent.errors import ConfigError, TargetError
 from infra_agent.serving import prom
-from infra_agent.serving.client import RequestOptions, make_http_client, send_request
+from infra_agent.serving.client import (
+    RequestOptions,
+    make_http_client,
+    preopen_connections,
+    send_request,
+)
 from infra_agent.serving.datasets import HFTokenizer, Tokenizer, load_tokenizer
 from infra_agent.serving.guard import AliveCheck, failed_if_died, run_guarded
 from infra_agent.serving.metrics import DEFAULT_PERCENTILES
@@ -80,6 +85,9 @@ async def _measure(run: MeasuredWindow, metrics_url: str | None, progress: bool,
             run.tokenizer_check = check_with_usage(hf, base_url, scenario.endpoint, warm[0].prompt, first)
         if warm_n > 1:
             await asyncio.gather(*(send_request(client, base_url, r, opts) for r in warm[1:]))
+        if concurrency > warm_n:
+            # The window's first wave must not pay for connects the warm-up did not make.
+            run.preopened = await preopen_connections(client, base_url, concurrency, dict(headers or {}))
         run.before = await prom.scrape(side, metrics_url, metrics_headers) if metrics_url else None
         await run.send(client, opts, progress)
         if metrics_url:
