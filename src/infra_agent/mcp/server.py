@@ -31,7 +31,7 @@ from mcp.server.lowlevel import Server
 
 from infra_agent import __version__
 from infra_agent.mcp.session import McpSession
-from infra_agent.safety import scrub, scrub_text, workspace_secrets
+from infra_agent.safety import mask_values, workspace_secrets
 from infra_agent.tools.registry import ToolResult
 
 log = logging.getLogger(__name__)
@@ -52,10 +52,10 @@ def _tools(session: McpSession) -> list[types.Tool]:
 
 
 def _result(res: ToolResult, secrets: list[str]) -> types.CallToolResult:
-    """The call's result for the client; masked again, as everything leaving the server is (the
-    registry masked it already: this covers data that ``default=str`` turns into text)."""
-    structured = scrub(json.loads(json.dumps(res.data, default=str)), secrets) if res.data else None
-    return types.CallToolResult(content=[types.TextContent(type="text", text=scrub_text(res.text, secrets))],
+    """The call's result for the client; masked again by value, as everything leaving the server is
+    (the registry masked it already: this covers data that ``default=str`` turns into text)."""
+    structured = mask_values(json.loads(json.dumps(res.data, default=str)), secrets) if res.data else None
+    return types.CallToolResult(content=[types.TextContent(type="text", text=mask_values(res.text, secrets))],
                                 isError=res.error, structuredContent=structured)
 
 
@@ -72,7 +72,7 @@ async def _call(session: McpSession, name: str, arguments: Any, send_progress: A
         with lock:
             count += 1
             n = count
-        anyio.from_thread.run(send_progress, float(n), scrub_text(message, secrets), token=loop_token)
+        anyio.from_thread.run(send_progress, float(n), mask_values(message, secrets), token=loop_token)
 
     res = await anyio.to_thread.run_sync(functools.partial(session.call, name, arguments, progress if send_progress else None),
                                          abandon_on_cancel=True)
