@@ -90,11 +90,12 @@ def remove_all(session: McpSession) -> bool:
     base = session.ws.root / ".infra-agent" / "worktrees" / session.marker_run
     if not base.exists():
         return False
+    left = any(base.iterdir())  # each call removes its own: only a killed one leaves any
     try:
         worktrees(session).remove_all()
     except InfraAgentError:
-        return False
-    return True
+        pass
+    return left
 
 
 __all__ = ["ProbeCode", "experiment_code", "release", "remove_all", "workspace_code", "worktrees"]

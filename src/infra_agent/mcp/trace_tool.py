@@ -102,8 +102,11 @@ def resolve(session: McpSession, src: TraceSource) -> tuple[Window, str, list[st
         windows = [w for w in windows if w.label.startswith(f"{src.scenario} in ")] or windows[:0]
     if not windows:
         scen = f" of scenario {src.scenario!r}" if src.scenario else ""
-        raise InfraAgentError(f"{where} saved no trace{scen} (a timeline probe saves the window's spans and py-spy "
-                              f"samples; its files: {', '.join(a.path for a in fb.artifacts) or 'none'})")
+        files = sorted({Path(a.path).name for a in fb.artifacts})
+        raise InfraAgentError(f"{where} saved no trace{scen}: a {fb.probe} probe saved "
+                              + (", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
+                                 if files else "no files")
+                              + "; a timeline probe saves a window's spans and py-spy samples")
     return windows[0], where, [w.label for w in windows[1:]]
 
 

@@ -63,13 +63,20 @@ def labelled_findings(e: Experiment, limit: int = MAX_FINDINGS) -> list[dict[str
             for side, fb in side_feedbacks(e).items() for f in fb.findings[:limit]]
 
 
+def artifacts(fb: Feedback) -> list[dict[str, Any]]:
+    """A side's files, each once (the windows of one server share its log)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for a in fb.artifacts:
+        seen.setdefault(a.path, a.model_dump(mode="json"))
+    return list(seen.values())
+
+
 def sides_data(e: Experiment) -> dict[str, Any]:
     """The structured form: ``sides`` (per side: the experiment it ran, ok, error, finding count,
     trace and log files), ``metrics`` (:func:`metric_rows`) and ``findings`` (:func:`labelled_findings`)."""
     ran = {"baseline": e.parent, "candidate": e.id}
     sides = {side: {"experiment": ran[side], "probe": fb.probe, "ok": fb.ok, "error": fb.error,
-                    "runs": fb.meta.get("runs", 1), "findings": len(fb.findings),
-                    "artifacts": [a.model_dump(mode="json") for a in fb.artifacts]}
+                    "runs": fb.meta.get("runs", 1), "findings": len(fb.findings), "artifacts": artifacts(fb)}
              for side, fb in side_feedbacks(e).items()}
     return {"sides": sides, "metrics": metric_rows(e), "findings": labelled_findings(e)}
 
@@ -160,5 +167,5 @@ def fit(parts: Sequence[str], limit: int) -> list[str]:
     return out
 
 
-__all__ = ["MAX_FINDINGS", "SIDES", "finding_lines", "fit", "keep_head", "labelled_findings", "metric_rows",
+__all__ = ["MAX_FINDINGS", "SIDES", "artifacts", "finding_lines", "fit", "keep_head", "labelled_findings", "metric_rows",
            "side_feedbacks", "sides_data", "sides_text"]
