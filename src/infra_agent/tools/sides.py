@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from infra_agent.feedback import Feedback, Finding, Measurement
+from infra_agent.feedback import Feedback, Finding, Measurement, Summary
 from infra_agent.records import Experiment
 
 SIDES = ("baseline", "candidate")
@@ -32,7 +32,7 @@ def side_feedbacks(e: Experiment) -> dict[str, Feedback]:
 
 
 def _stat(m: Measurement) -> dict[str, Any]:
-    s = m.summary
+    s = m.summary if m.summary is not None or not m.samples else Summary.of(m.samples)
     if s is None:
         return {"median": None, "n": 0}
     return {"median": s.median, "ci_low": s.ci_low, "ci_high": s.ci_high, "p90": s.p90, "n": s.n}

@@ -6,12 +6,14 @@
 - ``run_probe`` measures an experiment's code (its accepted commit), not only the tree;
 - ``analyze_trace`` and ``diff_traces`` read a probe's saved traces again;
 - ``read_file`` returns code that names tokens and keys as written, while a secret of the
-  server's environment never appears in any text, structured result or progress message.
+  server's environment never appears in any text, structured result or progress message;
+- the client example of docs/mcp.md runs as written against the installed ``mcp`` package.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -125,3 +127,24 @@ def test_the_session_shows_both_sides_experiment_code_and_traces(tmp_path: Path)
     assert e1.commit == out["e1_commit"]
     assert seen and not [m for m in seen if SECRET in m]
     assert any("***" in m for m in seen)
+
+
+@pytest.mark.slow
+def test_the_documented_client_runs_an_experiment_and_prints_both_sides(tmp_path: Path) -> None:
+    # The example of docs/mcp.md, as written, against the installed mcp package.
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "mcp.md").read_text()
+    section = doc.split("## A client in Python", 1)[1]
+    script = tmp_path / "client.py"
+    script.write_text(section.split("```python\n", 1)[1].split("```", 1)[0])
+    ws = _workspace(tmp_path)
+    proc = subprocess.run([sys.executable, str(script), str(ws)], capture_output=True, text=True, timeout=600,
+                          check=False, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    result = next(line for line in lines if line.startswith("e1 "))
+    assert result.split()[1] in ("supported", "refuted", "inconclusive"), proc.stdout
+    tput = next(line for line in lines if line.startswith("output_throughput "))
+    before, after = (float(x) for x in tput.rsplit(": ", 1)[1].split(" -> "))
+    assert before > 0 and after > 0
+    assert any(line.startswith("[baseline] queue_dominates_ttft") for line in lines), proc.stdout
+    assert any(line.startswith("  .. ") for line in lines)  # its progress callback was called
