@@ -12,6 +12,7 @@ list on one side is cut, the other side is still there.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,30 +32,67 @@ def side_feedbacks(e: Experiment) -> dict[str, Feedback]:
     return {side: fb for side, fb in found.items() if fb is not None}
 
 
+Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
 def _stat(m: Measurement) -> dict[str, Any]:
     s = m.summary if m.summary is not None or not m.samples else Summary.of(m.samples)
-    if s is None:
-        return {"median": None, "n": 0}
-    return {"median": s.median, "ci_low": s.ci_low, "ci_high": s.ci_high, "p90": s.p90, "n": s.n}
+    out: dict[str, Any] = {"median": None, "n": 0} if s is None else \
+        {"median": s.median, "ci_low": s.ci_low, "ci_high": s.ci_high, "p90": s.p90, "n": s.n}
+    if "knob" in m.tags:
+        out["knob"] = m.tags["knob"]
+    return out
+
+
+def _key(m: Measurement, *, knob: bool = True) -> Key:
+    return m.name, tuple(sorted((k, v) for k, v in m.tags.items() if knob or k != "knob"))
+
+
+def _pairs(base: list[Measurement], cand: list[Measurement]) -> list[tuple[Measurement | None, Measurement | None]]:
+    """Each metric of the baseline with the candidate's same one: the same name and tags, or tags that
+    differ only in ``knob`` (the serving probe tags the changed side ``knob=max_running=4``) when that
+    match is the only one on each side.  A metric measured on one side only stands alone."""
+    by_key = {_key(m): m for m in cand}
+    exact = {_key(m) for m in base} & set(by_key)
+    loose_b = Counter(_key(m, knob=False) for m in base if _key(m) not in exact)
+    loose_c: dict[Key, list[Measurement]] = {}
+    for k, m in by_key.items():
+        if k not in exact:
+            loose_c.setdefault(_key(m, knob=False), []).append(m)
+    out: list[tuple[Measurement | None, Measurement | None]] = []
+    used: set[int] = set()
+    for m in base:
+        if _key(m) in exact:
+            out.append((m, by_key[_key(m)]))
+            continue
+        match = loose_c.get(_key(m, knob=False), [])
+        one = match[0] if loose_b[_key(m, knob=False)] == 1 and len(match) == 1 else None
+        used |= {id(one)} if one is not None else set()
+        out.append((m, one))
+    return out + [(None, m) for k, m in by_key.items() if k not in exact and id(m) not in used]
 
 
 def metric_rows(e: Experiment) -> list[dict[str, Any]]:
     """One row per metric (name and tags): its unit, which way is better, each side's median with the
-    interval of the median and the sample count, and the ratio of the medians (candidate / baseline).
-    The hypothesis metric comes first.  The judge's verdict is on paired runs, not on this ratio."""
-    rows: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, Any]] = {}
-    for side, fb in side_feedbacks(e).items():
-        for m in fb.measurements:
-            key = (m.name, tuple(sorted(m.tags.items())))
-            row = rows.setdefault(key, {"name": m.name, "unit": m.unit, "better": m.better, "tags": dict(m.tags),
-                                        "baseline": None, "candidate": None, "ratio": None})
-            row[side] = _stat(m)
-    for row in rows.values():
-        a, b = (row[s]["median"] if row[s] else None for s in SIDES)
-        if a is not None and b is not None and a != 0 and math.isfinite(a) and math.isfinite(b):
-            row["ratio"] = b / a
+    interval of the median and the sample count (and the ``knob`` tag a side was measured under), and
+    the ratio of the medians (candidate / baseline).  The hypothesis metric comes first.  The judge's
+    verdict is on paired runs, not on this ratio."""
+    fbs = side_feedbacks(e)
+    pairs = _pairs(*(fbs[side].measurements if side in fbs else [] for side in SIDES))
+    rows = []
+    for b, c in pairs:
+        first = b if b is not None else c
+        assert first is not None
+        row: dict[str, Any] = {"name": first.name, "unit": first.unit, "better": first.better,
+                               "tags": dict(_key(first, knob=b is None or c is None or b.tags == c.tags)[1]),
+                               "baseline": _stat(b) if b is not None else None,
+                               "candidate": _stat(c) if c is not None else None, "ratio": None}
+        x, y = (row[s]["median"] if row[s] else None for s in SIDES)
+        if x is not None and y is not None and x != 0 and math.isfinite(x) and math.isfinite(y):
+            row["ratio"] = y / x
+        rows.append(row)
     metric = e.hypothesis.metric
-    return sorted(rows.values(), key=lambda r: r["name"] != metric)
+    return sorted(rows, key=lambda r: r["name"] != metric)
 
 
 def labelled_findings(e: Experiment, limit: int = MAX_FINDINGS) -> list[dict[str, Any]]:

@@ -137,8 +137,12 @@ def test_the_documented_client_runs_an_experiment_and_prints_both_sides(tmp_path
     script = tmp_path / "client.py"
     script.write_text(section.split("```python\n", 1)[1].split("```", 1)[0])
     ws = _workspace(tmp_path)
+    # The mcp client starts the server with a clean environment (a safe subset of variables, no
+    # PYTHONPATH), and `python -m` imports from the working directory first: run it from this
+    # checkout's src, so the server is the code under test.
+    src = Path(__file__).resolve().parents[3] / "src"
     proc = subprocess.run([sys.executable, str(script), str(ws)], capture_output=True, text=True, timeout=600,
-                          check=False, cwd=tmp_path)
+                          check=False, cwd=src)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     result = next(line for line in lines if line.startswith("e1 "))

@@ -6,9 +6,23 @@ from __future__ import annotations
 import pytest
 
 from infra_agent.agent.proposers.llm_prompt import experiment_result
-from infra_agent.feedback import Artifact, Feedback, Finding, Location, Measurement, Tier
+from infra_agent.feedback import (
+    Artifact,
+    Feedback,
+    Finding,
+    Location,
+    Measurement,
+    Tier,
+)
 from infra_agent.records import Experiment, Hypothesis, Verdict
-from infra_agent.tools.sides import fit, keep_head, labelled_findings, metric_rows, sides_data, sides_text
+from infra_agent.tools.sides import (
+    fit,
+    keep_head,
+    labelled_findings,
+    metric_rows,
+    sides_data,
+    sides_text,
+)
 
 
 def _side(tput: list[float], ttft: list[float], findings: list[Finding], *, extra: bool = False) -> Feedback:
@@ -79,3 +93,22 @@ def test_fit_gives_short_parts_all_and_long_ones_the_rest() -> None:
     assert out[1] == short
     assert 800 < len(out[0]) <= 1000 and 800 < len(out[2]) <= 1000
     assert keep_head("x" * 5000, 300).endswith("characters cut]") and len(keep_head("x" * 5000, 300)) <= 300
+
+
+def test_the_changed_sides_knob_tag_does_not_split_a_metric() -> None:
+    # The serving probe tags the candidate's measurements with the knob it changed.
+    e = _experiment()
+    assert e.feedback is not None
+    for m in e.feedback.measurements:
+        m.tags["knob"] = "max_running=4"
+    rows = metric_rows(e)
+    tput = rows[0]
+    assert [r["name"] for r in rows] == ["output_throughput", "ttft_ms", "kv_pages"]
+    assert tput["tags"] == {"scenario": "chat"} and tput["ratio"] == pytest.approx(1.5)
+    assert tput["candidate"]["knob"] == "max_running=4" and "knob" not in tput["baseline"]
+    # Two arms of one knob on one side (a timeline comparison) stay two rows, not one guess.
+    arms = [Measurement.from_samples("ratio", "x", [v], None, knob=f"ep={v}") for v in (1.0, 2.0)]
+    assert e.baseline_feedback is not None
+    e.baseline_feedback.measurements += arms
+    e.feedback.measurements.append(Measurement.from_samples("ratio", "x", [3.0], None, knob="ep=3"))
+    assert [(r["baseline"] or {}).get("median") for r in metric_rows(e) if r["name"] == "ratio"] == [1.0, 2.0, None]
