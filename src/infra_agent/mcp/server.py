@@ -39,9 +39,10 @@ log = logging.getLogger(__name__)
 SERVER_NAME = "infra-agent"
 INSTRUCTIONS = (
     "infra-agent: find and fix performance bottlenecks in an LLM inference stack. Start with validate_workspace "
-    "and list_knobs; run_probe measures without judging; run_experiment tests ONE hypothesis (metric, direction, "
-    "minimum effect) with knobs and/or a diff against the current best and records the verdict in the ledger; "
-    "read_ledger, list_experiments and read_findings read what was measured.")
+    "and list_knobs; run_probe measures without judging (the workspace, or an experiment's code); run_experiment "
+    "tests ONE hypothesis (metric, direction, minimum effect) with knobs and/or a diff against the current best, "
+    "records the verdict in the ledger and returns both sides' metrics and findings; analyze_trace and diff_traces "
+    "read a probe's saved traces again; read_ledger, list_experiments and read_findings read what was measured.")
 
 _MODERN = "on_call_tool" in inspect.signature(Server.__init__).parameters  # mcp >= 2
 

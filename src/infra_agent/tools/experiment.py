@@ -201,8 +201,10 @@ TOOLS = [
     Tool("set_knobs", "Set knob values for the next experiment (checked against each knob's domain).",
          SetKnobsArgs, set_knobs),
     Tool("run_experiment", "Run one experiment: the pending knobs and/or diff, tested against the current best under "
-                           "ONE hypothesis (the metric it predicts, the direction, the minimum effect). The verdict "
-                           "and the new feedback come back as this call's result.", RunExperimentArgs, run_experiment),
+                           "ONE hypothesis (the metric it predicts, the direction, the minimum effect). The verdict, "
+                           "and both sides' metrics and findings (the parent's and the change's, labelled), come back "
+                           "as this call's result. The same change as an open experiment (inconclusive, promising) "
+                           "tops that one up with more pairs.", RunExperimentArgs, run_experiment),
     Tool("read_ledger", "List this run's experiments: hypothesis, change, verdict, cost.", ReadLedgerArgs, read_ledger),
     Tool("finish", "Stop proposing experiments, with the reason.", FinishArgs, finish),
 ]
