@@ -98,26 +98,30 @@ def run_method(method: str, seed: int, workdir: Path, args: argparse.Namespace) 
     ws = make_workspace(workdir / f"{method}-{seed}", args.scenario)
     gate = GATES[args.scenario]
     opts = RunOptions(proposer="rules" if method == "rules" else "search", seed=seed, blind=method == "blind",
-                      budget_runs=args.budget_runs, pairs=args.pairs, confirm=False, probe_timeout_s=args.probe_timeout_s)
+                      budget_runs=args.budget_runs, pairs=args.pairs, confirm=False, probe_timeout_s=args.probe_timeout_s,
+                      process_noise=args.process_noise, reuse_servers=args.reuse_servers)
     start = time.monotonic()
     run = start_run(ws, opts, progress=args.verbose)
     wall = time.monotonic() - start
     with Ledger.for_workspace(ws) as ledger:
         exps = ledger.experiments(run.id)
-    runs = 0
+    runs = launches = 0
     fixed_at: int | None = None
+    fixed_launches: int | None = None
     fixed_s: float | None = None
     for e in exps:
         # An experiment killed at the probe timeout counts the runs it set out to make.
         runs += e.cost.e2e_runs if e.status != "timeout" else 2 * args.pairs
+        launches += e.cost.launches
         gates = {g.name: g.outcome for g in (e.verdict.gates if e.verdict else [])}
         # the baseline is no fix, even when a noisy window lets its gate pass (reported as such)
         if e.role != "baseline" and e.accepted and gates.get(gate) == "pass":
-            fixed_at, fixed_s = runs, (e.finished_at or time.time()) - run.started_at
+            fixed_at, fixed_s, fixed_launches = runs, (e.finished_at or time.time()) - run.started_at, launches
             break
     over = _over_cores(ws, exps)
     return {"method": method, "seed": seed, "scenario": args.scenario, "fixed": fixed_at is not None, "over_cores": over,
             "e2e_runs": fixed_at if fixed_at is not None else runs,
+            "launches": fixed_launches if fixed_launches is not None else launches,
             "wall_s": fixed_s if fixed_s is not None else wall, "experiments": sum(e.role == "experiment" for e in exps),
             "baseline_passed": bool(exps) and all(g.outcome in ("pass", "skipped") for g in
                                                    (exps[0].verdict.gates if exps[0].verdict else [])),
@@ -161,6 +165,7 @@ def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "median_e2e_runs": statistics.median(r["e2e_runs"] for r in rs),
                      "median_wall_s": statistics.median(r["wall_s"] for r in rs),
                      "over_cores": sum(r.get("over_cores", 0) for r in rs),
+                     "median_launches": statistics.median(r.get("launches", 0) for r in rs),
                      "e2e_runs": [(">" if not r["fixed"] else "") + str(r["e2e_runs"]) for r in rs]})
     return rows
 
@@ -177,6 +182,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the raw results here (JSON)")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--noisy", action="store_true", help="a busy loop takes one core for the whole benchmark")
+    ap.add_argument("--process-noise", default="auto", help="the run's --process-noise (auto, off or a spread)")
+    ap.add_argument("--reuse-servers", choices=["auto", "off"], default="auto",
+                    help="the run's --reuse-servers (auto keeps servers up where the process spread is nil)")
     args = ap.parse_args()
     if args.probe_timeout_s is None:
         args.probe_timeout_s = 600.0 if args.scenario == "kv-transfer" else 90.0
@@ -191,16 +199,18 @@ def main() -> int:
                 results.append(r)
                 knobs = [t[1] for t in r["trail"] if t[5]]
                 print(f"seed {seed} {method:>10}: {'fixed' if r['fixed'] else 'NOT fixed'} after {r['e2e_runs']} e2e runs, "
-                      f"{r['experiments']} experiments, {r['wall_s']:.0f} s; accepted {knobs or 'nothing'} "
+                      f"{r['experiments']} experiments, {r['launches']} launches, {r['wall_s']:.0f} s; accepted {knobs or 'nothing'} "
                       f"({r['message']})", flush=True)
                 if args.out:
                     args.out.write_text(json.dumps(results, indent=1, default=str))
     rows = summarise(results)
     print(f"\nload average at end {os.getloadavg()[0]:.2f}")
-    print(f"\n{'method':>10} | seeds | fixed | median e2e runs | median wall s | over cores | e2e runs per seed")
+    print(f"\n{'method':>10} | seeds | fixed | median e2e runs | median launches | median wall s | over cores "
+          "| e2e runs per seed")
     for row in rows:
         print(f"{row['method']:>10} | {row['seeds']:>5} | {row['fixed']:>5} | {row['median_e2e_runs']:>15} | "
-              f"{row['median_wall_s']:>13.0f} | {row['over_cores']:>10} | {' '.join(row['e2e_runs'])}")
+              f"{row['median_launches']:>15} | {row['median_wall_s']:>13.0f} | {row['over_cores']:>10} | "
+              f"{' '.join(row['e2e_runs'])}")
     by = {r["method"]: r for r in rows}
     if "attributed" in by and "blind" in by:
         ratio = by["blind"]["median_e2e_runs"] / by["attributed"]["median_e2e_runs"]

@@ -14,6 +14,10 @@
   characters) given to a secret name (``API_KEY=sk-...``, ``--hf-token hf_...``,
   ``"api_key": "sk-..."``).  A name alone never masks anything: ``per_token_ms``,
   ``token_ids``, ``key=lambda x: x`` and ``max_batch_tokens: 64`` come through intact.
+- ``mask_values``: masking by value only (each known secret, and a URL's password), for
+  what a tool returns to a model: source it reads, metric names, findings' evidence.  A
+  form keyed on a name (``next_token = "tok_0123456789"``, ``password = args.password2``)
+  is code there, not a secret; the secrets it could hold are the known ones.
 - ``confine``: resolves a path (symlinks included) inside a root, or refuses it with
   the path named.
 - ``bound``: cuts long text (a server log, kernel output) to head + tail with a count of
@@ -262,6 +266,35 @@ def _scrub(value: Any, vals: list[str]) -> Any:
             found = command_secrets([v for v in value if isinstance(v, str)])
             vals = sorted({*vals, *found}, key=len, reverse=True) if found else vals
         items = [_scrub(v, vals) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
+
+
+def _template_password(m: re.Match[str]) -> str:
+    # A template's placeholder (``{password}``, ``$DB_PASS``) is not the value.
+    pw = m.group(2)
+    return m.group(0) if "{" in pw or pw.startswith("$") else _url_password(m)
+
+
+def mask_values(value: Any, values: Iterable[str] | None = None) -> Any:
+    """``value`` (text, or JSON-like data with its keys) with each of ``values`` (default: the
+    environment's secrets) and each URL's password masked, and nothing else: no name, word or
+    shape of text masks anything, so code and metric names come through as written.  Numbers and
+    booleans are never touched."""
+    vals = secret_values() if values is None else sorted({v for v in values if _maskable(v)}, key=len, reverse=True)
+    return _mask_values(value, vals)
+
+
+def _mask_values(value: Any, vals: list[str]) -> Any:
+    if isinstance(value, str):
+        for v in vals:
+            if v in value:
+                value = value.replace(v, MASK)
+        return _URL_PASSWORD.sub(_template_password, value)
+    if isinstance(value, Mapping):
+        return {_mask_values(k, vals): _mask_values(v, vals) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_mask_values(v, vals) for v in value]
         return items if isinstance(value, list) else tuple(items)
     return value
 

@@ -68,6 +68,11 @@ def pool_runs(feedbacks: Sequence[Feedback]) -> Feedback | None:
                 findings.append(f)
     # A Feedback pooled earlier counts the runs it holds.
     meta: dict[str, Any] = {**first.meta, "runs": sum(_runs(fb.meta) for fb in feedbacks)}
+    # Each serving window's prompt set (probes/serving.py): every run's, so the ledger shows
+    # that no window of the experiment repeated another's prompts.
+    prompts = [p for fb in feedbacks for p in (fb.meta.get("prompts") or []) if isinstance(fb.meta.get("prompts"), list)]
+    if prompts:
+        meta["prompts"] = prompts
     failed_gate = next((fb.meta[GATE_FAILED] for fb in feedbacks if not fb.ok and fb.meta.get(GATE_FAILED)), None)
     meta.pop(GATE_FAILED, None)
     if failed_gate is not None:

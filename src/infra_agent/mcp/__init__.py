@@ -3,7 +3,10 @@
 - :mod:`infra_agent.mcp.session`: the tools and the session's run, with no MCP code
   (one ``McpSession`` per server process; ``call(name, args, progress)`` never raises);
 - :mod:`infra_agent.mcp.views`: its read-only tools (workspace, knobs, ledger runs,
-  experiments and findings); :mod:`infra_agent.mcp.probe_tool`: its ``run_probe`` tool;
+  experiments and findings); :mod:`infra_agent.mcp.probe_tool`: its ``run_probe`` tool,
+  on the code :mod:`infra_agent.mcp.probe_code` checks out;
+  :mod:`infra_agent.mcp.experiment_tool`: its ``run_experiment`` tool;
+  :mod:`infra_agent.mcp.trace_tool`: ``analyze_trace`` and ``diff_traces``;
   :mod:`infra_agent.mcp.tool_args`: its tools' argument models;
   :mod:`infra_agent.mcp.progress`: its progress and heartbeat;
 - :mod:`infra_agent.mcp.server`: the binding to the ``mcp`` package (stdio or

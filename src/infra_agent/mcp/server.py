@@ -31,7 +31,7 @@ from mcp.server.lowlevel import Server
 
 from infra_agent import __version__
 from infra_agent.mcp.session import McpSession
-from infra_agent.safety import scrub, scrub_text, workspace_secrets
+from infra_agent.safety import mask_values, workspace_secrets
 from infra_agent.tools.registry import ToolResult
 
 log = logging.getLogger(__name__)
@@ -39,9 +39,10 @@ log = logging.getLogger(__name__)
 SERVER_NAME = "infra-agent"
 INSTRUCTIONS = (
     "infra-agent: find and fix performance bottlenecks in an LLM inference stack. Start with validate_workspace "
-    "and list_knobs; run_probe measures without judging; run_experiment tests ONE hypothesis (metric, direction, "
-    "minimum effect) with knobs and/or a diff against the current best and records the verdict in the ledger; "
-    "read_ledger, list_experiments and read_findings read what was measured.")
+    "and list_knobs; run_probe measures without judging (the workspace, or an experiment's code); run_experiment "
+    "tests ONE hypothesis (metric, direction, minimum effect) with knobs and/or a diff against the current best, "
+    "records the verdict in the ledger and returns both sides' metrics and findings; analyze_trace and diff_traces "
+    "read a probe's saved traces again; read_ledger, list_experiments and read_findings read what was measured.")
 
 _MODERN = "on_call_tool" in inspect.signature(Server.__init__).parameters  # mcp >= 2
 
@@ -52,10 +53,10 @@ def _tools(session: McpSession) -> list[types.Tool]:
 
 
 def _result(res: ToolResult, secrets: list[str]) -> types.CallToolResult:
-    """The call's result for the client; masked again, as everything leaving the server is (the
-    registry masked it already: this covers data that ``default=str`` turns into text)."""
-    structured = scrub(json.loads(json.dumps(res.data, default=str)), secrets) if res.data else None
-    return types.CallToolResult(content=[types.TextContent(type="text", text=scrub_text(res.text, secrets))],
+    """The call's result for the client; masked again by value, as everything leaving the server is
+    (the registry masked it already: this covers data that ``default=str`` turns into text)."""
+    structured = mask_values(json.loads(json.dumps(res.data, default=str)), secrets) if res.data else None
+    return types.CallToolResult(content=[types.TextContent(type="text", text=mask_values(res.text, secrets))],
                                 isError=res.error, structuredContent=structured)
 
 
@@ -72,7 +73,7 @@ async def _call(session: McpSession, name: str, arguments: Any, send_progress: A
         with lock:
             count += 1
             n = count
-        anyio.from_thread.run(send_progress, float(n), scrub_text(message, secrets), token=loop_token)
+        anyio.from_thread.run(send_progress, float(n), mask_values(message, secrets), token=loop_token)
 
     res = await anyio.to_thread.run_sync(functools.partial(session.call, name, arguments, progress if send_progress else None),
                                          abandon_on_cancel=True)

@@ -14,9 +14,12 @@ Tools:
   change inline (``knobs``, ``diff``: the same checks as ``set_knobs`` and
   ``propose_diff``) and returns the verdict;
 - the environment's: ``validate_workspace``, ``list_knobs``, ``run_probe``,
-  ``list_runs``, ``list_experiments``, ``read_findings`` (the read-only ones in
-  :mod:`infra_agent.mcp.views`, ``run_probe`` in :mod:`infra_agent.mcp.probe_tool`;
-  their arguments in :mod:`infra_agent.mcp.tool_args`).
+  ``analyze_trace``, ``diff_traces``, ``list_runs``, ``list_experiments``,
+  ``read_findings`` (the read-only ones in :mod:`infra_agent.mcp.views`, ``run_probe`` in
+  :mod:`infra_agent.mcp.probe_tool` with the code it runs on in
+  :mod:`infra_agent.mcp.probe_code`, the trace tools in :mod:`infra_agent.mcp.trace_tool`;
+  their arguments in :mod:`infra_agent.mcp.tool_args`).  ``run_experiment`` is
+  :mod:`infra_agent.mcp.experiment_tool`'s.
 
 The run: the first ``run_experiment`` opens a run record in the workspace's ledger
 (proposer ``mcp``), or resumes the one named by ``--run``, and measures the baseline;
@@ -42,16 +45,21 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra_agent.errors import InfraAgentError
-from infra_agent.mcp import views
-from infra_agent.mcp.probe_tool import FEEDBACK_CHARS, run_probe
-from infra_agent.mcp.progress import Heartbeat, SinkProgress
+from infra_agent.feedback import Feedback
+from infra_agent.mcp import probe_code, views
+from infra_agent.mcp.experiment_tool import run_experiment
+from infra_agent.mcp.probe_tool import run_probe
+from infra_agent.mcp.progress import SinkProgress
 from infra_agent.mcp.tool_args import (
+    AnalyzeTraceArgs,
+    DiffTracesArgs,
     ListExperimentsArgs,
     McpRunExperimentArgs,
     NoArgs,
     ReadFindingsArgs,
     RunProbeArgs,
 )
+from infra_agent.mcp.trace_tool import analyze_trace, diff_traces
 from infra_agent.records import Experiment, RunRecord, Step
 from infra_agent.tools import code as code_tools
 from infra_agent.tools import experiment as exp_tools
@@ -107,10 +115,12 @@ class McpSession:
         self.ledger: Any = None
         self.run: RunRecord | None = None
         self.closed_reason: str | None = None  # set by finish: no more experiments in this session
-        self._submitted: Step | None = None
+        self.submitted: Step | None = None
         self._lock = threading.Lock()  # one tool call at a time: the loop and the context are not shared
         self._sink: Progress | None = None
-        self._restored = False
+        self.restored = False
+        # Each run_probe call's Feedback, by call (p1, p2 ...): the trace tools read their files.
+        self.probe_feedback: dict[str, Feedback] = {}
 
     # ------------------------------------------------------------ calls
 
@@ -135,10 +145,10 @@ class McpSession:
         sink = self._sink
         if sink is None:
             return
-        from infra_agent.safety import scrub_text
+        from infra_agent.safety import mask_values, workspace_secrets
 
         try:
-            sink(scrub_text(message)[:500])
+            sink(mask_values(message, workspace_secrets(self.ws))[:500])
         except Exception:
             log.debug("progress sink failed", exc_info=True)
 
@@ -150,6 +160,8 @@ class McpSession:
         n = kill_marked(f"{self.marker_run}/")
         if n:
             found.append(f"{n} probe process(es)")
+        if probe_code.remove_all(self):
+            found.append("probe worktree(s)")
         if self.loop is not None:
             found += self.loop.executor.cleanup()
             if self.run is not None and self.run.status == "running":
@@ -188,7 +200,7 @@ class McpSession:
             self.ledger = Ledger.for_workspace(self.ws.root)
         return self.ledger
 
-    def _open_run(self) -> Any:
+    def open_run(self) -> Any:
         """The session's loop: a new run record (proposer ``mcp``), or the one named by ``--run``."""
         if self.loop is not None:
             return self.loop
@@ -241,7 +253,7 @@ class McpSession:
         self.ledger.save_run(run)
 
     def _submit(self, step: Step) -> None:
-        self._submitted = step
+        self.submitted = step
 
     # ------------------------------------------------------------ tools
 
@@ -253,16 +265,25 @@ class McpSession:
             "run_experiment", run_tool.description + " The change may be given inline (knobs, diff) or built first with "
             "set_knobs and propose_diff. It runs through the planner, the executor (git worktree for a diff, protected "
             "paths), the judge and the ledger, against the current best; the first call measures the baseline.",
-            McpRunExperimentArgs, self._run_experiment))
+            McpRunExperimentArgs, partial(run_experiment, self)))
         return [
             Tool("validate_workspace", "Load and validate the workspace (infra-agent.yaml) as it is on disk now; list its "
                  "target, knobs (domains, components), scenarios, criteria, checks and protected paths.",
                  NoArgs, partial(views.validate_workspace, self)),
             Tool("list_knobs", "List the knobs: type and domain, default, the value the current best runs with, the "
                  "components each affects.", NoArgs, partial(views.list_knobs, self)),
-            Tool("run_probe", "Run one probe on the workspace (its code as it is, with the given knob values) in a "
-                 "worker subprocess with a timeout, and return its Feedback (measurements, findings). Nothing is "
-                 "judged or recorded in the ledger.", RunProbeArgs, partial(run_probe, self)),
+            Tool("run_probe", "Run one probe on the workspace (its code as it is, with the given knob values), or on "
+                 "an experiment's code (experiment: its accepted commit, else its parent's commit with its diff, in a git "
+                 "worktree) in a worker subprocess with a timeout, and return its Feedback (measurements, findings, "
+                 "trace files). Nothing is judged or recorded in the ledger; the call is named (p1, p2, ...) for "
+                 "analyze_trace and diff_traces.", RunProbeArgs, partial(run_probe, self)),
+            Tool("analyze_trace", "Analyse the traces a probe saved (a run_probe call, an experiment's side, or trace "
+                 "files) again, without running anything: per-thread time, every sampled thread's states (running, "
+                 "waiting for the GIL, blocked off it, with the call site), waits for the GIL and who held it, "
+                 "findings.", AnalyzeTraceArgs, partial(analyze_trace, self)),
+            Tool("diff_traces", "Diff the span traces of two windows (an experiment's baseline and candidate sides, or "
+                 "any two sources): spans and categories ranked by their share of the end-to-end delta.",
+                 DiffTracesArgs, partial(diff_traces, self)),
             *tools,
             Tool("list_runs", "List the runs in the workspace's ledger, newest first.", NoArgs, partial(views.list_runs, self)),
             Tool("list_experiments", "List a run's experiments from the ledger: hypothesis, change, verdict, cost.",
@@ -278,65 +299,6 @@ class McpSession:
             return dict(self.ws.resolve_knobs())
         except InfraAgentError:
             return {}
-
-    def _run_experiment(self, ctx: ToolContext, args: McpRunExperimentArgs) -> ToolResult:
-        from infra_agent.agent.proposers.llm_prompt import experiment_result
-
-        if self.closed_reason is not None:
-            return ToolResult.fail(f"run_experiment: this session's run is closed ({self.closed_reason}); start a new "
-                                   "session to run more experiments", problem="closed")
-        if (refused := self.budget_refusal("run_experiment", experiment=True)) is not None:
-            return refused
-        # The change and the hypothesis are checked before anything is opened or measured.
-        if self.loop is not None:
-            ctx.state = self.loop.state()
-        before = ctx.pending
-        if args.knobs is not None:
-            res = exp_tools.set_knobs(ctx, exp_tools.SetKnobsArgs(knobs=args.knobs))
-            if res.error:
-                ctx.pending = before
-                return ToolResult(text=res.text.replace("set_knobs:", "run_experiment: field 'knobs':", 1),
-                                  data=res.data, error=True)
-        if args.diff is not None:
-            res = code_tools.propose_diff(ctx, code_tools.ProposeDiffArgs(diff=args.diff))
-            if res.error:
-                ctx.pending = before
-                return ToolResult(text=res.text.replace("propose_diff:", "run_experiment: field 'diff':", 1),
-                                  data=res.data, error=True)
-        self._submitted = None
-        hyp = exp_tools.RunExperimentArgs.model_validate(args.model_dump(exclude={"knobs", "diff"}))
-        res = exp_tools.run_experiment(ctx, hyp)
-        if res.error or self._submitted is None:
-            if args.knobs is not None or args.diff is not None:
-                ctx.pending = before
-            return res
-        loop = self._open_run()
-        if not loop.ensure_baseline():
-            ctx.pending = self._submitted.change  # kept for the next call
-            return ToolResult.fail(f"run_experiment: {self.run.message if self.run else 'the baseline failed'}; the "
-                                   "next call measures the baseline again", problem="baseline")
-        if not self._restored:
-            # As `infra-agent run` does: make the run's branch hold the best's code.
-            try:
-                loop.executor.restore(loop.state().best)
-            except InfraAgentError as exc:
-                self.report(f"warning: could not restore the run's branch: {exc}")
-            self._restored = True
-        step, self._submitted = self._submitted, None
-        self.experiments_run += 1
-        beat = Heartbeat(self, "run_experiment", self.opts.heartbeat_s)
-        try:
-            exp = loop.run_step(step)
-        finally:
-            beat.close()
-        summary = exp_tools.experiment_summary(exp)
-        state = loop.state()
-        summary["best"] = state.best.id
-        summary["run"] = loop.run.id
-        summary["gates"] = [g.model_dump(mode="json", exclude_none=True) for g in state.gates]
-        text = f"run {loop.run.id}: " + experiment_result(exp, FEEDBACK_CHARS) + f"\ncurrent best: {state.best.id}"
-        # Never ran (screened out, or no probe could answer it): the call failed; a verdict, even a refuted one, did not.
-        return ToolResult(text=text, data=summary, error=exp.probe is None and exp.status != "done")
 
 
 class _SubmittedStep:

@@ -8,13 +8,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from infra_agent.errors import InfraAgentError
-from infra_agent.safety import scrub, scrub_text, workspace_secrets
+from infra_agent.safety import mask_values, workspace_secrets
 from infra_agent.tools import experiment as exp_tools
 from infra_agent.tools.registry import ToolContext, ToolResult
 
 if TYPE_CHECKING:
     from infra_agent.mcp.session import McpSession
     from infra_agent.mcp.tool_args import ListExperimentsArgs, NoArgs, ReadFindingsArgs
+    from infra_agent.records import Experiment
 
 
 def validate_workspace(session: McpSession, ctx: ToolContext, args: NoArgs) -> ToolResult:
@@ -73,7 +74,7 @@ def validate_workspace(session: McpSession, ctx: ToolContext, args: NoArgs) -> T
         lines.append("note: the file changed since this session loaded it; the session keeps the workspace it loaded")
     # The file as it is now may hold secrets the session's workspace does not (the registry masks those).
     secrets = workspace_secrets(ws)
-    return ToolResult(text=scrub_text("\n".join(lines), secrets), data=scrub(data, secrets), error=bool(problems))
+    return ToolResult(text=mask_values("\n".join(lines), secrets), data=mask_values(data, secrets), error=bool(problems))
 
 
 def list_knobs(session: McpSession, ctx: ToolContext, args: NoArgs) -> ToolResult:
@@ -119,18 +120,29 @@ def list_experiments(session: McpSession, ctx: ToolContext, args: ListExperiment
     return ToolResult(text="\n".join(lines), data={"run": run_id, "experiments": rows})
 
 
+def experiment_run(session: McpSession, exp_id: str, run: str | None) -> str | None:
+    """The run to look ``exp_id`` up in: ``run``, else this session's run when it holds it, else None
+    (the ledger finds the one run that holds it, or says it is ambiguous)."""
+    if run is None and session.run is not None and any(e.id == exp_id for e in session.open_ledger().experiments(session.run.id)):
+        return session.run.id
+    return run
+
+
+def find_experiment(session: McpSession, exp_id: str, run: str | None) -> Experiment:
+    return session.open_ledger().get_experiment(exp_id, experiment_run(session, exp_id, run))
+
+
 def read_findings(session: McpSession, ctx: ToolContext, args: ReadFindingsArgs) -> ToolResult:
     ledger = session.open_ledger()
-    run_id = args.run
-    if run_id is None and session.run is not None and any(e.id == args.experiment for e in ledger.experiments(session.run.id)):
-        run_id = session.run.id
-    side = None if args.side == "both" else args.side
-    findings = ledger.findings(args.experiment, side=side, run_id=run_id)  # type: ignore[arg-type]
-    rows = [f.model_dump(mode="json", exclude_none=True) for f in findings]
+    run_id = experiment_run(session, args.experiment, args.run)
+    sides = ("candidate", "baseline") if args.side == "both" else (args.side,)
+    found = [(side, f) for side in sides for f in ledger.findings(args.experiment, side=side, run_id=run_id)]  # type: ignore[arg-type]
+    rows = [{"side": side, **f.model_dump(mode="json", exclude_none=True)} for side, f in found]
     lines = [f"{len(rows)} finding(s) of experiment {args.experiment} ({args.side})"]
-    for f in findings:
+    for side, f in found:
         where = f" at {f.location}" if f.location is not None and str(f.location) else ""
-        lines.append(f"- [{f.severity}] {f.kind}{where}: {f.message}"
+        # Each line names its side: with both, a finding of the parent is not one of the change.
+        lines.append(f"- {side}: [{f.severity}] {f.kind}{where}: {f.message}"
                      + (f" | next: {f.next_question}" if f.next_question else ""))
     return ToolResult(text="\n".join(lines), data={"experiment": args.experiment, "run": run_id, "findings": rows})
 

@@ -53,6 +53,11 @@ class ProbeContext:
     the probe runs in (the working directory, then the pristine tree).  The kernel probe
     judges from the working directory and runs only the kernels from this tree, in a
     worker process of their own.
+
+    ``prompt_set``: the prompt set of the first serving window this run sends; its later
+    windows take the next ones (``serving/prompt_sets.py``).  The executor gives both
+    sides of an A/B pair the same one and every other window a new one, so no prompt
+    repeats across an experiment's windows.  None: the run numbers its windows from 0.
     """
 
     workdir: Path
@@ -61,6 +66,7 @@ class ProbeContext:
     progress: bool = True
     target: Any = None
     candidate_root: Path | None = None
+    prompt_set: int | None = None
 
 
 class Probe(ABC):

@@ -9,7 +9,9 @@ Client metrics and the server's per-phase histogram deltas go side by side, each
 with the scenario and the knob values, so a finding can point at the phase (queue,
 prefill, decode) that moved.  Each window also records the machine's load while it ran
 (``target/host_load.py``): ``result["host"]``, ``meta["host"]`` and the
-``host_foreign_cpu`` / ``host_load_1m`` measurements.
+``host_foreign_cpu`` / ``host_load_1m`` measurements.  Window ``i`` of a run sends prompt
+set ``ctx.prompt_set + i`` (``serving/prompt_sets.py``); ``meta["prompts"]`` records each
+window's seed.
 """
 
 from __future__ import annotations
@@ -163,6 +165,7 @@ class ServingProbe(Probe):
         pcts = list(cfg.percentiles)
         ctx.workdir.mkdir(parents=True, exist_ok=True)
         windows: list[dict[str, Any]] = []  # the machine's load per window, for meta["host"]
+        first_set = ctx.prompt_set or 0
         try:
             if ctx.target is not None:
                 values: dict[str, Any] = knobs
@@ -185,8 +188,11 @@ class ServingProbe(Probe):
                         for i in range(repeats):
                             sampler = HostSampler(*own)
                             sampler.start()
-                            result = run_on_target(target, sc, scenario_name=name, knobs=values, progress=ctx.progress, percentiles=pcts)
+                            result = run_on_target(target, sc, scenario_name=name, knobs=values, progress=ctx.progress,
+                                                   percentiles=pcts, prompt_set=first_set + i)
                             result["host"] = sampler.stop().as_dict()
+                            if isinstance(result.get("prompts"), dict):
+                                fb.meta.setdefault("prompts", []).append({"scenario": name, **result["prompts"]})
                             windows.append({"scenario": name, "index": i, **result["host"]})
                             path = ctx.workdir / f"serving-{name}-{i}.json"
                             path.write_text(json.dumps(result, indent=1))

@@ -138,10 +138,12 @@ class TimelineProbe(Probe):
         return opened()
 
     def _window(self, cfg: TimelineConfig, ctx: ProbeContext, target: Any, name: str, sc: Scenario,
-                values: dict[str, Any], tag: str) -> dict[str, Any]:
+                values: dict[str, Any], tag: str, prompt_set: int) -> dict[str, Any]:
         from infra_agent.serving.runner import run_on_target
 
-        result = run_on_target(target, sc, scenario_name=name, knobs=values, progress=False, percentiles=cfg.percentiles)
+        # Every window on one server sends a prompt set of its own (serving/prompt_sets.py).
+        result = run_on_target(target, sc, scenario_name=name, knobs=values, progress=False, percentiles=cfg.percentiles,
+                               prompt_set=prompt_set)
         _derive(result)
         path = ctx.workdir / f"timeline-{name}-{tag}.json"
         path.write_text(json.dumps(result, indent=1, default=str))
@@ -150,8 +152,10 @@ class TimelineProbe(Probe):
     # ------------------------------------------------------------------ one traced window
 
     def _traced(self, cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: str, sc: Scenario, target: Any,
-                values: dict[str, Any], arm: str | None = None) -> None:
+                values: dict[str, Any], arm: str | None = None, first_set: int | None = None) -> None:
         from infra_agent.probes.serving import summarise_windows
+
+        first = first_set if first_set is not None else ctx.prompt_set or 0
 
         if target.log_path:
             fb.artifacts.append(Artifact(kind="log", path=str(target.log_path), description="server log"))
@@ -173,7 +177,7 @@ class TimelineProbe(Probe):
                 if i == 0:
                     try:
                         result, sampler_res, picked = sampled_window(
-                            cfg, lambda: self._window(cfg, ctx, target, name, sc, values, "0"), target.pid,
+                            cfg, lambda: self._window(cfg, ctx, target, name, sc, values, "0", first), target.pid,
                             ctx.workdir / f"gil-{name}.jsonl")
                     finally:  # the profile covers the traced window only, and never outlives it
                         if profiling:
@@ -183,7 +187,7 @@ class TimelineProbe(Probe):
                                 fb.artifacts.append(Artifact(kind="trace", path=str(kineto),
                                                              description="torch.profiler (Kineto) trace of the window"))
                 else:
-                    result = self._window(cfg, ctx, target, name, sc, values, f"{i}")
+                    result = self._window(cfg, ctx, target, name, sc, values, f"{i}", first + i)
                 runs.append(result)
                 fb.artifacts.append(Artifact(kind="result", path=str(ctx.workdir / f"timeline-{name}-{i}.json"),
                                              description=f"{name} window {i}"))
@@ -224,17 +228,19 @@ class TimelineProbe(Probe):
         fb.meta["compare"] = {"knob": knob_name, "values": list(pair.values), "own": pair.own, "metric": pair.metric,
                               "ratio": pair.ratio_name}
         results: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
+        # Pair i's two windows send one prompt set; the warm-ups and the traced windows others.
+        base = ctx.prompt_set or 0
         with ExitStack() as stack:
             targets = []
             for v in pair.values:
                 targets.append(stack.enter_context(self._open(cfg, ctx, {**knobs, knob_name: v}, launch=True)))
             # a warm-up window per server (first requests pay one-time costs), not counted
             for target, values in targets:
-                self._window(cfg, ctx, target, name, sc, values, f"warmup-{values[knob_name]}")
+                self._window(cfg, ctx, target, name, sc, values, f"warmup-{values[knob_name]}", base + cfg.compare_pairs)
             for i in range(cfg.compare_pairs):
                 for side in ((0, 1) if i % 2 == 0 else (1, 0)):
                     target, values = targets[side]
-                    r = self._window(cfg, ctx, target, name, sc, values, f"{pair.arm(side)}-{i}")
+                    r = self._window(cfg, ctx, target, name, sc, values, f"{pair.arm(side)}-{i}", base + i)
                     results[side].append(r)
                     if not r.get("ok", True):
                         raise InfraAgentError(f"{pair.arm(side)}: window {i} failed: {r.get('error')}")
@@ -243,7 +249,7 @@ class TimelineProbe(Probe):
             # The configuration's own value is traced and sampled; its windows lead the Feedback.
             traced_side = own_side if own_side is not None else 1
             target, values = targets[traced_side]
-            self._traced(cfg, ctx, fb, name, sc, target, values)
+            self._traced(cfg, ctx, fb, name, sc, target, values, first_set=base + cfg.compare_pairs + 1)
             from infra_agent.probes.serving import summarise_windows
 
             other = Feedback(probe=self.name, tier=self.tier(cfg), scope=self.scope)

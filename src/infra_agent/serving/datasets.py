@@ -10,6 +10,7 @@ and re-encoded until the count matches, as vLLM's random dataset does.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,6 +56,9 @@ class HFTokenizer:
         if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
             raise ConfigError(file, field, f"a tokenizer folder holding one of {', '.join(_TOKENIZER_FILES)}",
                               f"{self.spec} (none of them in it)")
+        # transformers warns at import that PyTorch is missing (a base install has none, and a
+        # tokenizer needs none); the advice is noise in a benchmark's output.
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
         try:
             from transformers import AutoTokenizer
         except ImportError as exc:
@@ -199,10 +203,15 @@ def jsonl_requests(
     prompt_field: str = "prompt",
     tokenizer: Tokenizer | None = None,
     seed: int = 0,
+    start: int | None = None,
 ) -> list[RequestInput]:
     """Lines of ``{prompt_field: str}`` or ``{"messages": [...]}``; optional ``output_len``/``max_tokens``.
 
-    With more requests than lines the file is cycled in a seeded shuffled order.
+    With more requests than lines the file is cycled in a seeded shuffled order.  With
+    ``start``, the lines are shuffled once (``seed``) and read as a ring from position
+    ``start``: consecutive windows given starts ``k * n`` get disjoint prompts until the
+    ring wraps (``serving/prompt_sets.py``); ``start=0`` with ``n`` <= lines is the
+    order without it.
     """
     tok = tokenizer or ByteTokenizer()
     p = Path(path)
@@ -227,7 +236,10 @@ def jsonl_requests(
         rows.append(RequestInput(prompt=prompt, prompt_len=len(tok.encode(text)), output_len=out))
     if not rows:
         raise ConfigError(str(p), None, "at least one prompt line", "an empty file")
-    order = np.random.default_rng(seed).permutation(max(n, len(rows))) % len(rows)
+    if start is None:
+        order = np.random.default_rng(seed).permutation(max(n, len(rows))) % len(rows)
+    else:
+        order = np.random.default_rng(seed).permutation(len(rows))[(start + np.arange(n)) % len(rows)]
     return [rows[int(i)] for i in order[:n]]
 
 

@@ -16,6 +16,10 @@ processes with the same settings differ by a per-process offset (1.6% for refsta
 a shared 2-core machine) that no number of runs of those two processes can average
 out.  Each run is labelled with its ``restart``, and the judge widens its interval by
 the calibrated offset divided over the restarts (``bootstrap_ratio(process_noise=...)``).
+
+Each pair draws prompts of its own: both sides of pair ``i`` send prompt set ``i``
+(``prompt_sets.py``), so pairing still cancels the prompt mix while no prompt repeats
+across the windows for a server's cache to answer from its earlier answer.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from infra_agent.target import open_target
 from infra_agent.workspace.models import Scenario, Workspace
 
 RunFn = Callable[[], dict[str, Any]]
+PairRunFn = Callable[[str, int], dict[str, Any]]  # (side "a"/"b", pair index) -> result
 OnRun = Callable[[str, int, dict[str, Any]], None]  # (side "a"/"b", pair index, result)
 
 
@@ -70,11 +75,17 @@ def pair_order(i: int, order: Literal["abab", "abba"] = "abab") -> tuple[str, st
 
 def interleave(run_a: RunFn, run_b: RunFn, pairs: int, *, order: Literal["abab", "abba"] = "abab", on_run: OnRun | None = None) -> InterleavedRuns:
     """Call ``run_a``/``run_b`` alternately ``pairs`` times each; failed runs are kept."""
+    return interleave_pairs(lambda side, i: (run_a if side == "a" else run_b)(), pairs, order=order, on_run=on_run)
+
+
+def interleave_pairs(run: PairRunFn, pairs: int, *, order: Literal["abab", "abba"] = "abab",
+                     on_run: OnRun | None = None) -> InterleavedRuns:
+    """``interleave`` for a ``run(side, pair)`` that needs the pair's index (its prompt set)."""
     assert pairs >= 1
     out = InterleavedRuns()
     for i in range(pairs):
         for side in pair_order(i, order):
-            result = (run_a if side == "a" else run_b)()
+            result = run(side, i)
             (out.a if side == "a" else out.b).append(result)
             out.order.append(side)
             if on_run is not None:
@@ -86,13 +97,11 @@ def interleave_urls(
     url_a: str, url_b: str, scenario: Scenario, pairs: int, *, order: Literal["abab", "abba"] = "abab",
     on_run: OnRun | None = None, **run_kwargs: Any,
 ) -> InterleavedRuns:
-    """Two already-running servers, the same scenario, alternated."""
+    """Two already-running servers, the same scenario, alternated; pair ``i`` sends prompt set ``i``."""
     run_kwargs.setdefault("progress", False)
-    return interleave(
-        lambda: run_benchmark(url_a, scenario, **run_kwargs),
-        lambda: run_benchmark(url_b, scenario, **run_kwargs),
-        pairs, order=order, on_run=on_run,
-    )
+    urls = {"a": url_a, "b": url_b}
+    return interleave_pairs(lambda side, i: run_benchmark(urls[side], scenario, prompt_set=i, **run_kwargs),
+                            pairs, order=order, on_run=on_run)
 
 
 def restart_blocks(pairs: int, restarts: int) -> list[tuple[int, int]]:
@@ -130,8 +139,10 @@ def interleave_knobs(
             order_started = [("a", va), ("b", vb)] if r % 2 == 0 else [("b", vb), ("a", va)]
             targets = {side: stack.enter_context(open_target(workspace, knobs, logs)) for side, knobs in order_started}
 
-            def run(side: str, knobs: Mapping[str, Any], r: int = r, targets: dict[str, Any] = targets) -> dict[str, Any]:
-                result = run_on_target(targets[side], sc, scenario_name=name, knobs=knobs, progress=False)
+            def run(side: str, i: int, r: int = r, first: int = first, targets: dict[str, Any] = targets) -> dict[str, Any]:
+                # The pair's index over all blocks: a fresh server must not get an earlier block's prompts either.
+                result = run_on_target(targets[side], sc, scenario_name=name, knobs=va if side == "a" else vb,
+                                       progress=False, prompt_set=first + i)
                 result["restart"] = r
                 return result
 
@@ -139,5 +150,5 @@ def interleave_knobs(
                 if on_run is not None:
                     on_run(side, first + i, result)
 
-            out.extend(interleave(lambda: run("a", va), lambda: run("b", vb), end - first, order=order, on_run=shifted))
+            out.extend(interleave_pairs(run, end - first, order=order, on_run=shifted))
     return out

@@ -22,16 +22,17 @@ from urllib.parse import urlsplit
 
 from infra_agent.errors import ConfigError, TargetError
 from infra_agent.serving import prom
-from infra_agent.serving.client import RequestOptions, make_http_client, send_request
-from infra_agent.serving.datasets import (
-    HFTokenizer,
-    Tokenizer,
-    build_requests,
-    load_tokenizer,
+from infra_agent.serving.client import (
+    RequestOptions,
+    make_http_client,
+    preopen_connections,
+    send_request,
 )
+from infra_agent.serving.datasets import HFTokenizer, Tokenizer, load_tokenizer
 from infra_agent.serving.guard import AliveCheck, failed_if_died, run_guarded
 from infra_agent.serving.metrics import DEFAULT_PERCENTILES
 from infra_agent.serving.preflight import discover_model, raise_if_unusable
+from infra_agent.serving.prompt_sets import window_prompts
 from infra_agent.serving.results import (
     RequestLog,
     redacted,
@@ -60,8 +61,8 @@ def _same_origin(url: str, base_url: str) -> bool:
 async def _measure(run: MeasuredWindow, metrics_url: str | None, progress: bool, redact: Callable[[Any], Any]) -> dict[str, Any]:
     scenario, base_url, headers = run.scenario, run.base_url, run.headers or None
     warm_n = max(1, scenario.warmup_requests)  # at least one: it doubles as the reachability check
-    run.reqs = build_requests(scenario.dataset, scenario.num_requests, run.tokenizer)
-    warm = build_requests(scenario.dataset, warm_n, run.tokenizer, seed_offset=1_000_003)
+    # Timed and warm-up prompts of the window's own set: none of them was sent before.
+    run.reqs, warm, run.prompts = window_prompts(scenario, warm_n, run.tokenizer, run.prompt_set)
     if scenario.warmup_requests == 0:
         # No warm-up asked for: the check only has to see two streamed tokens.  A judge
         # repeats short runs on a warm server, and a full-length check request was a
@@ -84,6 +85,9 @@ async def _measure(run: MeasuredWindow, metrics_url: str | None, progress: bool,
             run.tokenizer_check = check_with_usage(hf, base_url, scenario.endpoint, warm[0].prompt, first)
         if warm_n > 1:
             await asyncio.gather(*(send_request(client, base_url, r, opts) for r in warm[1:]))
+        if concurrency > warm_n:
+            # The window's first wave must not pay for connects the warm-up did not make.
+            run.preopened = await preopen_connections(client, base_url, concurrency, dict(headers or {}))
         run.before = await prom.scrape(side, metrics_url, metrics_headers) if metrics_url else None
         await run.send(client, opts, progress)
         if metrics_url:
@@ -106,10 +110,11 @@ async def run_benchmark_async(
     tokenizer: Tokenizer | None = None,
     headers: Mapping[str, str] | None = None,
     latency_definition: LatencyDefinition = "vllm",
+    prompt_set: int | None = None,
 ) -> dict[str, Any]:
     """The window itself (see ``run_benchmark``); no server watchdog."""
     run = MeasuredWindow(base_url, scenario, percentiles, tokenizer, dict(headers or {}), model=model,
-               latency_definition=latency_definition)
+               latency_definition=latency_definition, prompt_set=prompt_set)
     return await _measure(run, metrics_url, progress, redacted(secrets_of(run.headers)))
 
 
@@ -146,6 +151,7 @@ def run_benchmark(
     requests_path: str | Path | None = None,
     max_failed_fraction: float | None = None,
     latency_definition: LatencyDefinition = "vllm",
+    prompt_set: int | None = None,
 ) -> dict[str, Any]:
     """One measured window against an OpenAI-compatible ``base_url`` (no ``/v1``).
 
@@ -156,7 +162,9 @@ def run_benchmark(
     result).  Each finished request is appended to ``requests_path`` (by default
     ``<output>.requests.jsonl`` when ``output`` is given).  Writes the result JSON to
     ``output`` when given.  ``latency_definition`` picks what the latency keys mean
-    (``timing.py``); the other definition is reported beside them.
+    (``timing.py``); the other definition is reported beside them.  ``prompt_set`` picks the
+    window's prompts (``prompt_sets.py``; None: the dataset's own); ``result["prompts"]``
+    records the seed they were drawn with.
     """
     hdrs = dict(headers or {})
     redact = redacted(secrets_of(hdrs))
@@ -164,7 +172,8 @@ def run_benchmark(
         requests_path = requests_path_for(output)
     if tokenizer is None and scenario.tokenizer is not None:
         tokenizer = load_tokenizer(scenario.tokenizer, "scenario.tokenizer")
-    run = MeasuredWindow(base_url, scenario, percentiles, tokenizer, hdrs, model=model, latency_definition=latency_definition)
+    run = MeasuredWindow(base_url, scenario, percentiles, tokenizer, hdrs, model=model, latency_definition=latency_definition,
+                         prompt_set=prompt_set)
     run.log = RequestLog(requests_path, redact) if requests_path is not None else None
     try:
         result = asyncio.run(run_guarded(run, lambda: _measure(run, metrics_url, progress, redact), alive_check))
@@ -191,6 +200,7 @@ def run_on_target(
     requests_path: str | Path | None = None,
     max_failed_fraction: float | None = None,
     latency_definition: LatencyDefinition = "vllm",
+    prompt_set: int | None = None,
 ) -> dict[str, Any]:
     """One window against a running target (``infra_agent.target.base.RunningTarget``).
 
@@ -205,6 +215,7 @@ def run_on_target(
             target.url, scenario, model=target.model, metrics_url=target.metrics_url, alive_check=target.check_alive,
             progress=progress, percentiles=percentiles, tokenizer=tokenizer, headers=headers,
             requests_path=requests_path, max_failed_fraction=max_failed_fraction, latency_definition=latency_definition,
+            prompt_set=prompt_set,
         )
     except TargetError:
         result = failed_if_died(target.check_alive)

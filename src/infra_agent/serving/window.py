@@ -69,6 +69,12 @@ class MeasuredWindow:
     tokenizer_check: str | None = None
     # Why the window stopped sending before its last request (serving/dead_server.py), if it did.
     stopped: str | None = None
+    # Which prompt set the window draws (serving/prompt_sets.py; None: the dataset's own),
+    # and the record of what was drawn, for the result.
+    prompt_set: int | None = None
+    prompts: dict[str, Any] | None = None
+    # Connections opened before the window beyond the warm-up's (client.preopen_connections).
+    preopened: int | None = None
 
     def finished(self, i: int, rec: RequestRecord) -> None:
         self.records[i] = rec
@@ -91,6 +97,10 @@ class MeasuredWindow:
         result.update(result_header(self.base_url, self.scenario, self.model or "default", self.tokenizer, self.headers))
         if self.tokenizer_check is not None:
             result["tokenizer_check"] = self.tokenizer_check
+        if self.prompts is not None:
+            result["prompts"] = self.prompts
+        if self.preopened is not None:
+            result["connections_preopened"] = self.preopened
         if self.cpu_start is not None:
             cpu = (self.cpu_end if self.cpu_end is not None else time.process_time()) - self.cpu_start
             result["client_cpu_s"] = cpu
@@ -184,6 +194,11 @@ def result_header(base_url: str, scenario: Scenario, model: str, tokenizer: Toke
         "dataset": scenario.dataset.model_dump(mode="json"),
         "environment": environment_info(),
     }
+    # What the requests asked for, so a comparison with another client's numbers can see it
+    # (vLLM's client sends no temperature: the server's default, 1.0 unless the model's
+    # generation config says otherwise; ours sends 0 unless the scenario says so).
+    header["sampling"] = {"temperature": "server default" if scenario.temperature is None else scenario.temperature,
+                          "ignore_eos": scenario.ignore_eos}
     if headers:
         header["request_headers"] = sorted(headers)  # names only: values may be credentials
     return header

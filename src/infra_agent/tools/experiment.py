@@ -90,19 +90,32 @@ def run_experiment(ctx: ToolContext, args: RunExperimentArgs) -> ToolResult:
     if change.empty:
         return ToolResult.fail("run_experiment: nothing to test: the pending change is empty; "
                                "call set_knobs and/or propose_diff first")
+    top_up = None
     if ctx.state is not None:
-        for e in ctx.state.history:
-            # An open experiment (inconclusive, promising) is topped up with one more batch
-            # instead: inconclusive is not refuted.
-            if e.parent is not None and e.change.key() == change.key() and not (e.open and e.parent == ctx.state.best.id):
-                return ToolResult.fail(f"run_experiment: this change was already tried in experiment {e.id} "
-                                       f"({_outcome(e)}); change something else")
+        top_up, tried = _tried(ctx.state, change)
+        if tried is not None:
+            return ToolResult.fail(f"run_experiment: this change was already tried in experiment {tried.id} "
+                                   f"({_outcome(tried)}); change something else")
     step = Step(hypothesis=hypothesis, change=change, probe=None, rationale=args.rationale)
     ctx.submit_step(step)
     ctx.pending = Change(diff=None)
-    return ToolResult(text=f"experiment submitted: {hypothesis.statement} [{hypothesis.gate_text()}]; "
-                           "its verdict is this call's result",
-                      data={"step": step.model_dump(mode="json")})
+    how = f"as one more batch of the open experiment {top_up.id}" if top_up is not None else "experiment submitted"
+    return ToolResult(text=f"{how}: {hypothesis.statement} [{hypothesis.gate_text()}]; its verdict is this call's result",
+                      data={"step": step.model_dump(mode="json"), "top_up_of": top_up.id if top_up else None})
+
+
+def _tried(state: Any, change: Change) -> tuple[Experiment | None, Experiment | None]:
+    """``(open, decided)``: the open experiment (inconclusive, promising) of this change on the current
+    best, which the loop tops up with one more batch, since inconclusive is not refuted; else the
+    experiment that already decided it: accepted on any parent (its change is in the best already), or
+    tried on the current best.  The same change refuted on an earlier parent may run again on this one:
+    the code and knobs it is measured against have changed since."""
+    best = state.best.id
+    same = [e for e in state.history if e.parent is not None and e.change.key() == change.key()]
+    open_one = next((e for e in reversed(same) if e.open and e.parent == best), None)
+    if open_one is not None:
+        return open_one, None
+    return None, next((e for e in same if e.accepted or e.parent == best), None)
 
 
 # ---------------------------------------------------------------- read_ledger
@@ -188,8 +201,10 @@ TOOLS = [
     Tool("set_knobs", "Set knob values for the next experiment (checked against each knob's domain).",
          SetKnobsArgs, set_knobs),
     Tool("run_experiment", "Run one experiment: the pending knobs and/or diff, tested against the current best under "
-                           "ONE hypothesis (the metric it predicts, the direction, the minimum effect). The verdict "
-                           "and the new feedback come back as this call's result.", RunExperimentArgs, run_experiment),
+                           "ONE hypothesis (the metric it predicts, the direction, the minimum effect). The verdict, "
+                           "and both sides' metrics and findings (the parent's and the change's, labelled), come back "
+                           "as this call's result. The same change as an open experiment (inconclusive, promising) "
+                           "tops that one up with more pairs.", RunExperimentArgs, run_experiment),
     Tool("read_ledger", "List this run's experiments: hypothesis, change, verdict, cost.", ReadLedgerArgs, read_ledger),
     Tool("finish", "Stop proposing experiments, with the reason.", FinishArgs, finish),
 ]

@@ -10,8 +10,10 @@ and an MCP server.
 mapping or nothing).  Whatever goes wrong (an unknown tool, text that is not JSON,
 a field that fails validation, a tool that raises) comes back as a ``ToolResult``
 with ``error=True`` whose text names the tool, the field, what was expected and
-what came, so the conversation can go on.  Every result is scrubbed of secrets
-and bounded before anyone sees it: what a target prints is data, never trusted.
+what came, so the conversation can go on.  Every result is bounded, and masked of
+secrets by value (``safety.mask_values``: the known secrets and URL passwords, never
+a name in code or a metric's name), before anyone sees it: what a target prints is
+data, never trusted.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra_agent.errors import InfraAgentError
 from infra_agent.records import Change, LoopState, Step
-from infra_agent.safety import bound, scrub, scrub_text, secret_values, target_secrets
+from infra_agent.safety import bound, mask_values, secret_values, target_secrets
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +173,8 @@ class ToolRegistry:
 
     def _finish(self, result: ToolResult, ctx: ToolContext) -> ToolResult:
         values = context_secrets(ctx)
-        text = bound(scrub_text(result.text, values), self.max_result_chars)
-        return ToolResult(text=text, data=scrub(result.data, values), error=result.error)
+        text = bound(mask_values(result.text, values), self.max_result_chars)
+        return ToolResult(text=text, data=mask_values(result.data, values), error=result.error)
 
 
 def context_secrets(ctx: ToolContext) -> list[str]:

@@ -88,8 +88,14 @@ class Scenario(_Strict):
     # speaks the protocol before the window opens), so 0 behaves like 1.
     warmup_requests: int = Field(0, ge=0)
     slo: Slo | None = None
-    temperature: float = Field(0.0, ge=0)
+    # None sends no temperature (the server's default applies, as vLLM's client does); the
+    # result records which (``sampling``).
+    temperature: float | None = Field(0.0, ge=0)
     ignore_eos: bool = True
+    # Each window of an experiment draws prompts of its own (serving/prompt_sets.py): a
+    # prompt repeated across windows lets a server answer it from a cache of its earlier
+    # answer, and flatters a prefix cache.  False sends the dataset's one set every window.
+    fresh_prompts_per_window: bool = True
     # What counts prompt lengths: ``byte`` (refstack's), or ``hf:<folder>`` with the
     # served model's tokenizer (relative to the workspace root; made absolute at load).
     tokenizer: str | None = None

@@ -63,6 +63,12 @@ def _host(fb: dict[str, Any]) -> dict[str, Any]:
     return dict(fb["meta"]["host"])
 
 
+def _prompt_set(fb: dict[str, Any]) -> int:
+    """The prompt set the window drew (serving/prompt_sets.py), as its Feedback records it."""
+    (window,) = fb["meta"]["prompts"]
+    return int(window["window"])
+
+
 def test_a_pair_loaded_by_a_busy_loop_is_run_again_whole(tmp_path: Path) -> None:
     """The worker as the executor runs it; a busy loop starts after pair 0's first window
     and stops when the worker announces the re-run."""
@@ -128,6 +134,12 @@ def test_a_pair_loaded_throughout_is_kept_marked_after_two_reruns(tmp_path: Path
     assert all(h["reruns"] == 2 and len(h["discarded_foreign_cpu"]) == 2 for h in kept.values())
     assert any(h.get("loaded") for h in kept.values())
     assert all(h["foreign_cpu"] > 0.3 for h in kept.values() if h.get("loaded"))
+    # Every attempt sent prompts of its own (its servers had seen the discarded attempt's),
+    # both sides of the pair the same ones.
+    drawn = {(d["side"], d["attempt"]): _prompt_set(d["feedback"]) for d in out["discarded"]}
+    drawn.update({(side, 2): _prompt_set(out[side]["chat"][0]) for side in ("a", "b")})
+    assert [drawn[("a", k)] for k in range(3)] == [drawn[("b", k)] for k in range(3)] == [0, 1, 2]
+    assert out["prompt_sets_used"] == 3
 
 
 def test_max_foreign_cpu_none_never_reruns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,6 +147,7 @@ def test_max_foreign_cpu_none_never_reruns(tmp_path: Path, capsys: pytest.Captur
         out = run_ab_job(_ab_job(tmp_path, max_foreign_cpu=None))
     assert "error" not in out, out.get("error")
     assert out["discarded"] == [] and out["max_foreign_cpu"] is None
+    assert out["prompt_sets_used"] == 1 and _prompt_set(out["a"]["chat"][0]) == _prompt_set(out["b"]["chat"][0]) == 0
     assert not [e for e in _events(capsys.readouterr().out) if e["event"] == "rerun"]
     for side in ("a", "b"):
         host = _host(out[side]["chat"][0])

@@ -60,11 +60,11 @@ def test_bad_calls_are_error_results_and_the_session_goes_on(tmp_path: Path) -> 
     ws = workspace(tmp_path)
 
     async def main() -> None:
-        async with connect(ws) as s:
+        async with connect(ws, env={"MY_API_TOKEN": SECRET}) as s:
             names = [t.name for t in (await s.list_tools()).tools]
-            for name in ("validate_workspace", "list_knobs", "run_probe", "read_file", "search_code", "propose_diff",
-                         "set_knobs", "run_experiment", "read_ledger", "finish", "list_runs", "list_experiments",
-                         "read_findings"):
+            for name in ("validate_workspace", "list_knobs", "run_probe", "analyze_trace", "diff_traces", "read_file",
+                         "search_code", "propose_diff", "set_knobs", "run_experiment", "read_ledger", "finish",
+                         "list_runs", "list_experiments", "read_findings"):
                 assert name in names, names
             tools = {t.name: t for t in (await s.list_tools()).tools}
             schema = tools["run_experiment"].input_schema if hasattr(tools["run_experiment"], "input_schema") \
@@ -95,12 +95,20 @@ def test_bad_calls_are_error_results_and_the_session_goes_on(tmp_path: Path) -> 
                                                              "@@ -1,2 +1,2 @@\n def test_tuning():\n-    assert True\n+    assert 1\n"})
             assert err(res) and "protected" in text(res), text(res)
 
-            # Reading a file is confined to the workspace, and secrets are scrubbed from results.
+            # Reading a file is confined to the workspace, and a secret of the server's environment is masked.
             (ws / "notes.txt").write_text(f"api_key={SECRET}\n")
             res = await s.call_tool("read_file", {"path": "notes.txt"})
             assert not err(res) and SECRET not in text(res) and "***" in text(res)
             res = await s.call_tool("read_file", {"path": "../outside.txt"})
             assert err(res)
+
+            # A trace source is one of a probe call, an experiment or files; a call that never ran is named.
+            res = await s.call_tool("analyze_trace", {"probe_call": "p1", "paths": ["x.json"]})
+            assert err(res) and "exactly one of probe_call, experiment or paths" in text(res), text(res)
+            res = await s.call_tool("analyze_trace", {"probe_call": "p1"})
+            assert err(res) and "field 'probe_call'" in text(res) and "none yet" in text(res), text(res)
+            res = await s.call_tool("analyze_trace", {"paths": ["no-such-trace.json"]})
+            assert err(res) and "no-such-trace.json" in text(res), text(res)
 
             # The session goes on.
             res = await s.call_tool("list_knobs", {})

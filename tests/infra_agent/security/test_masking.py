@@ -20,6 +20,7 @@ from infra_agent.safety import (
     MASK,
     command_secrets,
     env_secrets,
+    mask_values,
     scrub,
     scrub_text,
     secret_name,
@@ -135,6 +136,20 @@ def test_read_file_shows_source_as_written_and_secrets_masked(tmp_path: Path, mo
         assert line in res.text, line
     assert "svc-FAKE-0123456789" not in res.text and "hunter22" not in res.text
     assert "mysql://root:***@db/x" in res.text
+
+
+def test_tool_text_is_masked_by_value_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a model reads through a tool: the known secrets go wherever they are (keys too), and a URL's
+    # password; a name or a credential-like shape masks nothing, since in code it is code.
+    monkeypatch.setenv("SERVICE_TOKEN", "svc-FAKE-0123456789")
+    code = ('next_token = "tok_0123456789"\npassword = args.password2x\ncache_key=blk_12345678\n'
+            'headers = {"Authorization": "Bearer abcdefghijklmnop"}\nurl = f"postgres://{user}:{password}@db/x"\n')
+    assert mask_values(code) == code
+    assert scrub_text(code) != code  # the patterns by form would have masked some of it
+    got = mask_values({"svc-FAKE-0123456789": ["x svc-FAKE-0123456789 y", 64, 0.5, True],
+                       "db": "mysql://root:hunter22@db/x", "per_token_ms": 0.25})
+    assert got == {MASK: [f"x {MASK} y", 64, 0.5, True], "db": "mysql://root:***@db/x", "per_token_ms": 0.25}
+    assert mask_values("key abc123 and sk-given-0123", ["sk-given-0123", "abc", "12345"]) == "key abc123 and ***"
 
 
 def test_the_console_masks_what_it_prints(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,7 +67,9 @@ def test_a_scripted_session(state: LoopState, make_proposer, make_experiment) ->
     verdict = tool_messages(reqs[3])["call_2_0"]
     assert verdict.startswith("experiment e1 (done)")
     assert "verdict: SUPPORTED effect=1.12 [1.05, 1.2]" in verdict and "ACCEPTED" in verdict
-    assert "candidate feedback:\n[e2e] serving" in verdict
+    # The candidate's side under its own header; its metrics in the side-by-side table (no baseline here).
+    assert "\ncandidate (e1) [e2e] serving ok\n" in verdict and "queue_dominates_ttft" in verdict
+    assert "output_throughput[tok/s] scenario=chat: - -> 100.5 (higher is better)" in verdict
     json.dumps(p.messages)  # plain data, ready for the ledger
     assert p.messages[-1]["role"] == "tool" and p.messages[-1]["content"] == "finished: the gate passes now"
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from infra_agent.feedback import Tier
 from infra_agent.records import (
     Change,
@@ -87,6 +89,40 @@ def test_run_experiment_refuses_a_change_already_tried(registry: ToolRegistry, c
     call(registry, ctx, "set_knobs", knobs={"max_running": 64})
     r = call(registry, ctx, "run_experiment", **HYP)
     assert r.error and "already tried in experiment e1 (refuted effect 0.99 [0.97, 1.01])" in r.text
+
+
+def _tried(exp_id: str, parent: str, verdict: Verdict) -> Experiment:
+    return Experiment(id=exp_id, run_id="run1", seq=int(exp_id[1:]), parent=parent, status="done",
+                      hypothesis=Hypothesis.model_validate(HYP), change=Change(knobs={"max_running": 64}, diff=None),
+                      verdict=verdict)
+
+
+def test_the_same_change_as_an_open_experiment_is_its_top_up(registry: ToolRegistry, ctx: ToolContext) -> None:
+    # Inconclusive is not refuted: the same change tried earlier on the best and refuted comes first in
+    # the history, but the open one (its estimate on the predicted side) on the best is topped up.
+    assert ctx.state is not None and ctx.state.best.id == "e0"
+    ctx.state.history += [_tried("e1", "e9", Verdict(outcome="refuted", effect=0.9, low=0.85, high=0.95)),
+                          _tried("e2", "e0", Verdict(outcome="inconclusive", effect=1.04, low=0.98, high=1.1))]
+    call(registry, ctx, "set_knobs", knobs={"max_running": 64})
+    r = call(registry, ctx, "run_experiment", **HYP)
+    assert not r.error and r.data["top_up_of"] == "e2", r.text
+    assert r.text.startswith("as one more batch of the open experiment e2")
+    assert [s.change.knobs for s in ctx.submitted] == [{"max_running": 64}]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("parent", "verdict", "refused"), [
+    ("e9", Verdict(outcome="refuted", effect=0.9, low=0.85, high=0.95), False),  # an earlier parent: runs again
+    ("e9", Verdict(outcome="supported", effect=1.2, low=1.1, high=1.3, accepted=True), True),  # in the best already
+    ("e0", Verdict(outcome="inconclusive", effect=0.97, low=0.9, high=1.04), True),  # undecided, not promising
+])
+def test_what_already_tried_refuses(registry: ToolRegistry, ctx: ToolContext, parent: str, verdict: Verdict,
+                                    refused: bool) -> None:
+    assert ctx.state is not None
+    ctx.state.history.append(_tried("e1", parent, verdict))
+    call(registry, ctx, "set_knobs", knobs={"max_running": 64})
+    r = call(registry, ctx, "run_experiment", **HYP)
+    assert r.error == refused and ("already tried in experiment e1" in r.text) == refused, r.text
+    assert r.error or r.data["top_up_of"] is None
 
 
 def test_run_experiment_without_a_loop(registry: ToolRegistry, ctx: ToolContext) -> None:

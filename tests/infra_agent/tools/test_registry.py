@@ -86,17 +86,34 @@ def test_a_tool_that_raises_becomes_an_error_result(ctx: ToolContext) -> None:
     assert r.error and "boom failed: RuntimeError: kaput" in r.text
 
 
-def test_results_are_scrubbed(ctx: ToolContext, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_results_are_masked_by_value(ctx: ToolContext, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The secrets a result may hold are the known ones: the environment's, the context's (a key given
+    # by argument), the target's.  Each is masked wherever it recurs, and a URL's password too.
     monkeypatch.setenv("SERVICE_TOKEN", "tok-9f8e7d6c5b4a")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-live-abcdef123456")
+    ctx.secrets = ["abcdefghijklmnop"]
     (ctx.code_root / "config.txt").write_text(
         "url=http://x\nOPENAI_API_KEY=sk-live-abcdef123456\nheader Authorization: Bearer abcdefghijklmnop\n"
-        "leaked tok-9f8e7d6c5b4a here\n")
+        "leaked tok-9f8e7d6c5b4a here\ndb = 'postgres://app:hunter2x@db/main'\n")
     r = registry.call("read_file", '{"path": "config.txt"}', ctx)
     assert not r.error
-    assert "sk-live-abcdef123456" not in r.text and "abcdefghijklmnop" not in r.text
-    assert "tok-9f8e7d6c5b4a" not in r.text and "***" in r.text
+    for secret in ("sk-live-abcdef123456", "abcdefghijklmnop", "tok-9f8e7d6c5b4a", "hunter2x"):
+        assert secret not in r.text, secret
+    assert "OPENAI_API_KEY=***" in r.text and "postgres://app:***@db/main" in r.text
     s = registry.call("search_code", '{"pattern": "leaked"}', ctx)
     assert "tok-9f8e7d6c5b4a" not in json.dumps(s.data) and "tok-9f8e7d6c5b4a" not in s.text
+
+
+def test_code_that_names_secrets_comes_through_as_written(ctx: ToolContext, registry: ToolRegistry) -> None:
+    # No name or shape of text masks anything in a tool's result: these are code, not secrets.
+    code = ('next_token = "tok_0123456789"\npassword = args.password2x\ncache_key=blk_12345678\n'
+            'self.key = key1234abcd\nheaders = {"Authorization": f"Bearer {token}"}\n'
+            'url = f"postgres://{user}:{password}@{host}/db"\n')
+    (ctx.code_root / "client.py").write_text(code)
+    r = registry.call("read_file", '{"path": "client.py"}', ctx)
+    assert not r.error and "***" not in r.text
+    for line in code.splitlines():
+        assert line in r.text, line
 
 
 def test_results_are_bounded(ctx: ToolContext) -> None:

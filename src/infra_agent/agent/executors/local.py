@@ -12,6 +12,8 @@
   of the commit the run's baseline was measured on): the lab loads the spec, makes the
   inputs and the reference there, and runs only the kernels from the worktree, in a
   process of their own (``infra_agent.lab.worker_side``).
+- Every serving window of the run draws prompts no earlier window drew: each job gets a
+  block of prompt sets reserved for it (``prompt_sets.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from infra_agent.agent.executors.base import Execution, Executor, OnEvent, Refusal
 from infra_agent.agent.executors.cleanup import kill_marked
 from infra_agent.agent.executors.jobs import ProbeTimeout, run_job
+from infra_agent.agent.executors.prompt_sets import PromptSetCounter, windows_per_run
 from infra_agent.agent.executors.protect import check_changes, check_judge_files
 from infra_agent.agent.executors.server_pool import ServerPool
 from infra_agent.agent.executors.shadowing import check_knob_env, check_shadowing
@@ -77,6 +80,7 @@ class LocalExecutor(Executor):
         self.launched = 0
         # Servers kept up across experiments for knob changes (executors/server_pool.py).
         self.pool = ServerPool() if reuse_servers and isinstance(workspace.target, ServerTargetSpec) else None
+        self.prompt_sets = PromptSetCounter(self.jobs_dir)
 
     # ------------------------------------------------------------ worktrees
 
@@ -218,14 +222,15 @@ class LocalExecutor(Executor):
         return out, None
 
     def _pooled_job(self, exp_id: str, job: dict[str, Any], sides: dict[str, tuple[Path, dict[str, Any]]],
-                    on_event: OnEvent | None, what: str) -> dict[str, Any]:
+                    windows: tuple[int, int], on_event: OnEvent | None, what: str) -> dict[str, Any]:
         """A serving job on kept servers where it may; run once more on fresh ones if a kept
-        server died during it (its windows are not the configuration's)."""
+        server died during it (its windows are not the configuration's).  ``windows``: the
+        job's (slots, windows a slot sends a side), for its block of prompt sets."""
         for attempt in (1, 2):
             attach, refused = self._attach(sides)
             if refused is not None:
                 return {"a": {}, "b": {}, "error": refused.pop("error"), "refused": refused}
-            out = self._job(exp_id, {**job, "attach": attach}, self.timeout_s, on_event, what)
+            out = self._windows_job(exp_id, {**job, "attach": attach}, windows, on_event, what)
             dead = [side for side in attach if self.pool is not None
                     and self.pool.dead(self.pool.key(self.ws, self.ws.resolve_knobs(sides[side][1])))]
             if not (out.get("error") and dead) or attempt == 2:
@@ -235,6 +240,13 @@ class LocalExecutor(Executor):
                 self.pool.drop(self.pool.key(self.ws, self.ws.resolve_knobs(sides[side][1])))
                 self.pool.restarts += 1
         raise AssertionError("unreachable")
+
+    def _windows_job(self, exp_id: str, job: dict[str, Any], windows: tuple[int, int], on_event: OnEvent | None,
+                     what: str) -> dict[str, Any]:
+        """A job of serving windows on a block of the run's prompt sets (``prompt_sets.py``): every
+        window of the run, on a kept server or a fresh one, sends prompts none before it sent."""
+        return self.prompt_sets.run_block(windows, lambda first: self._job(
+            exp_id, {**job, "first_prompt_set": first}, self.timeout_s, on_event, what))
 
     def _load_key(self) -> dict[str, Any]:
         """The job's re-run threshold for loaded windows (absent: the worker's default)."""
@@ -261,7 +273,7 @@ class LocalExecutor(Executor):
                                                 "scenarios": scenarios, "repeats": repeats,
                                                 "percentiles": self.percentiles, **self._load_key(),
                                                 "result_metrics": result_metrics}, {"b": (ws_dir, exp.knobs)},
-                                       on_event, "serving windows")
+                                       (len(scenarios) * repeats, 1), on_event, "serving windows")
                 ex.candidate = _feedbacks(out.get("b", {}))
                 ex.e2e_runs += sum(len(v) for v in ex.candidate.values())
                 if out.get("error"):
@@ -304,7 +316,8 @@ class LocalExecutor(Executor):
                                                 "knobs_b": exp.knobs, "scenarios": plan.scenarios, "pairs": self.pairs,
                                                 "percentiles": self.percentiles, "result_metrics": plan.result_metrics,
                                                 **self._load_key()},
-                                       {"a": (a_dir, best.knobs), "b": (b_dir, exp.knobs)}, on_event,
+                                       {"a": (a_dir, best.knobs), "b": (b_dir, exp.knobs)},
+                                       (len(plan.scenarios) * self.pairs, windows_per_run(plan.probe.config)), on_event,
                                        f"interleaved A/B on {', '.join(plan.scenarios)}")
                 ex.baseline, ex.candidate = _feedbacks(out.get("a", {})), _feedbacks(out.get("b", {}))
                 ex.e2e_runs = sum(len(v) for v in ex.baseline.values()) + sum(len(v) for v in ex.candidate.values())

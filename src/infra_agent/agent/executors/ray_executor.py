@@ -35,6 +35,7 @@ from typing import Any
 from infra_agent.agent.executors.base import Execution, OnEvent, Refusal
 from infra_agent.agent.executors.jobs import ProbeTimeout
 from infra_agent.agent.executors.local import LocalExecutor, _feedbacks
+from infra_agent.agent.executors.prompt_sets import block_size, windows_per_run
 from infra_agent.agent.executors.ray_resources import (
     Mode,
     TaskResources,
@@ -114,15 +115,21 @@ class RayExecutor(LocalExecutor):
             if exp.role == "baseline" and exp.base_commit is None:
                 exp.base_commit = self.base_commit()
             side = self._measured_dir(exp)
+            # The node's windows draw from a block of the run's prompt sets, reserved here (prompt_sets.py).
+            first = self.prompt_sets.reserve(block_size(len(scenarios) * repeats, 1)) if scenarios else None
             return self._submit("measure", exp, {"m": side}, [exp.knobs], on_event, scenarios=scenarios,
-                                repeats=repeats, checks=checks, result_metrics=result_metrics)
+                                repeats=repeats, checks=checks, result_metrics=result_metrics, first_prompt_set=first)
         return self._guarded(exp, submit)
 
     def execute(self, exp: Experiment, plan: Plan, best: Experiment, on_event: OnEvent | None = None) -> Execution:
         def submit() -> Execution:
             a_dir, b_dir = self._sides(exp, best)  # worktrees and the protected-path check, here
+            first = None
+            if plan.mode == "ab":
+                first = self.prompt_sets.reserve(block_size(len(plan.scenarios) * self.pairs,
+                                                             windows_per_run(plan.probe.config)))
             return self._submit(plan.mode, exp, {"a": a_dir, "b": b_dir}, [best.knobs, exp.knobs], on_event,
-                                plan=plan, best=_light(best))
+                                plan=plan, best=_light(best), first_prompt_set=first)
         return self._guarded(exp, submit)
 
     def _guarded(self, exp: Experiment, submit: Callable[[], Execution]) -> Execution:

@@ -27,6 +27,7 @@ from typing import Any
 from infra_agent.agent.executors.base import Execution
 from infra_agent.agent.executors.cleanup import kill_marked
 from infra_agent.agent.executors.local import LocalExecutor
+from infra_agent.agent.executors.prompt_sets import GivenBlock
 from infra_agent.agent.executors.ray_ship import collect_artifacts, unpack
 from infra_agent.feedback import Feedback
 from infra_agent.records import Experiment
@@ -43,9 +44,12 @@ class NodeExecutor(LocalExecutor):
     """The local executor over the copies a driver shipped: no git here, the driver did it."""
 
     def __init__(self, workspace: Workspace, run_id: str, jobs_dir: Path, sides: dict[str, Path],
-                 code_ids: dict[str, str], cache: dict[str, tuple[str, Feedback]], **options: Any) -> None:
+                 code_ids: dict[str, str], cache: dict[str, tuple[str, Feedback]], first_prompt_set: int | None = None,
+                 **options: Any) -> None:
         super().__init__(workspace, run_id, **options)
         self.jobs_dir = jobs_dir
+        if first_prompt_set is not None:  # the block of the run's prompt sets the driver reserved
+            self.prompt_sets = GivenBlock(first_prompt_set)
         self.sides = sides
         self.code_ids = {str(sides[k].resolve()): v for k, v in code_ids.items()}
         self._check_cache = dict(cache)
@@ -118,7 +122,8 @@ def run_experiment(spec: dict[str, Any], events: Any = None) -> dict[str, Any]:
 
         ws = load_workspace(sides["m" if spec["kind"] == "measure" else "b"] / spec["yaml_name"])
         cache = {k: (first, Feedback.model_validate(fb)) for k, (first, fb) in spec["cache"].items()}
-        runner = NodeExecutor(ws, run_id, root / "jobs", sides, spec["code_ids"], cache, **spec["options"])
+        runner = NodeExecutor(ws, run_id, root / "jobs", sides, spec["code_ids"], cache, spec.get("first_prompt_set"),
+                              **spec["options"])
 
         def on_event(ev: dict[str, Any]) -> None:
             _emit(events, {**ev, "exp": exp.id})

@@ -15,13 +15,19 @@ Jobs:
   with ``pristine_root`` (a kernel check of code under test) the probe runs from that
   tree and takes only the code it judges from the workspace's (``ProbeContext.candidate_root``)
 - ``ab``: ``{workspace_a, workspace_b, knobs_a, knobs_b, scenarios, pairs, workdir,
-  result_metrics, percentiles, max_foreign_cpu}`` -> ``{"a": {scenario: [feedback per run]}, "b": ...,
-  "discarded": [...], "max_foreign_cpu": ...}``.  Both servers stay up for the whole job;
+  result_metrics, percentiles, max_foreign_cpu, first_prompt_set}`` -> ``{"a": {scenario: [feedback per run]}, "b": ...,
+  "discarded": [...], "max_foreign_cpu": ..., "prompt_sets_used": ...}``.  Both servers stay up for the whole job;
   runs alternate A B, B A, ... per scenario.  When B's server exits before it is ready
   (it refused its configuration), the result holds ``error`` and ``refused`` (server,
   exit_code, reason: the engine's error line, log_path) and no runs.
 - ``repeat``: ``{workspace, knobs, scenarios, repeats, workdir, result_metrics, percentiles,
-  max_foreign_cpu}`` -> ``{"b": {scenario: [...]}, "discarded": [...], "max_foreign_cpu": ...}``.
+  max_foreign_cpu, first_prompt_set}`` -> ``{"b": {scenario: [...]}, "discarded": [...], "max_foreign_cpu": ...,
+  "prompt_sets_used": ...}``.
+
+**Prompt sets.**  Every serving window draws prompts of its own (``serving/prompt_sets.py``)
+from the block of indices the executor reserved for the job (``first_prompt_set``; layout in
+``executors/prompt_sets.py``): both sides of a pair the same set, every other window, a
+re-run included, a new one.  ``prompt_sets_used`` says how far into the block the job drew.
 
 **Windows under foreign load.**  A serving window records the machine's load
 (``meta["host"]``, ``target/host_load.py``).  A window whose ``foreign_cpu`` (cores used
@@ -43,6 +49,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infra_agent.agent.executors.prompt_sets import (
+    MAX_RERUNS,
+    slot_set,
+    windows_per_run,
+)
 from infra_agent.errors import ServerExitedEarly
 
 if TYPE_CHECKING:
@@ -91,6 +102,7 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
                 "percentiles": job.get("percentiles") or [50, 90, 99]}
     limit = _limit(job)
     discarded: list[dict[str, Any]] = []
+    sets = _Sets(job, len(job["scenarios"]) * int(job["pairs"]), windows_per_run(base_cfg))
     with ExitStack() as stack:
         targets = {}
         for side in ("a", "b"):
@@ -101,13 +113,15 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
                 if side != "b" or not exc.refused:
                     raise  # the parent's configuration ran before: its failure is not a refusal
                 return {**out, "discarded": discarded, "max_foreign_cpu": limit, "error": str(exc),
-                        "refused": _refused(exc)}
-        for scenario in job["scenarios"]:
+                        "refused": _refused(exc), **sets.used()}
+        for s, scenario in enumerate(job["scenarios"]):
             for i in range(int(job["pairs"])):
 
-                def window(side: str, attempt: int, scenario: str = scenario, i: int = i) -> Feedback:
+                def window(side: str, attempt: int, scenario: str = scenario, i: int = i,
+                           slot: int = s * int(job["pairs"]) + i) -> Feedback:
                     ctx = ProbeContext(workdir=workdir / _folder(f"{side}-{scenario}-{i}", attempt), workspace=ws[side],
-                                       knobs=knobs[side], progress=False, target=targets[side])
+                                       knobs=knobs[side], progress=False, target=targets[side],
+                                       prompt_set=sets.of(slot, attempt))
                     return probe.execute({**base_cfg, "scenarios": [scenario]}, ctx)
 
                 order = pair_order(i, "abba")
@@ -116,9 +130,9 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
                     out[side].setdefault(scenario, []).append(fb.model_dump(mode="json"))
                     if not fb.ok:
                         # A dead server fails every later run the same way: stop, keep what finished.
-                        return {**out, "discarded": discarded, "max_foreign_cpu": limit,
+                        return {**out, "discarded": discarded, "max_foreign_cpu": limit, **sets.used(),
                                 "error": f"side {side.upper()} failed in scenario {scenario}: {fb.error}"}
-    return {**out, "discarded": discarded, "max_foreign_cpu": limit}
+    return {**out, "discarded": discarded, "max_foreign_cpu": limit, **sets.used()}
 
 
 def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -133,22 +147,40 @@ def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
     cfg = {"result_metrics": job.get("result_metrics"), "percentiles": job.get("percentiles") or [50, 90, 99]}
     limit = _limit(job)
     discarded: list[dict[str, Any]] = []
+    sets = _Sets(job, len(job["scenarios"]) * int(job["repeats"]), 1)
     _event(event="start", side="b")
     with _target(job, "b", ws, knobs) as target:
-        for scenario in job["scenarios"]:
+        for s, scenario in enumerate(job["scenarios"]):
             for i in range(int(job["repeats"])):
 
-                def window(side: str, attempt: int, scenario: str = scenario, i: int = i) -> Feedback:
+                def window(side: str, attempt: int, scenario: str = scenario, i: int = i,
+                           slot: int = s * int(job["repeats"]) + i) -> Feedback:
                     ctx = ProbeContext(workdir=Path(job["workdir"]) / _folder(f"{scenario}-{i}", attempt), workspace=ws,
-                                       knobs=knobs, progress=False, target=target)
+                                       knobs=knobs, progress=False, target=target, prompt_set=sets.of(slot, attempt))
                     return ServingProbe().execute({**cfg, "scenarios": [scenario]}, ctx)
 
                 fb = _measure_slot(window, ("b",), scenario, i, limit, discarded)["b"]
                 out.setdefault(scenario, []).append(fb.model_dump(mode="json"))
                 if not fb.ok:
-                    return {"b": out, "discarded": discarded, "max_foreign_cpu": limit,
+                    return {"b": out, "discarded": discarded, "max_foreign_cpu": limit, **sets.used(),
                             "error": f"scenario {scenario} failed: {fb.error}"}
-    return {"b": out, "discarded": discarded, "max_foreign_cpu": limit}
+    return {"b": out, "discarded": discarded, "max_foreign_cpu": limit, **sets.used()}
+
+
+class _Sets:
+    """The prompt sets of one job's windows, drawn from its block (``executors/prompt_sets.py``)."""
+
+    def __init__(self, job: dict[str, Any], slots: int, per_slot: int) -> None:
+        self.first, self.slots, self.per_slot = int(job.get("first_prompt_set") or 0), slots, per_slot
+        self.end = self.first  # one past the last set drawn
+
+    def of(self, slot: int, attempt: int) -> int:
+        index = slot_set(self.first, self.slots, self.per_slot, slot, attempt)
+        self.end = max(self.end, index + self.per_slot)
+        return index
+
+    def used(self) -> dict[str, int]:
+        return {"prompt_sets_used": self.end - self.first}
 
 
 def _target(job: dict[str, Any], side: str, ws: Any, knobs: dict[str, Any]) -> Any:
@@ -173,7 +205,8 @@ def _refused(exc: ServerExitedEarly) -> dict[str, Any]:
 
 # ------------------------------------------------------------ windows under foreign load
 
-_MAX_RERUNS = 2  # per window (per pair in an A/B); then the last one is kept, marked loaded
+# MAX_RERUNS (prompt_sets.py, whose blocks hold them): re-runs per window (per pair in an A/B);
+# then the last one is kept, marked loaded.
 
 
 def _limit(job: dict[str, Any]) -> float | None:
@@ -207,9 +240,9 @@ def _measure_slot(window: Callable[[str, int], Feedback], order: tuple[str, ...]
                   limit: float | None, discarded: list[dict[str, Any]]) -> dict[str, Feedback]:
     """One slot's windows (an A/B pair's two sides in ``order``, or one repeat), run again,
     whole, while any of them ran under more foreign CPU than ``limit``, at most
-    ``_MAX_RERUNS`` times; then the last ones are kept, the loaded ones marked.  Discarded
+    ``MAX_RERUNS`` times; then the last ones are kept, the loaded ones marked.  Discarded
     windows go to ``discarded``.  Stops at a failed window (the caller reports it)."""
-    for attempt in range(_MAX_RERUNS + 1):
+    for attempt in range(MAX_RERUNS + 1):
         fbs: dict[str, Feedback] = {}
         for side in order:
             fbs[side] = fb = window(side, attempt)
@@ -217,7 +250,7 @@ def _measure_slot(window: Callable[[str, int], Feedback], order: tuple[str, ...]
             if not fb.ok:
                 return fbs
         loaded = {side: f for side, fb in fbs.items() if (f := _over(fb, limit)) is not None}
-        if not loaded or attempt == _MAX_RERUNS:
+        if not loaded or attempt == MAX_RERUNS:
             break
         worst = max(loaded, key=lambda k: loaded[k])
         why = _reason(loaded[worst], limit)

@@ -13,7 +13,8 @@ from typing import Any
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.judge.effect_text import count_move, effect_text, gate_estimate
 from infra_agent.records import Experiment, GateResult
-from infra_agent.safety import bound, scrub, secret_values
+from infra_agent.safety import bound, mask_values, scrub, secret_values
+from infra_agent.tools.sides import keep_head, sides_text
 
 CHARS_PER_TOKEN = 4
 
@@ -133,7 +134,8 @@ def opening_message(state: LoopState, token_budget: int, secrets: Iterable[str] 
 
 
 def experiment_result(e: Experiment, limit: int = 8000, secrets: Iterable[str] = ()) -> str:
-    """The verdict of one experiment and its feedback, as the run_experiment call's result."""
+    """The verdict of one experiment and both sides' metrics and findings (tools/sides.py), as the
+    run_experiment call's result; a tool's text, so masked by value only."""
     values = secret_values(extra=secrets)
     lines = [f"experiment {e.id} ({e.status})"]
     if e.error:
@@ -157,13 +159,10 @@ def experiment_result(e: Experiment, limit: int = 8000, secrets: Iterable[str] =
         lines.append("verdict: none")
     lines.append(f"cost: {e.cost.wall_s:.1f} s" + (f", tier {e.cost.tier.value}" if e.cost.tier else "")
                  + f", {e.cost.runs_text()}")
-    head = "\n".join(lines)
-    fbs = [fb for fb in (e.feedback, e.baseline_feedback) if fb is not None]
-    body = ""
-    if fbs:
-        parts = [("candidate" if fb is e.feedback else "baseline") + " feedback:\n" + fb.render_text() for fb in fbs]
-        body = "\n\n" + bound("\n\n".join(parts), max(limit - len(head), 1000))
-    return bound(str(scrub(head + body, values)), limit)
+    # The verdict first, in at most half the room; the sides share the rest, neither dropped.
+    head = keep_head("\n".join(lines), limit // 2)
+    body = sides_text(e, max(limit - len(head) - 2, 1000))
+    return str(mask_values(head + ("\n\n" + body if body else ""), values))
 
 
 def plain(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
