@@ -1,4 +1,4 @@
-"""Which code ran: a sampled stack's own frame, and the code sampled inside given intervals.
+"""Which code ran: a sampled stack's own frame, the code that grew, the code behind a step's phase.
 
 A py-spy stack often ends in frames no change would edit: the standard library's
 (``JSONEncoder.iterencode`` under a ``json.dumps``) and a comprehension's or generator
@@ -30,8 +30,7 @@ from infra_agent.trace.model import Frame, Sample, Timeline
 
 # The standard library's files (not its site-packages), and the import system's frozen modules.
 _STDLIB = re.compile(r"[/\\]lib[/\\]python\d+(?:\.\d+)?t?[/\\](?!(?:site|dist)-packages[/\\])|^<frozen ", re.I)
-
-
+# A comprehension's or lambda's frame: its time is its function's.
 _COMPREHENSIONS = frozenset({"<genexpr>", "<listcomp>", "<setcomp>", "<dictcomp>", "<lambda>"})
 
 
