@@ -21,8 +21,9 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any, TypeVar
 
-# Re-exported: the tracing API is reached through this module (and the package).
 from infra_agent.tracing.call_site import allocating_site
+
+# Re-exported: the tracing API is reached through this module (and the package).
 from infra_agent.tracing.int_records import (  # noqa: F401
     RecordLayout,
     expand_records,
@@ -254,12 +255,13 @@ def _on_gc(phase: str, info: dict[str, Any]) -> None:
         return
     start, _GC_START[0] = _GC_START[0], 0
     if start:
+        end = perf_counter_ns()  # the pause ends here; naming its cause below is no part of it
         args = {"generation": int(info.get("generation", -1)), "collected": int(info.get("collected", 0)),
                 "uncollectable": int(info.get("uncollectable", 0))}
         # The frame below this callback allocated the object that crossed the collector's
         # threshold: under allocation churn, the code that churns (trace/gc_pauses.py).
         args.update(allocating_site(sys._getframe(1)))
-        tracer.record("gc", "gc", start, perf_counter_ns() - start, args)
+        tracer.record("gc", "gc", start, end - start, args)
 
 
 def _watch_gc() -> None:
