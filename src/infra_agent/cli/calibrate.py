@@ -69,7 +69,7 @@ def _default_scenario(ws: Any) -> str:
 
 
 def _render(console: Console, cal: NoiseCalibration, path: str) -> None:
-    from infra_agent.judge.process_noise import SPREAD_P, shows_spread
+    from infra_agent.judge.process_noise import SPREAD_P, shown_taus
     from infra_agent.judge.sequential import detectable_effect
 
     table = Table(title=f"spread between fresh server processes, scenario {cal.scenario} "
@@ -77,9 +77,10 @@ def _render(console: Console, cal: NoiseCalibration, path: str) -> None:
     for col in ("metric", "tau (between processes)", "within a process pair", "F", "p", "the loop adds",
                 "one batch detects"):
         table.add_column(col, justify="left" if col == "metric" else "right")
+    added = shown_taus(cal)
     for name, m in cal.metrics.items():
         # What one batch of the loop (one fresh process pair, pairs_per_block windows) can decide at 90% power.
-        tau = m.tau if shows_spread(m.p) else 0.0
+        tau = added[name]
         mde = detectable_effect(m.within_sd, cal.pairs_per_block, process_noise=tau, batch=cal.pairs_per_block)
         table.add_row(name, f"{m.tau:.2%}", f"{m.within_sd:.2%}", "-" if m.f is None else f"{m.f:.2f}",
                       "-" if m.p is None else f"{m.p:.2f}", f"{tau:.2%}" if tau else f"none (p >= {SPREAD_P:g})",

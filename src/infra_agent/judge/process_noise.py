@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infra_agent.errors import ConfigError
-from infra_agent.serving.noise_record import Machine, load
+from infra_agent.serving.noise_record import Machine, NoiseCalibration, load
 
 Setting = float | str  # "auto", "off" or a spread
 SPREAD_P = 0.05  # a metric's calibrated spread is used where its F test rejects "no spread" at this level
@@ -86,14 +86,14 @@ def resolve(root: Path, setting: Setting | None, say: list[str] | None = None) -
             say.append("process noise: not calibrated for this workspace (`infra-agent calibrate`); the interval "
                        "counts only the pairs' own spread")
         return None
-    here = Machine.here()
-    if cal.machine.hostname != here.hostname or cal.machine.usable_cpus != here.usable_cpus:
+    here = _elsewhere(cal)
+    if here is not None:
         if say is not None:
             say.append(f"process noise: the calibration in {root / '.infra-agent/process-noise.json'} was measured on "
                        f"{cal.machine.hostname} ({cal.machine.usable_cpus} CPUs), not here ({here.hostname}, "
                        f"{here.usable_cpus} CPUs): not used; run `infra-agent calibrate` on this machine")
         return None
-    taus = {name: m.tau if shows_spread(m.p) else 0.0 for name, m in cal.metrics.items()}
+    taus = shown_taus(cal)
     if not any(taus.values()):
         if say is not None:
             say.append(f"process noise: the calibration found no spread between fresh servers (F test p >= "
@@ -116,6 +116,17 @@ def shows_spread(p: float | None) -> bool:
     return p is None or p < SPREAD_P
 
 
+def _elsewhere(cal: NoiseCalibration) -> Machine | None:
+    """This machine, when the calibration was measured on another (a host or a CPU count apart)."""
+    here = Machine.here()
+    return None if (cal.machine.hostname, cal.machine.usable_cpus) == (here.hostname, here.usable_cpus) else here
+
+
+def shown_taus(cal: NoiseCalibration) -> dict[str, float]:
+    """Each metric's spread where its F test shows one, else 0 (:func:`shows_spread`)."""
+    return {name: m.tau if shows_spread(m.p) else 0.0 for name, m in cal.metrics.items()}
+
+
 def reuse_servers(root: Path, setting: Setting | None) -> tuple[bool, str]:
     """Whether batches may share server processes (agent/executors/server_pool.py), and why.
 
@@ -131,10 +142,9 @@ def reuse_servers(root: Path, setting: Setting | None) -> tuple[bool, str]:
     cal = load(root)
     if cal is None:
         return False, "no process-noise calibration (`infra-agent calibrate`)"
-    here = Machine.here()
-    if cal.machine.hostname != here.hostname or cal.machine.usable_cpus != here.usable_cpus:
+    if _elsewhere(cal) is not None:
         return False, "the process-noise calibration is from another machine"
-    shown = sorted(name for name, m in cal.metrics.items() if m.tau > 0 and shows_spread(m.p))
+    shown = sorted(name for name, tau in shown_taus(cal).items() if tau > 0)
     if shown:
         return False, f"the calibration shows a spread between fresh servers ({', '.join(shown[:3])})"
     return True, f"the calibration shows no spread between fresh servers ({cal.blocks} x {cal.pairs_per_block} A/A)"

@@ -11,7 +11,6 @@ and the throughput and latency statistics the benchmark reports under vLLM's nam
 from __future__ import annotations
 
 import math
-import os
 import re
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 from infra_agent.serving.interleave import interleave_knobs
 from infra_agent.serving.noise_record import Machine, MetricNoise, NoiseCalibration
 from infra_agent.stats.process_noise import between_process_spread
+from infra_agent.target.host_load import loadavg
 from infra_agent.workspace.models import Workspace
 
 # The benchmark's own rate and latency statistics (vLLM's names); standard deviations and
@@ -42,11 +42,8 @@ def _positive(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
-def _load() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
+def _rounded(load: float | None) -> float | None:
+    return None if load is None else round(load, 2)
 
 
 def calibrate(ws: Workspace, scenario: str, *, blocks: int = 6, pairs: int = 3,
@@ -57,7 +54,7 @@ def calibrate(ws: Workspace, scenario: str, *, blocks: int = 6, pairs: int = 3,
     if pairs < 2:
         raise ValueError(f"pairs: at least 2 windows per block are needed for the within-block noise, got {pairs}")
     knobs = ws.resolve_knobs({})
-    load_before, t0 = _load(), time.monotonic()
+    load_before, t0 = _rounded(loadavg()), time.monotonic()
 
     def seen(side: str, i: int, _result: dict[str, Any]) -> None:
         if on_window is not None:
@@ -82,7 +79,7 @@ def calibrate(ws: Workspace, scenario: str, *, blocks: int = 6, pairs: int = 3,
         raise ValueError(f"no metric could be calibrated: {len(a)} complete pair(s) of {blocks * pairs} in "
                          f"scenario {scenario!r}")
     return NoiseCalibration(scenario=scenario, machine=Machine.here(), blocks=blocks, pairs_per_block=pairs,
-                            wall_s=time.monotonic() - t0, load_before=load_before, load_after=_load(), metrics=out)
+                            wall_s=time.monotonic() - t0, load_before=load_before, load_after=_rounded(loadavg()), metrics=out)
 
 
 __all__ = ["calibrate", "calibrated_metrics"]

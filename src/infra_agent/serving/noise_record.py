@@ -21,16 +21,9 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from infra_agent.errors import ConfigError
+from infra_agent.workspace.machine import machine_limits
 
 CALIBRATION_FILE = Path(".infra-agent") / "process-noise.json"
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 class Machine(BaseModel):
@@ -39,7 +32,8 @@ class Machine(BaseModel):
 
     @classmethod
     def here(cls) -> Machine:
-        return cls(hostname=socket.gethostname(), usable_cpus=usable_cpus())
+        # The cores this process may run on (its affinity), as the search space bounds threads.
+        return cls(hostname=socket.gethostname(), usable_cpus=machine_limits(None).cores)
 
 
 class MetricNoise(BaseModel):
@@ -98,5 +92,4 @@ def load(root: Path) -> NoiseCalibration | None:
                           "again, or delete the file)", first) from exc
 
 
-__all__ = ["CALIBRATION_FILE", "Machine", "MetricNoise", "NoiseCalibration", "calibration_path", "load", "save",
-           "usable_cpus"]
+__all__ = ["CALIBRATION_FILE", "Machine", "MetricNoise", "NoiseCalibration", "calibration_path", "load", "save"]

@@ -15,6 +15,7 @@ from typing import Any
 
 from infra_agent.errors import ServerStartError
 from infra_agent.target.auth import request_headers
+from infra_agent.target.server_log import read_tail
 from infra_agent.workspace.models import ServerTargetSpec
 
 
@@ -81,11 +82,7 @@ class AttachedServer:
 
         if self._log_path is None or not self._log_path.exists():
             return ""
-        with self._log_path.open("rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            data = f.read().decode("utf-8", errors="replace")
-        return scrub_text("\n".join(data.splitlines()[-n:]), self._secrets or None)
+        return scrub_text(read_tail(self._log_path, n), self._secrets or None)
 
     def check_alive(self) -> None:
         if not alive(self._pid):

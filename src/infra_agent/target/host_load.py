@@ -119,7 +119,7 @@ class HostSampler:
 
     def _snapshot(self, procs: dict[int, _Proc] | None, own: frozenset[int]) -> _Snapshot:
         busy = self._busy() if procs is not None else None
-        return _Snapshot(time.monotonic(), _loadavg(), busy, procs or {}, own)
+        return _Snapshot(time.monotonic(), loadavg(), busy, procs or {}, own)
 
     def _processes(self) -> dict[int, _Proc] | None:
         """Every process's parent, group and CPU ticks; None when ``/proc`` cannot be read."""
@@ -295,7 +295,8 @@ def _cpus_of(pids: Iterable[int]) -> list[int]:
     return sorted(cpus)
 
 
-def _loadavg() -> float | None:
+def loadavg() -> float | None:
+    """The 1-minute load average (None where the system has none)."""
     try:
         return os.getloadavg()[0]
     except OSError:

@@ -55,7 +55,7 @@ from infra_agent.target.procgroup import (
 )
 from infra_agent.target.readiness import taken_ready_port, wait_ready
 from infra_agent.target.refusal import engine_reason
-from infra_agent.target.server_log import ServerLog
+from infra_agent.target.server_log import ServerLog, read_tail
 from infra_agent.workspace import template
 from infra_agent.workspace.knobs import KnobValue
 from infra_agent.workspace.models import ServerTargetSpec
@@ -167,11 +167,7 @@ class ServerProcess:
             return ""
         if self._log is not None and self._proc is not None and self._proc.poll() is not None:
             self._log.settle()  # its last lines may still be on their way to the file
-        with self._log_path.open("rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            data = f.read().decode("utf-8", errors="replace")
-        return self._masked("\n".join(data.splitlines()[-n:]))
+        return self._masked(read_tail(self._log_path, n))
 
     def _masked(self, text: str) -> str:
         """``text`` without the launch's secrets: its environment's (the target's ``env`` included),

@@ -50,6 +50,15 @@ _SETTLE_S = 2.0
 _CLOSE_S = 5.0
 
 
+def read_tail(path: Path, n: int) -> str:
+    """The last ``n`` lines of a log file (from its last 64 KiB), unmasked: callers mask."""
+    with path.open("rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - 64 * 1024))
+        data = f.read().decode("utf-8", errors="replace")
+    return "\n".join(data.splitlines()[-n:])
+
+
 class ServerLog:
     """One log file: infra-agent's own notes, then the server's output, masked."""
 

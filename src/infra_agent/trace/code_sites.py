@@ -25,8 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from infra_agent.trace.blocking_calls import blocking_call
-from infra_agent.trace.intervals import Interval
-from infra_agent.trace.model import Frame, Sample, Timeline
+from infra_agent.trace.model import Frame, Sample, Timeline, snapshot_weights
 
 # The standard library's files (not its site-packages), and the import system's frozen modules.
 _STDLIB = re.compile(r"[/\\]lib[/\\]python\d+(?:\.\d+)?t?[/\\](?!(?:site|dist)-packages[/\\])|^<frozen ", re.I)
@@ -60,15 +59,6 @@ class CodeSite:
     def to_dict(self) -> dict[str, object]:
         return {"function": self.function, "where": self.where, "us": self.us, "share": self.share,
                 "samples": self.samples, "before": self.before}
-
-
-def _weights(times: list[float], window: Interval) -> list[float]:
-    out = []
-    for i, t in enumerate(times):
-        lo = window[0] if i == 0 else (times[i - 1] + t) / 2
-        hi = window[1] if i + 1 == len(times) else (t + times[i + 1]) / 2
-        out.append(max(hi - lo, 0.0))
-    return out
 
 
 @dataclass
@@ -116,7 +106,7 @@ def _snapshots(timeline: Timeline, threads: set[str]) -> list[tuple[float, Sampl
         return []
     snaps = [s for s in timeline.samples if s.snapshot]
     times = sorted({s.ts_us for s in snaps})
-    weight = dict(zip(times, _weights(times, timeline.sampled_window), strict=True))
+    weight = dict(zip(times, snapshot_weights(times, timeline.sampled_window), strict=True))
     return [(s.ts_us, s, weight[s.ts_us]) for s in snaps if s.thread in threads and s.frames]
 
 

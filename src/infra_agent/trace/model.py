@@ -130,3 +130,13 @@ class Timeline:
         from infra_agent.trace.gpu import GPU_CATS
 
         return [s for s in self.spans if s.source == SOURCE_KINETO and s.cat in GPU_CATS]
+
+
+def snapshot_weights(times: list[float], window: tuple[float, float]) -> list[float]:
+    """The time each snapshot stands for: up to the midpoints with its neighbours, clipped to ``window``."""
+    out = []
+    for i, t in enumerate(times):
+        lo = window[0] if i == 0 else (times[i - 1] + t) / 2
+        hi = window[1] if i + 1 == len(times) else (t + times[i + 1]) / 2
+        out.append(max(hi - lo, 0.0))
+    return out

@@ -45,7 +45,7 @@ from infra_agent.trace.blocking_calls import (
     runs_event_loop,
 )
 from infra_agent.trace.lock_holders import LockBlocks
-from infra_agent.trace.model import Sample, Span, Timeline
+from infra_agent.trace.model import Sample, Span, Timeline, snapshot_weights
 
 RUNNING, NATIVE, GIL_WAIT, BLOCKED, IDLE = "running", "native", "gil_wait", "blocked", "idle"
 STATE_TEXT = {RUNNING: "running with the GIL", NATIVE: "running off the GIL", GIL_WAIT: "waiting for the GIL",
@@ -193,15 +193,6 @@ def _fresh_lines() -> ReadLine:
     return read
 
 
-def _weights(times: list[float], window: tuple[float, float]) -> list[float]:
-    out = []
-    for i, t in enumerate(times):
-        lo = window[0] if i == 0 else (times[i - 1] + t) / 2
-        hi = window[1] if i + 1 == len(times) else (t + times[i + 1]) / 2
-        out.append(max(hi - lo, 0.0))
-    return out
-
-
 def _meanwhile(sample: Sample, group: list[Sample], owner: Sample | None) -> tuple[str, str, str, str] | None:
     """Who ran while ``sample``'s thread did not: the GIL owner, else a thread on a CPU."""
     other = owner if owner is not None and owner.thread != sample.thread else None
@@ -261,7 +252,7 @@ def thread_states(timeline: Timeline, read_line: ReadLine | None = None, top: in
     per_label: dict[tuple[str, str], float] = defaultdict(float)
     sites: dict[SiteKey, _Acc] = defaultdict(_Acc)
     blocks = LockBlocks(lambda file: _source(read, file))
-    for ts, w in zip(times, _weights(times, timeline.sampled_window), strict=True):
+    for ts, w in zip(times, snapshot_weights(times, timeline.sampled_window), strict=True):
         group = by_ts[ts]
         owner = next((s for s in group if s.holds_gil), None)
         states = [classify(s, owner if owner is not None and owner.thread != s.thread else None, s.thread in loops,
