@@ -18,20 +18,15 @@ from infra_agent.ledger import Ledger
 from infra_agent.standin.server import received_requests, serve_standin
 
 from ..probes.code_workspace import (
-    BLOCKING_CALL,
     HANDLER,
-    code_workspace,
-    fix_diff,
     git,
+    regressed_workspace,
 )
 
 pytestmark = pytest.mark.slow
 
 def test_the_llm_proposer_fixes_a_blocking_call_measured_from_the_worktree(tmp_path: Path) -> None:
-    ws = code_workspace(tmp_path / "ws")
-    BLOCKING_CALL.apply(ws)
-    git(ws, "commit", "-qam", "audit each request (synchronously)")
-    diff = fix_diff(ws)
+    ws, diff = regressed_workspace(tmp_path / "ws")
     script = {"turns": [
         {"tool_calls": [{"tool": "read_file", "arguments": {"path": HANDLER, "start_line": 165, "max_lines": 20}}]},
         {"tool_calls": [{"tool": "propose_diff", "arguments": {"diff": diff}}]},

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra_agent.agent.executors.base import Execution
-from infra_agent.records import Experiment, Hypothesis, ProbeCall
-from infra_agent.judge.accept import judge
 from infra_agent.agent.planner import Plan
 from infra_agent.feedback import Feedback, Measurement, Tier
+from infra_agent.judge.accept import judge
 from infra_agent.judge.effect_text import effect_text
+from infra_agent.records import Experiment, Hypothesis, ProbeCall
 from infra_agent.tools.experiment import _outcome
 from infra_agent.workspace import load_workspace
 
@@ -27,13 +27,7 @@ def _judged(tmp_path: Path, hyp: Hypothesis, base: list[Feedback], cand: list[Fe
 
 
 def test_a_count_fix_prints_its_move_not_a_zero_ratio(tmp_path: Path) -> None:
-    def checks(n: int) -> Feedback:
-        return Feedback(probe="kernel-check", tier=Tier.check, ok=n == 0, meta={"failed_checks": n})
-
-    hyp = Hypothesis(statement="fp32 accumulation fixes the TP checks", metric="failed_checks", direction="lower",
-                     min_effect=1)
-    plan = Plan(probe=ProbeCall(name="kernel-check", tier=Tier.check), mode="pair", check="tp-checks")
-    exp = _judged(tmp_path, hyp, [checks(3)], [checks(0)], plan)
+    exp = _count_fix(tmp_path)
     assert exp.verdict is not None and exp.verdict.outcome == "supported" and exp.verdict.effect == 0
     assert effect_text(exp) == "failed_checks 3 → 0 (exact count)"
     assert "effect 0 [0, 0]" not in _outcome(exp) and "failed_checks 3 → 0" in _outcome(exp)

@@ -19,11 +19,9 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from infra_agent.ledger import Ledger
 
 from ..probes.code_workspace import (
-    BLOCKING_CALL,
     HANDLER,
-    code_workspace,
-    fix_diff,
     git,
+    regressed_workspace,
 )
 
 pytestmark = pytest.mark.slow
@@ -38,10 +36,7 @@ def _failed(res: object) -> bool:
 
 
 def test_an_mcp_client_measures_a_code_change(tmp_path: Path) -> None:
-    ws = code_workspace(tmp_path / "ws")
-    BLOCKING_CALL.apply(ws)
-    git(ws, "commit", "-qam", "audit each request (synchronously)")
-    diff = fix_diff(ws)
+    ws, diff = regressed_workspace(tmp_path / "ws")
     params = StdioServerParameters(command=sys.executable, args=["-m", "infra_agent.mcp", "--workspace", str(ws),
                                                                  "--budget-runs", "2"],
                                    env=dict(os.environ), cwd=str(ws))

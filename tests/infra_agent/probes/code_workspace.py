@@ -156,6 +156,14 @@ def fix_diff(ws: Path) -> str:
     return diff
 
 
+def regressed_workspace(dest: Path) -> tuple[Path, str]:
+    """A code workspace whose committed tree holds ``BLOCKING_CALL``, and the diff that fixes it."""
+    ws = code_workspace(dest)
+    BLOCKING_CALL.apply(ws)
+    git(ws, "commit", "-qam", "audit each request (synchronously)")
+    return ws, fix_diff(ws)
+
+
 def timeline(ws: Path, workdir: Path, scenario: str, **config: Any) -> Feedback:
     """One timeline probe window of ``scenario`` on the workspace's server, py-spy on the server process."""
     fb = TimelineProbe().execute({"scenarios": [scenario], "sample_process": "server", **config},
