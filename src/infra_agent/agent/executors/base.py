@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from infra_agent.agent.planner import Plan
+from infra_agent.errors import ServerExitedEarly
 from infra_agent.feedback import Feedback
 from infra_agent.records import Experiment
 
@@ -32,6 +33,10 @@ class Refusal:
     exit_code: int
     reason: str | None
     log_path: str | None = None
+
+    @classmethod
+    def of(cls, exc: ServerExitedEarly) -> Refusal:
+        return cls(server=exc.name, exit_code=exc.exit_code, reason=exc.reason, log_path=exc.log_path)
 
 
 @dataclass

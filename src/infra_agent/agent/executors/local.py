@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -193,19 +194,20 @@ class LocalExecutor(Executor):
         self._check_cache.setdefault(key, (exp_id, fb))
         self._note_judge_files(check_name, fb)
 
-    def _attach(self, sides: dict[str, tuple[Path, dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """Kept servers for the sides that run the user's tree (``{side: info}``), and the
-        candidate's refusal if its server refused to start.  Sides of one configuration,
-        or a job with a side in a worktree, launch their own and stop the kept ones."""
+    def _attach(self, sides: dict[str, tuple[Path, dict[str, Any]]]
+                ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any] | None]:
+        """Kept servers for the sides that run the user's tree (``{side: info}``), their pool
+        keys, and the candidate's refusal if its server refused to start.  Sides of one
+        configuration, or a job with a side in a worktree, launch their own and stop the kept ones."""
         if self.pool is None:
-            return {}, None
+            return {}, {}, None
         from infra_agent.serving.runner import default_log_dir
 
         values = {side: self.ws.resolve_knobs(knobs) for side, (d, knobs) in sides.items()}
         keys = {side: self.pool.key(self.ws, v) for side, v in values.items()}
         if any(d.resolve() != self.ws.root.resolve() for d, _ in sides.values()) or len(set(keys.values())) < len(keys):
             self.pool.retain(set())
-            return {}, None
+            return {}, {}, None
         out: dict[str, Any] = {}
         for side in sorted(values):  # "a" first: the parent's server, then the candidate's
             before = self.pool.launches
@@ -214,12 +216,11 @@ class LocalExecutor(Executor):
             except ServerExitedEarly as exc:
                 if side != "b" or not exc.refused:
                     raise
-                return out, {"server": exc.name, "exit_code": exc.exit_code, "reason": exc.reason,
-                             "log_path": exc.log_path, "error": str(exc)}
+                return out, keys, {**dataclasses.asdict(Refusal.of(exc)), "error": str(exc)}
             finally:
                 self.launched += self.pool.launches - before
             out[side] = ServerPool.attach_info(server)
-        return out, None
+        return out, keys, None
 
     def _pooled_job(self, exp_id: str, job: dict[str, Any], sides: dict[str, tuple[Path, dict[str, Any]]],
                     windows: tuple[int, int], on_event: OnEvent | None, what: str) -> dict[str, Any]:
@@ -227,17 +228,16 @@ class LocalExecutor(Executor):
         server died during it (its windows are not the configuration's).  ``windows``: the
         job's (slots, windows a slot sends a side), for its block of prompt sets."""
         for attempt in (1, 2):
-            attach, refused = self._attach(sides)
+            attach, keys, refused = self._attach(sides)
             if refused is not None:
                 return {"a": {}, "b": {}, "error": refused.pop("error"), "refused": refused}
             out = self._windows_job(exp_id, {**job, "attach": attach}, windows, on_event, what)
-            dead = [side for side in attach if self.pool is not None
-                    and self.pool.dead(self.pool.key(self.ws, self.ws.resolve_knobs(sides[side][1])))]
+            dead = [keys[side] for side in attach if self.pool is not None and self.pool.dead(keys[side])]
             if not (out.get("error") and dead) or attempt == 2:
                 return out
-            for side in dead:
+            for key in dead:
                 assert self.pool is not None
-                self.pool.drop(self.pool.key(self.ws, self.ws.resolve_knobs(sides[side][1])))
+                self.pool.drop(key)
                 self.pool.restarts += 1
         raise AssertionError("unreachable")
 

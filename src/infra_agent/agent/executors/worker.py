@@ -87,6 +87,9 @@ def run_probe_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
+    import dataclasses
+
+    from infra_agent.agent.executors.base import Refusal
     from infra_agent.probes.base import ProbeContext, get_probe
     from infra_agent.probes.workspace_checks import load_workspace
     from infra_agent.serving.interleave import pair_order
@@ -113,7 +116,7 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
                 if side != "b" or not exc.refused:
                     raise  # the parent's configuration ran before: its failure is not a refusal
                 return {**out, "discarded": discarded, "max_foreign_cpu": limit, "error": str(exc),
-                        "refused": _refused(exc), **sets.used()}
+                        "refused": dataclasses.asdict(Refusal.of(exc)), **sets.used()}
         for s, scenario in enumerate(job["scenarios"]):
             for i in range(int(job["pairs"])):
 
@@ -196,11 +199,6 @@ def _target(job: dict[str, Any], side: str, ws: Any, knobs: dict[str, Any]) -> A
 
     return AttachedServer.from_job(ws.target, info, file=str(ws.source) if ws.source else None,
                                    secrets=workspace_secrets(ws))
-
-
-def _refused(exc: ServerExitedEarly) -> dict[str, Any]:
-    """What a refusal's finding keeps (executors/base.py ``Refusal``)."""
-    return {"server": exc.name, "exit_code": exc.exit_code, "reason": exc.reason, "log_path": exc.log_path}
 
 
 # ------------------------------------------------------------ windows under foreign load
