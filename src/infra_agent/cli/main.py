@@ -46,6 +46,7 @@ _VERB_MODULES: dict[str, str] = {
     "validate": "Check infra-agent.yaml: target, knobs, scenarios, criteria. Exit 2 on any problem.",
     "bench": "Run one serving benchmark and print vLLM-style metrics (+ server phases).",
     "compare": "Per-metric ratio B/A with a confidence interval, and a verdict per criterion.",
+    "goodput": "Search the highest request rate meeting the SLO, per configuration, and print the sweep table.",
     "calibrate": "Measure the spread between fresh server processes of one configuration; the loop's interval uses it.",
     "kernel": "Kernel lab: correctness across variants and precisions, microbenchmarks, roofline.",
 }

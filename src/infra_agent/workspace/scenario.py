@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from infra_agent.workspace._base import _Strict
+from infra_agent.workspace.goodput import GoodputSearch
 from infra_agent.workspace.knobs import DomainError
 
 
@@ -88,6 +89,9 @@ class Scenario(_Strict):
     # speaks the protocol before the window opens), so 0 behaves like 1.
     warmup_requests: int = Field(0, ge=0)
     slo: Slo | None = None
+    # A goodput search (serving/goodput.py): the highest request rate meeting goodput.slo;
+    # request_rate is then the search's to set.
+    goodput: GoodputSearch | None = None
     # None sends no temperature (the server's default applies, as vLLM's client does); the
     # result records which (``sampling``).
     temperature: float | None = Field(0.0, ge=0)

@@ -1,0 +1,107 @@
+"""``infra-agent goodput WORKSPACE``: the highest request rate each configuration sustains under the SLO.
+
+The scenario's ``goodput:`` section (or ``--slo-*-ms`` flags) gives the limits; each
+configuration (``--set`` on the knob defaults, times every ``--grid`` combination) gets
+one server, kept up while its rate is bisected (serving/goodput.py).  Progress goes to
+stderr a line per decided rate; the sweep table goes to stdout and, with ``result.txt``
+and ``result.json``, to ``--result-dir`` (default ``.infra-agent/goodput/<time>`` in the
+workspace).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra_agent.cli.output import emit, err_console, user_errors
+
+
+def register(app: typer.Typer) -> None:
+    app.command("goodput")(goodput)
+
+
+def _parse_grid(items: list[str]) -> dict[str, list[str]]:
+    from infra_agent.errors import ConfigError
+
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        vals = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not name.strip() or not vals:
+            raise ConfigError(None, "--grid", "knob=value1,value2,...", item)
+        if name.strip() in grid:
+            raise ConfigError(None, "--grid", f"each knob once ({name.strip()} is given twice)", item)
+        grid[name.strip()] = vals
+    return grid
+
+
+def goodput(
+    workspace: str = typer.Argument(".", help="Workspace folder, or its infra-agent.yaml."),
+    scenario: str | None = typer.Option(None, "--scenario", help="Scenario name (default: the only one)."),
+    set_: list[str] = typer.Option([], "--set", help="Knob override knob=value for every configuration; repeatable."),
+    grid: list[str] = typer.Option([], "--grid", help="knob=v1,v2,...: one configuration per value (combined across --grid)."),
+    slo_ttft_ms: float | None = typer.Option(None, "--slo-ttft-ms", help="Limit on the percentile's TTFT (ms)."),
+    slo_tpot_ms: float | None = typer.Option(None, "--slo-tpot-ms", help="Limit on the percentile's TPOT (ms)."),
+    slo_e2el_ms: float | None = typer.Option(None, "--slo-e2el-ms", help="Limit on the percentile's E2E latency (ms)."),
+    result_dir: Path | None = typer.Option(None, "--result-dir", help="Write result.txt and result.json here."),
+    no_progress: bool = typer.Option(False, "--no-progress"),
+    as_json: bool = typer.Option(False, "--json", help="Print the sweep as JSON."),
+) -> None:
+    """Search the highest request rate meeting the SLO, per configuration, and print the sweep table."""
+    with user_errors(as_json):
+        from infra_agent.cli.bench import parse_sets
+        from infra_agent.probes.workspace_checks import load_workspace
+        from infra_agent.serving.goodput_run import (
+            grid_configs,
+            run_sweep,
+            search_settings,
+            write_sweep,
+        )
+        from infra_agent.serving.runner import only_scenario
+
+        ws = load_workspace(workspace)
+        name = scenario or only_scenario(ws)
+        sc = ws.scenario(name)
+        search = search_settings(sc, name, {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_tpot_ms, "e2el_ms": slo_e2el_ms},
+                                 str(ws.source) if ws.source else None)
+        configs = grid_configs(parse_sets(set_), _parse_grid(grid))
+        for c in configs:
+            ws.resolve_knobs(c)  # a wrong knob or value stops here, before any server starts
+
+        def say(line: str) -> None:
+            if not no_progress:
+                err_console.print(line, highlight=False, markup=False)
+
+        say(f"goodput: {len(configs)} configuration(s) of scenario {name} on {ws.source}")
+        sweep = run_sweep(ws, name, configs, search, say)
+        folder = result_dir or ws.root / ".infra-agent" / "goodput" / time.strftime("%Y%m%d-%H%M%S")
+        txt, js = write_sweep(sweep, folder)
+    result: dict[str, Any] = {**sweep, "result_txt": str(txt), "result_json": str(js)}
+    emit(result, as_json, lambda console: _render(console, sweep, str(txt)))
+
+
+def _render(console: Console, sweep: dict[str, Any], txt: str) -> None:
+    from infra_agent.serving.goodput_run import _num
+
+    table = Table(title=f"goodput sweep, scenario {sweep['scenario']}")
+    for col in ("configuration", "goodput req/s", "bracket req/s", "request_goodput at it (95% CI)", "rates", "windows", "note"):
+        table.add_column(col, justify="left" if col in ("configuration", "note") else "right")
+    for r in sweep["configurations"]:
+        if r.get("error"):
+            table.add_row(r["label"], "-", "-", "-", "-", "-", r["error"][:120])
+            continue
+        gp = r.get("request_goodput_at") or {}
+        ci = f"{_num(gp.get('mean'))} [{_num(gp.get('low'))}, {_num(gp.get('high'))}]" if gp else "-"
+        lo, hi = r["bracket"]
+        table.add_row(r["label"], _num(r["goodput_rps"]), f"[{_num(lo)}, {_num(hi)}]", ci, str(len(r["rates"])),
+                      str(r["windows"]), r["stopped"])
+    console.print(table)
+    best = sweep.get("best")
+    console.print(f"best: {best['label']} at {_num(best['goodput_rps'])} req/s" if best else "best: no configuration meets the SLO",
+                  highlight=False)
+    console.print(f"written: {txt} (and result.json beside it)", highlight=False)
