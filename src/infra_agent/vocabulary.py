@@ -70,6 +70,10 @@ class FindingKind:
     # answers not of the length the request fixed (ignore_eos + max_tokens): short or long
     WRONG_ANSWER_LENGTH: Final = "wrong_answer_length"
     RUN_FAILED: Final = "run_failed"
+    # the engine's own telemetry and the server's CPU (probes/serving_telemetry.py)
+    SERVER_CPU_STARVED: Final = "server_cpu_starved"
+    PREEMPTIONS: Final = "preemptions"
+    KV_CACHE_FULL: Final = "kv_cache_full"
     # kernel lab
     MISMATCH: Final = "mismatch"
     NONFINITE_OUTPUT: Final = "nonfinite_output"

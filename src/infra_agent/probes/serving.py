@@ -33,6 +33,7 @@ from infra_agent.feedback import (
     Tier,
 )
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
+from infra_agent.probes.serving_telemetry import WindowWatch, add_telemetry
 from infra_agent.serving.metrics import request_samples
 from infra_agent.serving.runner import default_log_dir, run_on_target
 from infra_agent.target import open_target
@@ -107,6 +108,7 @@ def summarise_windows(fb: Feedback, name: str, runs: list[dict[str, Any]], knobs
     probes that run serving windows (the timeline probe) use it so the judge reads the
     same measurements from them."""
     ServingProbe._summarise(fb, name, runs, _changed(knobs, ws), queue_share)
+    add_telemetry(fb, name, runs)
     ServingProbe._per_window(fb, name, runs, result_metrics)
     _host_measurements(fb, name, runs)
 
@@ -188,8 +190,10 @@ class ServingProbe(Probe):
                         for i in range(repeats):
                             sampler = HostSampler(*own)
                             sampler.start()
-                            result = run_on_target(target, sc, scenario_name=name, knobs=values, progress=ctx.progress,
-                                                   percentiles=pcts, prompt_set=first_set + i)
+                            with WindowWatch(target) as watch:  # the engine's gauges and the server's CPU
+                                result = run_on_target(target, sc, scenario_name=name, knobs=values, progress=ctx.progress,
+                                                       percentiles=pcts, prompt_set=first_set + i)
+                            watch.into(result)
                             result["host"] = sampler.stop().as_dict()
                             if isinstance(result.get("prompts"), dict):
                                 fb.meta.setdefault("prompts", []).append({"scenario": name, **result["prompts"]})
