@@ -89,17 +89,18 @@ def _render(console: Console, sweep: dict[str, Any], txt: str) -> None:
     from infra_agent.serving.goodput_run import _num
 
     table = Table(title=f"goodput sweep, scenario {sweep['scenario']}")
-    for col in ("configuration", "goodput req/s", "bracket req/s", "request_goodput at it (95% CI)", "rates", "windows", "note"):
+    for col in ("configuration", "goodput req/s", "bracket req/s", "request_goodput at it (95% CI)", "max throughput req/s",
+                "goodput / max", "rates", "windows", "note"):
         table.add_column(col, justify="left" if col in ("configuration", "note") else "right")
     for r in sweep["configurations"]:
         if r.get("error"):
-            table.add_row(r["label"], "-", "-", "-", "-", "-", r["error"][:120])
+            table.add_row(r["label"], "-", "-", "-", "-", "-", "-", "-", r["error"][:120])
             continue
         gp = r.get("request_goodput_at") or {}
         ci = f"{_num(gp.get('mean'))} [{_num(gp.get('low'))}, {_num(gp.get('high'))}]" if gp else "-"
         lo, hi = r["bracket"]
-        table.add_row(r["label"], _num(r["goodput_rps"]), f"[{_num(lo)}, {_num(hi)}]", ci, str(len(r["rates"])),
-                      str(r["windows"]), r["stopped"])
+        table.add_row(r["label"], _num(r["goodput_rps"]), f"[{_num(lo)}, {_num(hi)}]", ci, _num(r.get("max_throughput_rps")),
+                      _num(r.get("of_max_throughput"), ".0%"), str(len(r["rates"])), str(r["windows"]), r["stopped"])
     console.print(table)
     best = sweep.get("best")
     console.print(f"best: {best['label']} at {_num(best['goodput_rps'])} req/s" if best else "best: no configuration meets the SLO",

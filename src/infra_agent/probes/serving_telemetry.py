@@ -68,6 +68,13 @@ def _m(name: str, unit: str, vals: list[float], scenario: str, component: str = 
                        tags={"component": component, "scenario": scenario})
 
 
+def _before_network(fb: Feedback, finding: Finding) -> int:
+    """Insert ``finding`` before the first network-side finding (or last); its index."""
+    at = next((i for i, f in enumerate(fb.findings) if f.kind in _NETWORK_KINDS), len(fb.findings))
+    fb.findings.insert(at, finding)
+    return at
+
+
 def _starved(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The most starved server process over the windows (pooled run and wait), or None."""
     pooled: dict[int, dict[str, Any]] = {}
@@ -113,8 +120,13 @@ def _cpu_finding(fb: Feedback, name: str, runs: list[dict[str, Any]]) -> None:
         next_question=("Is the server pinned to too few CPUs, or does another process (a CPU hog, the load generator, a "
                        "second server) share its cores? Give it cores of its own before suspecting the network."),
     )
-    at = next((i for i, f in enumerate(fb.findings) if f.kind in _NETWORK_KINDS), len(fb.findings))
-    fb.findings.insert(at, finding)
+    at = _before_network(fb, finding)
+    for f in fb.findings[at + 1:]:
+        if f.kind in _NETWORK_KINDS and f.evidence.get("scenario", name) == name:
+            # The network question stays, after the one the CPU numbers already answer.
+            f.evidence["server_cpu_wait_share"] = p["wait_share"]
+            f.next_question = (f"First: the server waited for a CPU {p['wait_share']:.0%} of its runnable time "
+                               "(server_cpu_starved); with cores of its own, does this remain? " + (f.next_question or ""))
 
 
 def _engine(fb: Feedback, name: str, runs: list[dict[str, Any]]) -> None:
@@ -137,7 +149,7 @@ def _engine(fb: Feedback, name: str, runs: list[dict[str, Any]]) -> None:
     stack = tel[0]["stack"]
     n_pre = sum(c["delta"] for c in pre)
     if n_pre > 0:
-        fb.findings.append(Finding(
+        _before_network(fb, Finding(
             kind=FindingKind.PREEMPTIONS, severity="warning",
             message=f"{n_pre:g} request(s) preempted in {name} ({pre[0]['metric']}): evicted from the KV cache and recomputed",
             location=Location(component="engine.cache"),
@@ -147,7 +159,7 @@ def _engine(fb: Feedback, name: str, runs: list[dict[str, Any]]) -> None:
     kv_max = max((g["max"] for g in gauge["kv_cache_usage"]), default=None)
     waiting_max = max((g["max"] for g in gauge["waiting"]), default=0.0)
     if kv_max is not None and kv_max >= KV_FULL and waiting_max > 0:
-        fb.findings.append(Finding(
+        _before_network(fb, Finding(
             kind=FindingKind.KV_CACHE_FULL, severity="warning",
             message=f"the KV cache reached {kv_max:.0%} ({gauge['kv_cache_usage'][0]['metric']}) while up to {waiting_max:g} requests waited in {name}",
             location=Location(component="engine.cache"),

@@ -192,7 +192,11 @@ def search_goodput(measure: Measure, search: GoodputSearch, say: Say = lambda _s
 def _outcome(goodput: float | None, lo: float | None, hi: float | None, trials: list[RateTrial],
              bound: dict[str, Any] | None, why: str) -> dict[str, Any]:
     at = next((t for t in trials if lo is not None and t.rate == lo), None)
+    thr = (bound or {}).get("request_throughput")
     return {"goodput_rps": goodput, "bracket": [lo, hi], "stopped": why,
+            # The ceiling: what the server reached with every request at once (the search's top when measured).
+            "max_throughput_rps": thr if isinstance(thr, (int, float)) else None,
+            "of_max_throughput": goodput / thr if goodput is not None and isinstance(thr, (int, float)) and thr > 0 else None,
             "request_goodput_at": at.as_dict()["request_goodput"] if at else None,
             "checks_at": at.checks if at else [],
             "unbounded_window": bound, "rates": [t.as_dict() for t in trials],

@@ -113,7 +113,10 @@ def row_text(row: Mapping[str, Any], search: GoodputSearch) -> str:
     limits = ", ".join(f"{c['metric']}: {_num(c.get('geomean'), '.1f')} (limit {c['limit_ms']:g})" for c in row.get("checks_at", []))
     tried = len(row.get("rates", []))
     return (f"{row['label']}: goodput_rps: {_num(row['goodput_rps'])}, bracket: [{_num(lo)}, {_num(hi)}] req/s, "
-            f"request_goodput: {_num(gp.get('mean'))}{ci} req/s" + (f", {limits}" if limits else "")
+            f"request_goodput: {_num(gp.get('mean'))}{ci} req/s"
+            + (f", max_throughput: {_num(row['max_throughput_rps'])} req/s ({_num(row['of_max_throughput'], '.0%')} of it)"
+               if row.get("of_max_throughput") is not None else "")
+            + (f", {limits}" if limits else "")
             + f", rates: {tried}, windows: {row.get('windows', 0)}; {row.get('stopped', '')}")
 
 

@@ -90,7 +90,9 @@ def test_preemptions_and_a_full_kv_cache_become_findings() -> None:
     fb = _fb_with_queue("s")
     add_telemetry(fb, "s", [{"ok": True, "engine_telemetry": tel}])
     kinds = [f.kind for f in fb.findings]
-    assert FindingKind.PREEMPTIONS in kinds and FindingKind.KV_CACHE_FULL in kinds
+    # The engine's findings go before the network's.
+    assert kinds == [FindingKind.PREEMPTIONS, FindingKind.KV_CACHE_FULL, FindingKind.BURSTY_STREAM,
+                     FindingKind.QUEUE_DOMINATES_TTFT]
     queue = next(f for f in fb.findings if f.kind == FindingKind.QUEUE_DOMINATES_TTFT)
     assert queue.evidence["limit"] == "kv_cache" and queue.evidence["running_max"] == 8
     assert fb.measurement("server_preemptions", scenario="s").samples == [5.0]
@@ -154,4 +156,6 @@ def test_a_server_sharing_its_cpu_with_hogs_is_reported_starved_before_the_netwo
     assert ev["wait_share"] >= 0.3 and ev["cores_used"] < ev["cores_demanded"]
     network = [i for i, g in enumerate(fb.findings) if g.kind in (FindingKind.BURSTY_STREAM, FindingKind.CLIENT_SERVER_TTFT_GAP)]
     assert all(starved[0] < i for i in network)
+    # A network finding that remains asks the CPU question first.
+    assert all((fb.findings[i].next_question or "").startswith("First: the server waited for a CPU") for i in network)
     assert fb.measurement("server_cpu_wait_share", scenario="inline").samples[0] >= 0.3
