@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from infra_agent.errors import ConfigError, InfraAgentError
 from infra_agent.serving.goodput import search_goodput
 from infra_agent.serving.metrics import percentile_key
@@ -35,21 +37,27 @@ def grid_configs(sets: Mapping[str, str], grid: Mapping[str, Sequence[str]]) -> 
     return [{**sets, **dict(zip(names, combo, strict=True))} for combo in itertools.product(*(grid[n] for n in names))]
 
 
-def search_settings(scenario: Scenario, name: str, slo_flags: Mapping[str, float] | None = None,
-                    file: str | None = None) -> GoodputSearch:
-    """The scenario's ``goodput:`` settings, with SLO limits from flags on top; a scenario
-    without ``goodput:`` needs at least one limit from the flags."""
+def search_settings(scenario: Scenario, name: str, slo_flags: Mapping[str, float | None] | None = None,
+                    file: str | None = None, overrides: Mapping[str, Any] | None = None) -> GoodputSearch:
+    """The scenario's ``goodput:`` settings, with SLO limits and search settings (``rate_min``,
+    ``rate_max``, ...) from flags on top; a scenario without ``goodput:`` needs at least one
+    limit from the flags."""
     flags = {k: v for k, v in (slo_flags or {}).items() if v is not None}
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if scenario.goodput is None:
         if not flags:
             raise ConfigError(file, f"scenarios.{name}.goodput",
                               "a goodput: section (slo: {ttft_ms|tpot_ms|e2el_ms}) or --slo-*-ms flags", None)
-        return GoodputSearch.model_validate({"slo": flags})
-    if not flags:
-        return scenario.goodput
-    data = scenario.goodput.model_dump()
-    data["slo"] = {**data["slo"], **flags}
-    return GoodputSearch.model_validate(data)
+        data: dict[str, Any] = {"slo": flags}
+    else:
+        data = scenario.goodput.model_dump()
+        data["slo"] = {**data["slo"], **flags}
+    try:
+        return GoodputSearch.model_validate({**data, **given})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "goodput"
+        raise ConfigError(file, f"scenarios.{name}.goodput.{where}", err["msg"], err.get("input")) from None
 
 
 def _label(knobs: Mapping[str, Any]) -> str:
@@ -97,6 +105,31 @@ def run_sweep(ws: Workspace, name: str, configs: Sequence[Mapping[str, str]], se
     best = max(found, key=lambda r: r["goodput_rps"]) if found else None
     return {"scenario": name, "search": search.model_dump(), "configurations": rows,
             "best": {"label": best["label"], "config": best["config"], "goodput_rps": best["goodput_rps"]} if best else None}
+
+
+def run_url(url: str, name: str, scenario: Scenario, search: GoodputSearch, say: Say = lambda _s: None, *,
+            metrics_url: str | None = None, model: str | None = None, tokenizer: Any = None) -> dict[str, Any]:
+    """The search against an already-running server: one configuration, the server's own."""
+    from infra_agent.serving.runner import run_benchmark
+
+    pcts = sorted({50.0, 90.0, 99.0, float(search.percentile)})
+    slo = Slo(**search.slo.model_dump())
+    prompt_sets = itertools.count()
+
+    def measure(rate: float, index: int) -> dict[str, Any]:
+        sc = scenario.model_copy(update={"request_rate": rate, "slo": slo})
+        return run_benchmark(url, sc, model=model, metrics_url=metrics_url, progress=False, percentiles=pcts,
+                             tokenizer=tokenizer, prompt_set=next(prompt_sets) if scenario.fresh_prompts_per_window else None)
+
+    row: dict[str, Any] = {"config": {}, "label": url}
+    try:
+        row.update(search_goodput(measure, search, say, label=f"{url}: "))
+    except InfraAgentError as exc:
+        row["error"] = str(exc)
+        say(f"goodput: {url}: {exc}")
+    best = row if row.get("goodput_rps") is not None else None
+    return {"scenario": name, "search": search.model_dump(), "configurations": [row],
+            "best": {"label": url, "config": {}, "goodput_rps": best["goodput_rps"]} if best else None}
 
 
 def _num(x: Any, fmt: str = ".3g") -> str:

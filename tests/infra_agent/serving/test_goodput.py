@@ -133,3 +133,23 @@ def test_cli_writes_the_sweep_table_and_json(tmp_path: Path) -> None:
     assert json.loads((out / "result.json").read_text())["configurations"][0]["label"] == "step_delay_ms=100,max_running=8"
     bad = CliRunner().invoke(app, ["goodput", str(root), "--grid", "nope=1,2"])
     assert bad.exit_code == 2 and "nope" in bad.output
+
+
+def test_a_running_server_by_url_gets_the_table_in_human_form(refstack_server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = refstack_server_factory(["--step-delay-ms", "100"])
+    out = tmp_path / "out"
+    # Eight tokens at 100 ms a step take over 700 ms at any rate: the top and rate_min both miss a 300 ms limit.
+    res = CliRunner().invoke(app, ["goodput", server.url + "/v1", "--slo-e2el-ms", "300", "--rate-min", "2", "--rate-max", "16",
+                                   "--num-requests", "8", "--input-len", "16", "--output-len", "8", "--result-dir", str(out)],
+                             env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "goodput sweep, scenario url" in res.stdout and server.url in res.stdout
+    assert "best: no configuration meets the SLO" in res.stdout
+    assert "rate 16 req/s misses after" in res.stderr and "rate 2 req/s misses after" in res.stderr
+    row = json.loads((out / "result.json").read_text())["configurations"][0]
+    assert [t["decision"] for t in row["rates"]] == ["misses", "misses"] and row["goodput_rps"] is None
+    assert all(t["checks"][0]["low"] > 300 for t in row["rates"])
+    no_slo = CliRunner().invoke(app, ["goodput", server.url, "--json"])
+    assert no_slo.exit_code == 2 and "--slo-e2el-ms" in no_slo.output
+    knobs = CliRunner().invoke(app, ["goodput", server.url, "--slo-ttft-ms", "5", "--set", "a=1"])
+    assert knobs.exit_code == 2 and "workspace" in knobs.output
