@@ -33,7 +33,11 @@ from infra_agent.feedback import (
     Tier,
 )
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
-from infra_agent.probes.serving_telemetry import WindowWatch, add_telemetry
+from infra_agent.probes.serving_telemetry import (
+    TELEMETRY_METRICS,
+    WindowWatch,
+    add_telemetry,
+)
 from infra_agent.serving.metrics import request_samples
 from infra_agent.serving.runner import default_log_dir, run_on_target
 from infra_agent.target import open_target
@@ -151,7 +155,8 @@ class ServingProbe(Probe):
     @classmethod
     def measures(cls, metric: str) -> bool:
         return (metric_direction(metric) is not None or metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
-                or (metric.startswith("server_") and metric.endswith("_ms")) or metric in ("host_foreign_cpu", "host_load_1m"))
+                or (metric.startswith("server_") and metric.endswith("_ms")) or metric in ("host_foreign_cpu", "host_load_1m")
+                or metric in TELEMETRY_METRICS)
 
     def run(self, config: Any, ctx: ProbeContext) -> Feedback:
         cfg: ServingConfig = self.parse_config(config)  # type: ignore[assignment]

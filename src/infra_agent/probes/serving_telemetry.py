@@ -28,6 +28,9 @@ from infra_agent.probes.server_cpu import ServerCpuWatch
 from infra_agent.serving.telemetry import TelemetrySampler, sample_during
 from infra_agent.vocabulary import FindingKind
 
+# The measurements this module adds (the serving probe's planner scope names them).
+TELEMETRY_METRICS = ("server_requests_running", "server_requests_waiting", "server_kv_cache_usage_max", "server_preemptions",
+                     "server_prefix_cache_hit_rate", "server_cpu_wait_share")
 STARVED_WAIT_SHARE = 0.3  # of a process's runnable time spent waiting for a CPU
 _MIN_DEMAND = 0.1  # cores: a process that hardly wants to run cannot be starved in any useful sense
 KV_FULL = 0.95
