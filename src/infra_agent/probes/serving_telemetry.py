@@ -21,7 +21,6 @@ engine:
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
 
 from infra_agent.feedback import Feedback, Finding, Location, Measurement, Summary
 from infra_agent.probes.server_cpu import ServerCpuWatch
@@ -50,11 +49,8 @@ class WindowWatch:
         self.seen: dict[str, Any] = {}
 
     def __enter__(self) -> WindowWatch:
-        metrics_url = getattr(self.target, "metrics_url", None)
-        headers = getattr(self.target, "request_headers", None) or None
-        if metrics_url and headers and not _same_origin(metrics_url, getattr(self.target, "url", "")):
-            headers = None  # credentials go to the server's own origin only, as the window's scrapes do
-        self.telemetry = sample_during(metrics_url, headers)
+        self.telemetry = sample_during(getattr(self.target, "metrics_url", None),
+                                       getattr(self.target, "request_headers", None), getattr(self.target, "url", None))
         cpu = ServerCpuWatch(self.target)
         self.cpu = cpu.start() if cpu.available else None
         return self
@@ -68,11 +64,6 @@ class WindowWatch:
     def into(self, result: dict[str, Any]) -> dict[str, Any]:
         result.update(self.seen)
         return result
-
-
-def _same_origin(a: str, b: str) -> bool:
-    x, y = urlsplit(a), urlsplit(b)
-    return (x.scheme, x.netloc) == (y.scheme, y.netloc)
 
 
 def _m(name: str, unit: str, vals: list[float], scenario: str, component: str = "engine") -> Measurement:

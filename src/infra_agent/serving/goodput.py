@@ -83,6 +83,14 @@ def window_summary(result: dict[str, Any], limits: dict[str, float], pct: float)
     for metric in limits:
         key = f"{percentile_key(pct)}_{metric}_ms"
         out[key] = result.get(key)
+    tel = result.get("engine_telemetry")
+    if isinstance(tel, dict) and tel.get("stack"):
+        # What held requests back at this rate, in the engine's own words (telemetry.py).
+        g, c = tel.get("gauges", {}), tel.get("counters", {})
+        out["engine"] = {"running_max": (g.get("running") or {}).get("max"), "waiting_mean": (g.get("waiting") or {}).get("mean"),
+                         "waiting_max": (g.get("waiting") or {}).get("max"),
+                         "kv_cache_usage_max": (g.get("kv_cache_usage") or {}).get("max"),
+                         "preemptions": (c.get("preemptions") or {}).get("delta")}
     if not out["ok"]:
         out["error"] = str(result.get("error", "run failed"))[:500]
     return out

@@ -22,6 +22,7 @@ from infra_agent.errors import ConfigError, InfraAgentError
 from infra_agent.serving.goodput import search_goodput
 from infra_agent.serving.metrics import percentile_key
 from infra_agent.serving.runner import default_log_dir, run_on_target
+from infra_agent.serving.telemetry import sample_during
 from infra_agent.target import open_target
 from infra_agent.workspace.goodput import GoodputSearch
 from infra_agent.workspace.models import Scenario, Slo, Workspace
@@ -80,8 +81,15 @@ def run_configuration(ws: Workspace, name: str, scenario: Scenario, search: Good
     def measure(rate: float, index: int) -> dict[str, Any]:
         # request_rate is the search's; the SLO makes each window count vLLM's goodput.
         sc = scenario.model_copy(update={"request_rate": rate, "slo": slo})
-        return run_on_target(target, sc, scenario_name=name, knobs=values, progress=False, percentiles=pcts,
-                             prompt_set=next(prompt_sets) if scenario.fresh_prompts_per_window else None)
+        sampler = sample_during(target.metrics_url, getattr(target, "request_headers", None), target.url)
+        try:
+            result = run_on_target(target, sc, scenario_name=name, knobs=values, progress=False, percentiles=pcts,
+                                   prompt_set=next(prompt_sets) if scenario.fresh_prompts_per_window else None)
+        finally:
+            tel = sampler.stop() if sampler is not None else None
+        if tel is not None:
+            result["engine_telemetry"] = tel
+        return result
 
     say(f"goodput: {label}: starting the target")
     try:

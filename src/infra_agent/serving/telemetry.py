@@ -28,9 +28,9 @@ Names come from the engines' sources:
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 # signal -> (how label sets combine, names most recent first), per stack
 GAUGES: dict[str, dict[str, tuple[str, ...]]] = {
@@ -166,11 +166,15 @@ class TelemetrySampler:
         return out
 
 
-def sample_during(metrics_url: str | None, headers: Mapping[str, str] | None = None) -> TelemetrySampler | None:
-    """A started sampler, or None without a metrics URL."""
+def sample_during(metrics_url: str | None, headers: Mapping[str, str] | None = None,
+                  base_url: str | None = None) -> TelemetrySampler | None:
+    """A started sampler, or None without a metrics URL.  ``headers`` (credentials) go only to
+    a metrics URL on ``base_url``'s own origin, as the window's own scrapes do."""
     if not metrics_url:
         return None
+    a, b = urlsplit(metrics_url), urlsplit(base_url or "")
+    if (a.scheme, a.netloc) != (b.scheme, b.netloc):
+        headers = None
     sampler = TelemetrySampler(metrics_url, headers)
     sampler.start()
-    time.sleep(0)  # let the first poll begin before the window's first request
     return sampler

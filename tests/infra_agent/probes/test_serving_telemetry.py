@@ -159,3 +159,17 @@ def test_a_server_sharing_its_cpu_with_hogs_is_reported_starved_before_the_netwo
     # A network finding that remains asks the CPU question first.
     assert all((fb.findings[i].next_question or "").startswith("First: the server waited for a CPU") for i in network)
     assert fb.measurement("server_cpu_wait_share", scenario="inline").samples[0] >= 0.3
+
+
+def test_credentials_go_to_the_servers_own_metrics_origin_only() -> None:
+    from infra_agent.serving.telemetry import sample_during
+
+    key = {"Authorization": "Bearer secret-key-123"}
+    foreign = sample_during("http://127.0.0.1:9/metrics", key, "http://127.0.0.1:8/")
+    own = sample_during("http://127.0.0.1:9/metrics", key, "http://127.0.0.1:9")
+    assert foreign is not None and own is not None
+    assert foreign.headers == {} and own.headers == key
+    for s in (foreign, own):
+        out = s.stop()  # nothing listens there: every poll failed, none raised
+        assert out["polls"] == 0 and out["failed_polls"] >= 1 and out["stack"] is None
+    assert sample_during(None, key) is None

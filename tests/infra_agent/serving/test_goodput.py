@@ -109,6 +109,10 @@ def test_the_search_brackets_the_rate_where_queueing_breaks_the_slo(tmp_path: Pa
         # Every window drew prompts of its own.
     seeds = [w["prompt_seed"] for t in row["rates"] for w in t["windows"]]
     assert len(set(seeds)) == len(seeds)
+    # The engine's own gauges say why 16 req/s missed: one request ran, the others waited.
+    top = next(t for t in row["rates"] if t["rate"] == 16)
+    assert all(w["engine"]["running_max"] <= 1 for w in top["windows"])
+    assert max(w["engine"]["waiting_max"] for w in top["windows"]) > 0
     at = next(t for t in row["rates"] if t["rate"] == lo)
     assert at["request_goodput"]["n"] == at["n_windows"] and at["slo_share"] > 0.5
     assert any("rate 16 req/s" in s and "after" in s for s in lines)
