@@ -113,8 +113,11 @@ def test_a_run_launches_each_configuration_once(tmp_path: Path) -> None:
     assert e1.status == "done" and e1.cost.launches == 1, (e1.status, e1.error, e1.cost)
     assert e1.cost.e2e_runs >= 6
     confirm = [e for e in exps if e.role == "confirm"]
-    if confirm:  # best against baseline: both kept from e1
-        assert confirm[0].cost.launches == 0, confirm[0].cost
+    if confirm:
+        # The pool keeps only the last batch's two servers. After e1 alone, best and baseline are both
+        # still up; when a later experiment ran (its own parent and candidate), the best is one of them
+        # and only the baseline's server may have to start again.
+        assert confirm[0].cost.launches <= (0 if len(tried) == 1 else 1), (len(tried), confirm[0].cost)
     launches = sum(e.cost.launches for e in exps)
     assert launches <= len(exps), [(e.id, e.cost.launches) for e in exps]
     assert not _servers_in(ws), "a kept server outlived the run"
