@@ -33,7 +33,6 @@ import os
 import random
 import statistics
 import sys
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
