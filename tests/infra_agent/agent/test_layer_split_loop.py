@@ -2,8 +2,8 @@
 with the rules proposer.  The baseline's check (timeline probe: prefill throughput with the
 modelled link over without it, then a traced window) must carry the ``transfer_wait``
 finding naming the transfer and the knob, the first experiment must be
-``kv_transfer_granularity: layer`` proposed from it, and on that candidate the check's ratio
-must rise and its trace show each layer's send beside the later layers' compute."""
+``kv_transfer_granularity: layer`` proposed from it, and on that candidate the trace must
+show each layer's send beside the later layers' compute, with prefill faster than before."""
 
 from __future__ import annotations
 
@@ -36,10 +36,6 @@ def _workspace(dest: Path) -> Path:
     return dest
 
 
-def _ratio(check: object) -> float:
-    return float(check.meta["compare"]["ratio"])  # type: ignore[attr-defined]
-
-
 def test_the_loop_switches_to_layer_granular_transfer_because_of_the_finding(tmp_path: Path) -> None:
     ws = _workspace(tmp_path / "ws")
     run = start_run(ws, RunOptions(proposer="rules", budget_runs=1, confirm=False, keep_going=True, top_up=False,
@@ -62,8 +58,12 @@ def test_the_loop_switches_to_layer_granular_transfer_because_of_the_finding(tmp
     layers = {m.tags["interval"]: m.samples[0] for m in fixed.measurements if m.name == "layer_overlap_share"}
     assert set(layers) == {"layer 0", "layer 1", "layer 2", "layer 3"}, layers
     assert max(layers[f"layer {i}"] for i in range(3)) > 0.2, layers
-    # The fix: the link costs prefill less than it did. The ratios are of windows on a shared
-    # box, so the claim is their order with a margin, not the 0.7 bar itself.
-    assert _ratio(fixed) > _ratio(check) * 1.05, (check.meta["compare"], fixed.meta["compare"])
+    # The candidate's own transfer is layer-wise, and it left the prefill faster than the
+    # baseline: the experiment's A/B (the two sides measured back to back) has layer over
+    # request above 1.  One pair per side here, so that is an order claim, not the verdict:
+    # the 10% hypothesis needs more pairs than this reduced run spends (docs/performance.md).
+    layered = [f for f in fixed.findings if f.kind == FindingKind.TRANSFER_WAIT]
+    assert all(f.evidence["layered"] for f in layered)
+    assert first.verdict.effect is not None and first.verdict.effect > 1.0, first.verdict.message
     print(f"baseline {check.meta['compare'].get('message')}; layer {fixed.meta['compare'].get('message')}; "
-          f"e1 {first.verdict.message}")
+          f"e1 {first.verdict.message} (effect {first.verdict.effect})")
