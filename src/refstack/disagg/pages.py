@@ -15,9 +15,10 @@ requests sharing a prefix share keys.  The CRC lets the receiver reject a torn p
 Both are computed in Python, per page, as a real connector's packing does: this is the
 transfer thread's GIL-bound work (case study B).
 
-``pack_layer`` is one layer's rows (or KDA state) in one page, keyed like the bulk form: what
-the prefill side sends layer by layer (``kv_transfer_granularity = layer``) while the next
-layer computes; ``pack_pages(..., layers=[i])`` is the paged form of one layer.  ``unpack``
+``pack_layer`` is one layer's rows of one prefill chunk (or its KDA state) in one page, keyed
+like the bulk form: what the prefill side sends layer by layer (``kv_transfer_granularity =
+layer``) while the next layer computes; ``pack_pages(..., layers=[i], rows=(p0, p1))`` is the
+paged form of the same.  ``unpack``
 takes any mix of the forms and refuses a set of pages that leaves a layer's rows or state
 uncovered, so a decode side never starts from a partly transferred cache.
 
@@ -89,20 +90,24 @@ def _page(kind: int, layer: int, head: int, p0: int, p1: int, key: bytes, body: 
 
 
 def pack_pages(snap: Snapshot, length: int, page_tokens: int, token_ids: Sequence[int],
-               layers: Collection[int] | None = None, keys: list[bytes] | None = None) -> Iterator[bytes]:
+               layers: Collection[int] | None = None, keys: list[bytes] | None = None,
+               rows: tuple[int, int] | None = None) -> Iterator[bytes]:
     """The snapshot as pages: per attention layer, ``page_tokens`` positions of K, then of V,
     one page per KV head; per KDA layer, one page per head (keyed by the last block).
-    ``layers``: only those model layers; ``keys``: the block keys, when already computed."""
+    ``layers``: only those model layers; ``keys``: the block keys, when already computed;
+    ``rows``: the snapshot's K and V hold only positions ``[p0, p1)`` of the prompt (a chunk
+    sent on its own), paged at the same block boundaries (a page's key is its block's)."""
     if keys is None:
         keys = block_keys(token_ids, length, page_tokens)
+    lo, hi = rows if rows is not None else (0, length)
     for layer in sorted(snap["keys"]):
         if layers is not None and layer not in layers:
             continue
         for kind, t in ((KIND_K, snap["keys"][layer]), (KIND_V, snap["values"][layer])):
-            for b, p0 in enumerate(range(0, length, page_tokens)):
-                p1 = min(length, p0 + page_tokens)
+            for b in range(lo // page_tokens, -(-hi // page_tokens)):
+                p0, p1 = max(lo, b * page_tokens), min(hi, (b + 1) * page_tokens)
                 for head in range(t.shape[0]):
-                    yield _page(kind, layer, head, p0, p1, keys[b], t[head, p0:p1].numpy().tobytes())
+                    yield _page(kind, layer, head, p0, p1, keys[b], t[head, p0 - lo : p1 - lo].numpy().tobytes())
     last = keys[-1] if keys else b"\0" * 32
     for layer in sorted(snap["states"]):
         if layers is not None and layer not in layers:
@@ -135,23 +140,24 @@ def pack_bulk(snap: Snapshot, length: int, page_tokens: int, token_ids: Sequence
     return _page(KIND_BULK, 0, 0, 0, length, keys[-1] if keys else b"\0" * 32, b"".join(parts))
 
 
-def capture_layer(cache: ModelCache, slot: int, layer: int, length: int) -> Snapshot:
-    """``capture(copy=False)`` of one model layer: its K and V rows, or its KDA state (views)."""
+def capture_layer(cache: ModelCache, slot: int, layer: int, p0: int, p1: int) -> Snapshot:
+    """Views of one model layer's rows: an attention layer's K and V at positions ``[p0, p1)``,
+    or a KDA layer's state (whole; the caller takes it once the prompt is done)."""
     if layer in cache.keys:
-        return {"keys": {layer: cache.keys[layer][slot, :, :length]},
-                "values": {layer: cache.values[layer][slot, :, :length]}, "states": {}}
+        return {"keys": {layer: cache.keys[layer][slot, :, p0:p1]},
+                "values": {layer: cache.values[layer][slot, :, p0:p1]}, "states": {}}
     return {"keys": {}, "values": {}, "states": {layer: cache.states[layer][slot]}}
 
 
-def pack_layer(snap: Snapshot, layer: int, length: int, keys: list[bytes]) -> bytes:
+def pack_layer(snap: Snapshot, layer: int, p0: int, p1: int, keys: list[bytes]) -> bytes:
     """One layer of a snapshot as one page (``KIND_LAYER``): the block keys, then the layer's
-    K and V rows or its KDA state; one checksum over it all."""
+    K and V rows for positions ``[p0, p1)`` or its KDA state; one checksum over it all."""
     parts = [struct.pack("<I", len(keys)), *keys]
     if layer in snap["keys"]:
         parts += (snap["keys"][layer].numpy().tobytes(), snap["values"][layer].numpy().tobytes())
     else:
         parts.append(snap["states"][layer].numpy().tobytes())
-    return _page(KIND_LAYER, layer, 0, 0, length, keys[-1] if keys else b"\0" * 32, b"".join(parts))
+    return _page(KIND_LAYER, layer, 0, p0, p1, keys[-1] if keys else b"\0" * 32, b"".join(parts))
 
 
 class _Coverage:
@@ -190,7 +196,7 @@ def unpack(pages: Sequence[bytes | memoryview], cache: ModelCache, length: int) 
         "values": {l: np.empty((n_kv, length, dh), np.float32) for l in cache.values},
         "states": {l: np.empty(state_shape, np.float32) for l in cache.states}}
     seen = _Coverage(cache, length, n_kv, state_shape[0])
-    kv, s_len = n_kv * length * dh, int(np.prod(state_shape))
+    s_len = int(np.prod(state_shape))
     for i, page in enumerate(pages):
         if len(page) < HEADER_BYTES:
             raise PageError(f"page {i}: {len(page)} bytes, shorter than its {HEADER_BYTES}-byte header")
@@ -205,11 +211,13 @@ def unpack(pages: Sequence[bytes | memoryview], cache: ModelCache, length: int) 
                 [layer] if layer in cache.keys else [], [layer] if layer in cache.states else [])
             if kind == KIND_LAYER and not any(layers):
                 raise PageError(f"page {i}: layer {layer} is neither an attention nor a KDA layer here")
+            q0, q1 = (p0, p1) if kind == KIND_LAYER else (0, length)  # a layer page may hold a chunk's rows
+            n = n_kv * (q1 - q0) * dh
             for l in layers[0]:
                 for name in ("keys", "values"):
-                    arrays[name][l][...] = rows[off : off + kv].reshape(n_kv, length, dh)
-                    seen.kv(name, l, range(n_kv), length)
-                    off += kv
+                    arrays[name][l][:, q0:q1] = rows[off : off + n].reshape(n_kv, q1 - q0, dh)
+                    seen.kv(name, l, range(n_kv), q1 - q0)
+                    off += n
             for l in layers[1]:
                 arrays["states"][l][...] = rows[off : off + s_len].reshape(state_shape)
                 seen.heads.update((l, h) for h in range(state_shape[0]))

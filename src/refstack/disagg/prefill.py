@@ -8,9 +8,10 @@ Two knobs decide how the KV leaves, one who packs it and one when:
   from views of the slot, which stays taken until they are out (zero copy); false: the
   engine thread packs one bulk page and the slot is free when it is out.
 - ``kv_transfer_granularity`` ``request``: the pages are packed after the request's
-  whole prefill; ``layer`` (``layer_split``): layer i's are packed (engine thread: one
-  ``pack_layer`` page; transfer thread: its paged form) right after layer i is computed,
-  and go out while layer i+1 computes.
+  whole prefill; ``layer`` (``layer_split``): layer i's rows of each prefill chunk are
+  packed (engine thread: one ``pack_layer`` page; transfer thread: its paged form) right
+  after layer i is computed, and go out while layer i+1 computes (a KDA state with the
+  prompt's last chunk).
 
 ``kv_link_gbps`` > 0 (or layer granularity) sends through ``link.KVLink``: a modelled
 wire that the sender posts to and later waits on (``kv.wait``).  With ``kv_transfer``
@@ -107,18 +108,19 @@ class PrefillEngine(WorkerEngine):
     def _run_model(self, chunks: list[Any], seqs: list[Any]) -> torch.Tensor:
         if self._layers is None:
             return super()._run_model(chunks, seqs)
-        targets = [(c.request.request_id, c.request.slot, c.start_pos + len(c.token_ids), c.request.prompt_ids)
-                   for c in chunks if c.completes_prefill]
-        return self._layers.run(lambda: super(PrefillEngine, self)._run_model(chunks, seqs), targets)
+        prefill = [(c.request.request_id, c.request.slot, c.start_pos, c.start_pos + len(c.token_ids),
+                    c.request.prompt_ids) for c in chunks if not c.request.output_ids]
+        return self._layers.run(lambda: super(PrefillEngine, self)._run_model(chunks, seqs), prefill)
 
-    def _send_layer(self, rid: str, layer: int, snap: Snapshot, length: int, keys: list[bytes]) -> None:
-        """Layer ``layer`` of ``rid`` is computed: pack it here, or queue it for the transfer thread."""
+    def _send_layer(self, rid: str, layer: int, snap: Snapshot, p0: int, p1: int, length: int,
+                    keys: list[bytes]) -> None:
+        """Layer ``layer`` of a chunk of ``rid`` is computed: pack it here, or queue it for the transfer thread."""
         assert self._link is not None
-        with tracing.span("kv.layer", cat="kv", request_id=rid, layer=layer) as sp:
+        with tracing.span("kv.layer", cat="kv", request_id=rid, layer=layer, tokens=p1 - p0) as sp:
             if self._transfer is not None:
-                self._jobs.put(("layer", rid, layer, snap, length, keys))
+                self._jobs.put(("layer", rid, layer, snap, p0, p1, length, keys))
                 return
-            page = pack_layer(snap, layer, length, keys)
+            page = pack_layer(snap, layer, p0, p1, keys)
             self._link.post(rid, [page], layer)
             if sp.args is not None:
                 sp.args["bytes"] = len(page)
@@ -226,14 +228,15 @@ class PrefillEngine(WorkerEngine):
                 self._transfer_request(job, client, broken)
             del job  # views of the slot: none may outlive its transfer
 
-    def _transfer_layer(self, rid: str, layer: int, snap: Snapshot, length: int, keys: list[bytes],
-                        broken: set[str]) -> None:
+    def _transfer_layer(self, rid: str, layer: int, snap: Snapshot, p0: int, p1: int, length: int,
+                        keys: list[bytes], broken: set[str]) -> None:
         assert self._link is not None
         if rid in broken:
             return
         try:
-            with tracing.span("kv.transfer", cat="kv", request_id=rid, layer=layer, tokens=length):
-                for batch in batches(pack_pages(snap, length, self.config.kv_page_tokens, (), [layer], keys)):
+            with tracing.span("kv.transfer", cat="kv", request_id=rid, layer=layer, tokens=p1 - p0):
+                rows = (p0, p1) if layer in snap["keys"] else None
+                for batch in batches(pack_pages(snap, length, self.config.kv_page_tokens, (), [layer], keys, rows)):
                     self._link.post(rid, batch, layer)
         except Exception:  # noqa: BLE001 - fails this request at its seal, never the thread
             log.exception("KV transfer of %s layer %d failed", rid, layer)

@@ -21,13 +21,13 @@ from .loop_workspace import git
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "layer-split" / "infra-agent.yaml"
 CHECK = "link-hidden-prefill-ratio"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # ~18 windows and 6 servers on 2 busy cores
 
 
 def _workspace(dest: Path) -> Path:
     spec = yaml.safe_load(EXAMPLE.read_text())
-    spec["scenarios"]["prefill"]["num_requests"] = 16
-    spec["checks"][0]["config"].update(compare_pairs=2)
+    spec["scenarios"]["prefill"]["num_requests"] = 12
+    spec["checks"][0]["config"].update(compare_pairs=1)
     dest.mkdir(parents=True)
     (dest / "infra-agent.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     (dest / ".gitignore").write_text(".infra-agent/\n")

@@ -35,12 +35,21 @@ def test_layer_pages_round_trip_and_a_missing_layer_is_refused() -> None:
     length, cache = 29, _cache()
     ids = [random.Random(2).randrange(512) for _ in range(length)]
     keys = pages.block_keys(ids, length, 8)
-    layers = [pages.pack_layer(pages.capture_layer(cache, 1, i, length), i, length, keys) for i in range(4)]
+    layers = [pages.pack_layer(pages.capture_layer(cache, 1, i, 0, length), i, 0, length, keys) for i in range(4)]
     assert _same(pages.unpack(layers, cache, length), pages.capture(cache, 1, length))
     # The paged form of one layer at a time, mixed with layer pages: the same rows.
     mixed = layers[:2] + [p for i in (2, 3) for p in pages.pack_pages(pages.capture(cache, 1, length), length, 8, ids,
                                                                         layers=[i], keys=keys)]
     assert _same(pages.unpack(mixed, cache, length), pages.capture(cache, 1, length))
+    # A chunked prompt: the attention layers' rows in two chunks (13 positions, then 16: the second
+    # chunk's paged form starts mid-block), the KDA states once; in any order.
+    chunks = [pages.pack_layer(pages.capture_layer(cache, 1, i, p0, p1), i, p0, p1, keys)
+              for p0, p1 in ((13, 29), (0, 13)) for i in (1, 3)]
+    paged = [p for i in (1, 3) for p in pages.pack_pages(pages.capture_layer(cache, 1, i, 13, 29), length, 8, ids,
+                                                          layers=[i], keys=keys, rows=(13, 29))]
+    first = [pages.pack_layer(pages.capture_layer(cache, 1, i, 0, 13), i, 0, 13, keys) for i in (1, 3)]
+    for form in (chunks, first + paged):
+        assert _same(pages.unpack([layers[0], layers[2], *form], cache, length), pages.capture(cache, 1, length))
     with pytest.raises(pages.PageError, match="incomplete transfer of 3 pages: layer 3 key head 0: 0 of 29 rows"):
         pages.unpack(layers[:3], cache, length)
     with pytest.raises(pages.PageError, match="layer 2 KDA state head 0"):
