@@ -14,6 +14,10 @@ Two scenarios (``--scenario``):
   ``kv-transfer-prefill-ratio`` (prefill throughput with the KV transfer thread on
   >= 0.95 x with it off, measured by the timeline probe).  Fixed means an accepted
   experiment after which that check passes; the trail shows which knob did it.
+- ``layer-split``: examples/layer-split as shipped: request-granular KV transfer over a
+  modelled link, and the gate is its check ``link-hidden-prefill-ratio`` (prefill
+  throughput over the link >= 0.7 x with no link wait); the fix is
+  ``kv_transfer_granularity: layer``.
 
 Each method runs the real loop (``infra-agent run``) on its own copy of the
 workspace: every experiment is an interleaved A/B of ``--pairs`` pairs against the
@@ -59,15 +63,19 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "refstack-serving" / "infra-agent.yaml"
 KV_EXAMPLE = ROOT / "examples" / "kv-transfer" / "infra-agent.yaml"
+LAYER_EXAMPLE = ROOT / "examples" / "layer-split" / "infra-agent.yaml"
 THRESHOLD_MS = 400.0
 METHODS = ("attributed", "blind", "rules")
 # scenario -> the gate whose passing (after an accepted experiment) counts as fixed
-GATES = {"refstack-serving": "chat-p90-ttft", "kv-transfer": "kv-transfer-prefill-ratio"}
+GATES = {"refstack-serving": "chat-p90-ttft", "kv-transfer": "kv-transfer-prefill-ratio",
+         "layer-split": "link-hidden-prefill-ratio"}
 
 
 def make_workspace(dest: Path, scenario: str = "refstack-serving") -> Path:
     if scenario == "kv-transfer":
         return _commit(dest, yaml.safe_load(KV_EXAMPLE.read_text()))  # its baseline is the case study's
+    if scenario == "layer-split":
+        return _commit(dest, yaml.safe_load(LAYER_EXAMPLE.read_text()))
     spec = yaml.safe_load(EXAMPLE.read_text())
     spec["knobs"]["max_running"]["default"] = 2
     spec["knobs"]["step_delay_ms"]["default"] = 10
@@ -187,7 +195,7 @@ def main() -> int:
                     help="the run's --reuse-servers (auto keeps servers up where the process spread is nil)")
     args = ap.parse_args()
     if args.probe_timeout_s is None:
-        args.probe_timeout_s = 600.0 if args.scenario == "kv-transfer" else 90.0
+        args.probe_timeout_s = 600.0 if args.scenario in ("kv-transfer", "layer-split") else 90.0
     methods = [m for m in args.methods.split(",") if m]
     results: list[dict[str, Any]] = []
     print(f"scenario {args.scenario}, {'noisy: a busy loop takes one core' if args.noisy else 'quiet'}; "

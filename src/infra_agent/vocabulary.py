@@ -102,6 +102,9 @@ class FindingKind:
     # a thread that serves requests (an event loop, a tokenizer, an output thread) parked
     # off the GIL in a call other than its normal wait for a share of the window
     THREAD_BLOCKED: Final = "thread_blocked"
+    # a step loop that spends a share of its steps moving KV out (packing it, waiting for the
+    # link) before the next step: prefill waiting on a KV transfer (trace/transfer_wait.py)
+    TRANSFER_WAIT: Final = "transfer_wait"
     # quality probe (teacher-forced logprobs, candidate against baseline)
     NO_LOGPROBS: Final = "no_logprobs"
     LOGPROB_DIVERGENCE: Final = "logprob_divergence"

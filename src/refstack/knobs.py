@@ -22,6 +22,7 @@ from refstack.engine.config import (
     KDA_DECODE_KERNELS,
     KDA_STATE_DTYPES,
     KV_CACHE_DTYPES,
+    KV_TRANSFER_GRANULARITIES,
     LM_HEAD_PRECISIONS,
     QUANTIZATIONS,
     TP_GEMM_PRECISIONS,
@@ -227,6 +228,15 @@ KNOBS: tuple[Knob, ...] = (
     Knob("kv_page_tokens", "int", 16, ("engine.kv_transfer",),
          "With --disagg: token positions per attention KV page (one page per KV head) the transfer thread packs and pushes.",
          min=1, max=4096, typical=(2, 256)),
+    Knob("kv_transfer_granularity", "choice", "request", ("engine.kv_transfer",),
+         "With --disagg: when a prefilled request's KV leaves for the KV store: 'request' (after its whole prefill; "
+         "the prefill worker then waits for the link before its next step when --kv-transfer is false) or 'layer' "
+         "(layer i's KV and KDA state leave while layer i+1 computes, as a layer-wise connector does; the decode side "
+         "starts when every layer has arrived).", choices=KV_TRANSFER_GRANULARITIES),
+    Knob("kv_link_gbps", "float", 0.0, ("engine.kv_transfer",),
+         "CALIBRATION knob, with --disagg: modelled bandwidth (GB/s) of the prefill worker's link to the KV store; "
+         "each message holds the link (thread 'kv-link') for bytes / bandwidth.  0 = no modelled wire time "
+         "(the Unix socket's own speed).", min=0.0, max=1e6, typical=(0.01, 100.0)),
     Knob("tp", "int", 1, ("runtime", "model", "engine.cache"),
          "Tensor parallelism: ranks (processes, torch.distributed: gloo on the CPU, NCCL on GPUs) behind this "
          "server; 1 is the single-process engine.  KDA and attention are split over heads (o_proj row-parallel, "

@@ -81,6 +81,9 @@ def _render_report(report: TimelineReport, fb: Any, con: Any) -> None:
                 cells.append(_pct(p.share_of_a) if p else ("·" if a == b or m.threads[a] == m.threads[b] else "0%"))
             t.add_row(a, _ms(m.groups[a]), *cells)
         con.print(t)
+    for lo in m.layers:  # a layer-wise KV transfer: each layer's send beside the later layers' compute
+        con.print(f"[bold]layer {lo.layer} transfer[/] ({', '.join(lo.threads)}): {_pct(lo.share)} beside a later "
+                  f"layer's compute ({_ms(lo.overlap_us)} of {_ms(lo.transfer_us)} ms)")
     for e in report.expected:
         con.print(f"[bold]expected overlap[/] {e.a} with {e.b}: {_pct(e.share_of_a)} ({_ms(e.both_us)} of {_ms(e.a_us)} ms)")
     if report.waits:

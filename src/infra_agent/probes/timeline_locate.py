@@ -57,12 +57,12 @@ def locate(f: Finding, components: dict[str, str], cats: dict[str, str], ws: Any
     loc = f.location or Location()
     comp = component_of(loc.span, components, cats)
     if comp is not None and f.kind in (FindingKind.GIL_CONTENTION, FindingKind.NO_OVERLAP, FindingKind.SPAN_TREND,
-                                       FindingKind.STEP_OVERHEAD):
+                                       FindingKind.STEP_OVERHEAD, FindingKind.TRANSFER_WAIT):
         loc.component = comp
     # A knob only from a component the holder's span located (``runtime``, the default
     # of a GIL finding, is every thread-related knob and names none of them).
     if loc.knob is None and ws is not None and comp is not None and f.kind in (
-            FindingKind.GIL_CONTENTION, FindingKind.NO_OVERLAP):
+            FindingKind.GIL_CONTENTION, FindingKind.NO_OVERLAP, FindingKind.TRANSFER_WAIT):
         knobs = knobs_for(ws, comp)
         if len(knobs) == 1:
             loc.knob = knobs[0]

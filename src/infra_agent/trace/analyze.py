@@ -37,6 +37,7 @@ from infra_agent.trace.intervals import (
 from infra_agent.trace.model import Span, Timeline
 from infra_agent.trace.overlap import OverlapMatrix, overlap_between, overlap_matrix
 from infra_agent.trace.thread_states import ThreadStatesReport, thread_states
+from infra_agent.trace.transfer_wait import transfer_waits
 
 
 @dataclass
@@ -83,6 +84,7 @@ class TimelineReport:
     streams: list[Any] = field(default_factory=list)  # gpu.StreamReport, from a Kineto trace's device events
     # every dump-sampled thread's states (running, waiting for the GIL, blocked, idle)
     thread_states: ThreadStatesReport | None = None
+    transfer_waits: list[Any] = field(default_factory=list)  # transfer_wait.TransferWait, per step thread
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -100,6 +102,7 @@ class TimelineReport:
             "gc": self.gc.to_dict() if self.gc is not None else None,
             "streams": [r.to_dict() for r in self.streams],
             "thread_states": self.thread_states.to_dict() if self.thread_states is not None else None,
+            "transfer_waits": [w.to_dict() for w in self.transfer_waits],
         }
 
 
@@ -277,4 +280,5 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
         samples=len(timeline.samples), gc=gc_pauses(spans, window),
         streams=stream_reports(gpu, spans, window, step_span=step_span),
         thread_states=thread_states(timeline),
+        transfer_waits=transfer_waits(spans, step_span=step_span),
     )

@@ -59,6 +59,7 @@ def findings(report: TimelineReport, knob_hints: dict[str, str] | None = None,
         *_thread_idle(report),
         *_launch_bound(report),
         *_span_trends(report),
+        *_transfer_wait(report, hints),
         *_step_overhead(report),
         *_gc_pause(report, hints),
         *_position_latency(position),
@@ -212,6 +213,35 @@ def _step_overhead(report: TimelineReport) -> list[Finding]:
                     evidence=ss.to_dict(), next_question=question)]
 
 
+def _transfer_wait(report: TimelineReport, hints: dict[str, str]) -> list[Finding]:
+    """A step thread that spends a share of its steps moving KV out: the next prefill waits on the transfer."""
+    from infra_agent.trace.transfer_wait import TRANSFER_WAIT_SHARE_MIN
+
+    out: list[Finding] = []
+    for w in report.transfer_waits:
+        if w.share < TRANSFER_WAIT_SHARE_MIN:
+            continue
+        parts = ", ".join(f"{n} {_pct(us / w.step_us)}" for n, us in w.by_name.items())
+        msg = (f"{w.thread} spent {_pct(w.share)} of its {w.steps} steps ({w.transfer_us / 1e3:.1f} of "
+               f"{w.step_us / 1e3:.1f} ms) moving KV out ({parts}) for {w.requests} request(s): the next step waits "
+               "until the transfer is through")
+        if w.layered:
+            msg += "; the transfer already goes layer by layer, so this is what the link still holds after the last layer"
+            question = ("The layers already overlap the compute: is the link too slow for the prefill rate (a faster "
+                        "link, fewer bytes per token: a smaller KV cache dtype), or can the step stop waiting for it "
+                        "(send from a thread that keeps the slot until the pages are out)?")
+        else:
+            msg += ", and it starts only after the whole prefill"
+            question = ("Can the transfer overlap the prefill's compute: send each layer's KV as soon as that layer is "
+                        "computed (a layer-wise transfer; refstack: kv_transfer_granularity=layer), so the step waits "
+                        "only for what the link still holds after the last layer?")
+        knob = _knob(hints, w.top)
+        out.append(Finding(kind=FindingKind.TRANSFER_WAIT, severity="warning", message=msg,
+                           location=Location(thread=w.thread, span=w.top, knob=knob, component="kv_transfer"),
+                           evidence=w.to_dict(), next_question=question + (f" Try knob {knob}." if knob else "")))
+    return out
+
+
 def _gc_pause(report: TimelineReport, hints: dict[str, str]) -> list[Finding]:
     """Garbage collection that stopped the process long enough, or often enough, to matter."""
     gcp = report.gc
@@ -273,6 +303,10 @@ def measurements(report: TimelineReport) -> list[Measurement]:
         sampled = [t for t in report.thread_states.threads if t.samples >= MIN_SAMPLES]
         out += [Measurement.from_samples("thread_blocked_share", "ratio", [t.blocked_share], better="lower",
                                          thread=t.thread) for t in sampled[:8]]
+    out += [Measurement.from_samples("transfer_wait_share", "ratio", [w.share], better="lower", thread=w.thread,
+                                     component="kv_transfer") for w in report.transfer_waits]
+    out += [Measurement.from_samples("layer_overlap_share", "ratio", [lo.share], better="higher",
+                                     interval=f"layer {lo.layer}") for lo in report.overlap.layers]
     if report.gc is not None:
         # The longest stop of the window: what one unlucky step (and every stream in it) waited.
         out.append(Measurement.from_samples("gc_pause_ms", "ms", [report.gc.longest_us / 1e3], better="lower",

@@ -15,6 +15,13 @@ requests sharing a prefix share keys.  The CRC lets the receiver reject a torn p
 Both are computed in Python, per page, as a real connector's packing does: this is the
 transfer thread's GIL-bound work (case study B).
 
+``pack_layer`` is one layer's rows of one prefill chunk (or its KDA state) in one page, keyed
+like the bulk form: what the prefill side sends layer by layer (``kv_transfer_granularity =
+layer``) while the next layer computes; ``pack_pages(..., layers=[i], rows=(p0, p1))`` is the
+paged form of the same.  ``unpack``
+takes any mix of the forms and refuses a set of pages that leaves a layer's rows or state
+uncovered, so a decode side never starts from a partly transferred cache.
+
 ``pack_pages`` yields the paged form (the ``kv-transfer`` thread sends it in batches of
 ``PUT_BATCH`` pages, one store message each, as Mooncake's batch put does);
 ``pack_bulk`` is one message with every tensor (the engine thread's form when
@@ -28,14 +35,14 @@ import hashlib
 import struct
 import zlib
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from refstack.model.cache import ModelCache
 
-KIND_K, KIND_V, KIND_STATE, KIND_BULK = 0, 1, 2, 3
+KIND_K, KIND_V, KIND_STATE, KIND_BULK, KIND_LAYER = 0, 1, 2, 3, 4
 # kind, layer, head, first position, end position, block key (SHA-256), CRC-32 of the body
 _PAGE = struct.Struct("<BHHII32sI")
 HEADER_BYTES = _PAGE.size
@@ -82,18 +89,29 @@ def _page(kind: int, layer: int, head: int, p0: int, p1: int, key: bytes, body: 
     return _PAGE.pack(kind, layer, head, p0, p1, key, zlib.crc32(body)) + body
 
 
-def pack_pages(snap: Snapshot, length: int, page_tokens: int, token_ids: Sequence[int]) -> Iterator[bytes]:
+def pack_pages(snap: Snapshot, length: int, page_tokens: int, token_ids: Sequence[int],
+               layers: Collection[int] | None = None, keys: list[bytes] | None = None,
+               rows: tuple[int, int] | None = None) -> Iterator[bytes]:
     """The snapshot as pages: per attention layer, ``page_tokens`` positions of K, then of V,
-    one page per KV head; per KDA layer, one page per head (keyed by the last block)."""
-    keys = block_keys(token_ids, length, page_tokens)
+    one page per KV head; per KDA layer, one page per head (keyed by the last block).
+    ``layers``: only those model layers; ``keys``: the block keys, when already computed;
+    ``rows``: the snapshot's K and V hold only positions ``[p0, p1)`` of the prompt (a chunk
+    sent on its own), paged at the same block boundaries (a page's key is its block's)."""
+    if keys is None:
+        keys = block_keys(token_ids, length, page_tokens)
+    lo, hi = rows if rows is not None else (0, length)
     for layer in sorted(snap["keys"]):
+        if layers is not None and layer not in layers:
+            continue
         for kind, t in ((KIND_K, snap["keys"][layer]), (KIND_V, snap["values"][layer])):
-            for b, p0 in enumerate(range(0, length, page_tokens)):
-                p1 = min(length, p0 + page_tokens)
+            for b in range(lo // page_tokens, -(-hi // page_tokens)):
+                p0, p1 = max(lo, b * page_tokens), min(hi, (b + 1) * page_tokens)
                 for head in range(t.shape[0]):
-                    yield _page(kind, layer, head, p0, p1, keys[b], t[head, p0:p1].numpy().tobytes())
+                    yield _page(kind, layer, head, p0, p1, keys[b], t[head, p0 - lo : p1 - lo].numpy().tobytes())
     last = keys[-1] if keys else b"\0" * 32
     for layer in sorted(snap["states"]):
+        if layers is not None and layer not in layers:
+            continue
         state = snap["states"][layer]
         for head in range(state.shape[0]):
             yield _page(KIND_STATE, layer, head, 0, length, last, state[head].numpy().tobytes())
@@ -122,8 +140,51 @@ def pack_bulk(snap: Snapshot, length: int, page_tokens: int, token_ids: Sequence
     return _page(KIND_BULK, 0, 0, 0, length, keys[-1] if keys else b"\0" * 32, b"".join(parts))
 
 
+def capture_layer(cache: ModelCache, slot: int, layer: int, p0: int, p1: int) -> Snapshot:
+    """Views of one model layer's rows: an attention layer's K and V at positions ``[p0, p1)``,
+    or a KDA layer's state (whole; the caller takes it once the prompt is done)."""
+    if layer in cache.keys:
+        return {"keys": {layer: cache.keys[layer][slot, :, p0:p1]},
+                "values": {layer: cache.values[layer][slot, :, p0:p1]}, "states": {}}
+    return {"keys": {}, "values": {}, "states": {layer: cache.states[layer][slot]}}
+
+
+def pack_layer(snap: Snapshot, layer: int, p0: int, p1: int, keys: list[bytes]) -> bytes:
+    """One layer of a snapshot as one page (``KIND_LAYER``): the block keys, then the layer's
+    K and V rows for positions ``[p0, p1)`` or its KDA state; one checksum over it all."""
+    parts = [struct.pack("<I", len(keys)), *keys]
+    if layer in snap["keys"]:
+        parts += (snap["keys"][layer].numpy().tobytes(), snap["values"][layer].numpy().tobytes())
+    else:
+        parts.append(snap["states"][layer].numpy().tobytes())
+    return _page(KIND_LAYER, layer, 0, p0, p1, keys[-1] if keys else b"\0" * 32, b"".join(parts))
+
+
+class _Coverage:
+    """What a set of pages filled: rows per (K or V, layer, head), state heads per layer."""
+
+    def __init__(self, cache: ModelCache, length: int, n_kv: int, n_state: int) -> None:
+        self.want_rows = {(name, l, h): length for name in ("keys", "values") for l in cache.keys for h in range(n_kv)}
+        self.want_heads = {(l, h) for l in cache.states for h in range(n_state)}
+        self.rows: dict[tuple[str, int, int], int] = {}
+        self.heads: set[tuple[int, int]] = set()
+
+    def kv(self, name: str, layer: int, heads: range, rows: int) -> None:
+        for h in heads:
+            self.rows[(name, layer, h)] = self.rows.get((name, layer, h), 0) + rows
+
+    def missing(self) -> str | None:
+        for key, want in self.want_rows.items():
+            if self.rows.get(key, 0) < want:
+                name, l, h = key
+                return f"layer {l} {name[:-1]} head {h}: {self.rows.get(key, 0)} of {want} rows"
+        lost = sorted(self.want_heads - self.heads)
+        return f"layer {lost[0][0]} KDA state head {lost[0][1]}" if lost else None
+
+
 def unpack(pages: Sequence[bytes | memoryview], cache: ModelCache, length: int) -> Snapshot:
-    """Pages (either form) back into tensors shaped like ``capture``'s; every checksum verified.
+    """Pages (any mix of the forms) back into tensors shaped like ``capture``'s; every checksum
+    verified, and every layer's rows and state covered (a ``PageError`` names the first gap).
 
     The pages are written into numpy arrays (a slice assignment per page, no torch op per
     page): the decode worker shares the machine's cores with the prefill worker being
@@ -134,6 +195,8 @@ def unpack(pages: Sequence[bytes | memoryview], cache: ModelCache, length: int) 
         "keys": {l: np.empty((n_kv, length, dh), np.float32) for l in cache.keys},
         "values": {l: np.empty((n_kv, length, dh), np.float32) for l in cache.values},
         "states": {l: np.empty(state_shape, np.float32) for l in cache.states}}
+    seen = _Coverage(cache, length, n_kv, state_shape[0])
+    s_len = int(np.prod(state_shape))
     for i, page in enumerate(pages):
         if len(page) < HEADER_BYTES:
             raise PageError(f"page {i}: {len(page)} bytes, shorter than its {HEADER_BYTES}-byte header")
@@ -142,24 +205,35 @@ def unpack(pages: Sequence[bytes | memoryview], cache: ModelCache, length: int) 
         if zlib.crc32(body) != crc:
             raise PageError(f"page {i} (kind {kind}, layer {layer}, head {head}): checksum mismatch")
         rows = np.frombuffer(body, dtype=np.float32)
-        if kind == KIND_BULK:
-            n_keys = int(np.frombuffer(body[:4], dtype="<u4")[0])
-            off = (4 + 32 * n_keys) // 4
-            kv = n_kv * length * dh
-            for l in sorted(cache.keys):
+        if kind in (KIND_BULK, KIND_LAYER):
+            off = (4 + 32 * int(np.frombuffer(body[:4], dtype="<u4")[0])) // 4
+            layers = (sorted(cache.keys), sorted(cache.states)) if kind == KIND_BULK else (
+                [layer] if layer in cache.keys else [], [layer] if layer in cache.states else [])
+            if kind == KIND_LAYER and not any(layers):
+                raise PageError(f"page {i}: layer {layer} is neither an attention nor a KDA layer here")
+            q0, q1 = (p0, p1) if kind == KIND_LAYER else (0, length)  # a layer page may hold a chunk's rows
+            n = n_kv * (q1 - q0) * dh
+            for l in layers[0]:
                 for name in ("keys", "values"):
-                    arrays[name][l][...] = rows[off : off + kv].reshape(n_kv, length, dh)
-                    off += kv
-            s_len = int(np.prod(state_shape))
-            for l in sorted(cache.states):
+                    arrays[name][l][:, q0:q1] = rows[off : off + n].reshape(n_kv, q1 - q0, dh)
+                    seen.kv(name, l, range(n_kv), q1 - q0)
+                    off += n
+            for l in layers[1]:
                 arrays["states"][l][...] = rows[off : off + s_len].reshape(state_shape)
+                seen.heads.update((l, h) for h in range(state_shape[0]))
                 off += s_len
         elif kind == KIND_STATE:
             arrays["states"][layer][head] = rows.reshape(state_shape[1:])
+            seen.heads.add((layer, head))
         elif kind in (KIND_K, KIND_V):
-            arrays["keys" if kind == KIND_K else "values"][layer][head, p0:p1] = rows.reshape(p1 - p0, dh)
+            name = "keys" if kind == KIND_K else "values"
+            arrays[name][layer][head, p0:p1] = rows.reshape(p1 - p0, dh)
+            seen.kv(name, layer, range(head, head + 1), p1 - p0)
         else:
             raise PageError(f"page {i}: unknown kind {kind}")
+    gap = seen.missing()
+    if gap is not None:
+        raise PageError(f"incomplete transfer of {len(pages)} pages: {gap}")
     return {name: {l: torch.from_numpy(a) for l, a in per.items()} for name, per in arrays.items()}
 
 

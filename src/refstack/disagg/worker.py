@@ -1,31 +1,14 @@
-"""The prefill and decode workers of disaggregated serving, and the KV page codec.
+"""The prefill and decode workers of disaggregated serving.
 
 A worker is a process (``worker_main``) that runs one engine and talks to the front
 end over a ``multiprocessing`` connection (pickled tuples, see ``frontend``).
 
-**Prefill** (``PrefillEngine``): a request runs until its first token is sampled.
-The token goes to the front end at once (so time to first token is the prefill
-worker's); then, unless the request already finished, it is *handed off*: it leaves
-the running batch and its attention KV rows for the prompt and its KDA states go to
-the KV store.  The slot is free for the next prefill once they are out.
-
-- ``kv_transfer`` on: zero copy, as a connector that reads the registered cache does
-  (Mooncake, NIXL): the engine thread takes views of the slot's rows and goes on; the
-  thread ``kv-transfer`` packs them page by page (``pages``: per page a slice,
-  ``numpy().tobytes()``, the prefix block key and a CRC-32 in a header), pushes them
-  ``PUT_BATCH`` pages per store message, seals the request and tells the front end,
-  while the engine thread computes the next prefill.  Only then is the slot given back
-  (``_free_sent``, on the engine thread): a transfer that falls behind holds slots, and
-  with every slot held the next prefill waits, as a prefill instance whose KV blocks
-  are still being sent cannot admit new requests.  That packing is Python work: it
-  needs the GIL, and it runs when the engine thread lets go of it (torch ops, native
-  kernels through ``CDLL``, the EP section when ``ep_release_gil`` is true).
-- ``kv_transfer`` off: no transfer thread.  The engine thread puts the rows in one
-  bulk message right after the batch (``pack_bulk``: the same block keys, one
-  ``tobytes`` per tensor, one checksum, one ``PUT``) and frees the slot: the least the
-  prefill side can do and still hand the decode side its cache, which makes it the
-  baseline of "adding KV transfer may not cost prefill more than 5%".  The decode side
-  is the same in both modes.
+**Prefill** (``prefill.PrefillEngine``): a request runs until its first token is
+sampled.  The token goes to the front end at once (so time to first token is the prefill
+worker's); then, unless the request already finished, it is *handed off*: it leaves the
+running batch, its attention KV rows for the prompt and its KDA states go to the KV store
+(after the whole prefill, or layer by layer during it: ``kv_transfer_granularity``), and
+the front end hears of it once they are sealed there.  ``prefill`` describes the modes.
 
 **Decode** (``DecodeEngine``): the thread ``kv-receive`` fetches a handed-off
 request's pages from the store, rebuilds its tensors and queues the request with its
@@ -42,185 +25,26 @@ import os
 import queue
 import signal
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from infra_agent import tracing
+from refstack.disagg.engine_base import Send, WorkerEngine
 from refstack.disagg.kvstore import KVStoreClient
-from refstack.disagg.pages import (
-    Snapshot,
-    batches,
-    capture,
-    install,
-    pack_bulk,
-    pack_pages,
-    unpack,
-)
+from refstack.disagg.pages import Snapshot, install, unpack
+from refstack.disagg.prefill import PrefillEngine
 from refstack.disagg.proc import die_with_parent, set_process_name
 from refstack.engine import EngineConfig
-from refstack.engine.request import Request, RequestOutput, RequestState
+from refstack.engine.request import Request
 from refstack.engine.sampling import SamplingParams
 from refstack.engine.tracing_start import start_tracing
-from refstack.server.logprobs import LogprobEngine, LogprobParams
 
 log = logging.getLogger(__name__)
-TRANSFER_THREAD = "kv-transfer"
 RECEIVE_THREAD = "kv-receive"
 
-def _generator_state(gen: torch.Generator) -> bytes:
-    return gen.get_state().numpy().tobytes()
 
-
-# ---- the engines -----------------------------------------------------------------------
-Send = Callable[[tuple[Any, ...]], None]
-
-
-class _WorkerEngine(LogprobEngine):
-    """An engine whose requests report to the front end through ``send``."""
-
-    def __init__(self, config: EngineConfig, send: Send, store_path: str) -> None:
-        super().__init__(config)
-        self._send = send
-        self._store_path = store_path
-        self._emitting: Request | None = None
-
-    def _emit(self, req: Request, finished: bool) -> None:
-        self._emitting = req
-        try:
-            super()._emit(req, finished)
-        finally:
-            self._emitting = None
-
-    def sink_for(self, params: SamplingParams) -> Callable[[RequestOutput], None]:
-        """Forwards each delta, with the logprob entries it added and when the request was scheduled
-        (entries the params arrived with, the prefill side's, went to the front end already)."""
-        sent = [len(params.entries) if isinstance(params, LogprobParams) else 0]
-
-        def sink(out: RequestOutput) -> None:
-            entries = None
-            if isinstance(params, LogprobParams):
-                entries = params.entries[sent[0]:]
-                sent[0] = len(params.entries)
-            req = self._emitting
-            self._send(("out", out, entries, req.scheduled_at if req is not None else 0.0))
-
-        return sink
-
-
-class PrefillEngine(_WorkerEngine):
-    def __init__(self, config: EngineConfig, send: Send, store_path: str) -> None:
-        super().__init__(config, send, store_path)
-        self._jobs: queue.SimpleQueue[tuple[dict[str, Any], Snapshot, Request] | None] = queue.SimpleQueue()
-        self._sent: queue.SimpleQueue[Request] = queue.SimpleQueue()  # transferred: their slots can go
-        self._in_transfer = 0  # handed-off requests whose slots the transfer thread still reads (engine thread)
-        self._store: KVStoreClient | None = None  # the engine thread's (kv_transfer off)
-        self._transfer: threading.Thread | None = None
-        if config.kv_transfer:
-            self._transfer = threading.Thread(target=self._transfer_loop, name=TRANSFER_THREAD, daemon=True)
-            self._transfer.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        super().stop(timeout)
-        if self._transfer is not None:
-            self._jobs.put(None)
-            self._transfer.join(timeout)
-
-    def step(self) -> bool:
-        self._free_sent()
-        # Requests wait for a slot that only a transfer in flight can give back: wait for it
-        # here (the GIL is free meanwhile) rather than step the scheduler in a busy loop.
-        while self._in_transfer and self.scheduler.waiting and not self.scheduler.running \
-                and self.scheduler.num_slots_used == self.scheduler.num_slots and not self._stop:
-            with self._wake:
-                self._wake.wait(0.05)
-            self._free_sent()
-        return super().step()
-
-    def _free_sent(self) -> None:
-        while True:
-            try:
-                req = self._sent.get_nowait()
-            except queue.Empty:
-                break
-            self.scheduler._release(req)
-            self._in_transfer -= 1
-        self._publish_counts()
-
-    def _emit(self, req: Request, finished: bool) -> None:
-        super()._emit(req, finished)
-        if not finished and req.state is RequestState.RUNNING and req.output_ids:
-            self._handoff(req)
-
-    def _handoff(self, req: Request) -> None:
-        """The first token is out and the request goes on: move it to the decode worker."""
-        length = req.num_computed  # the prompt; the first token enters the cache on the decode side
-        meta = {"length": length, "output_ids": list(req.output_ids), "text": req.text,
-                "emitted_chars": req.emitted_chars, "generator": _generator_state(req.generator),
-                "scheduled_at": req.scheduled_at}
-        rid = req.request_id
-        if self.config.kv_transfer:
-            # Zero copy, as a connector that reads the registered cache does: the pages are packed
-            # straight from the slot, so the slot stays taken until the transfer thread is done.
-            with tracing.span("kv.capture", cat="kv", request_id=rid, tokens=length):
-                snap = capture(self.cache, req.slot, length, copy=False)
-            self.scheduler.running.remove(req)
-            self._in_transfer += 1
-            self._jobs.put((dict(meta, request_id=rid, prompt_ids=req.prompt_ids[:length]), snap, req))
-        else:
-            if self._store is None:
-                self._store = KVStoreClient(self._store_path)
-            with tracing.span("kv.put_bulk", cat="kv", request_id=rid, tokens=length) as sp:
-                payload = pack_bulk(capture(self.cache, req.slot, length, copy=False), length,
-                                    self.config.kv_page_tokens, req.prompt_ids)
-                self._store.put(rid, payload)
-                self._store.seal(rid)
-                if sp.args is not None:
-                    sp.args["bytes"] = len(payload)
-            self.scheduler.finish(req)  # the pages are out: the slot is free for the next prefill
-        req.state = RequestState.FINISHED
-        req.finish_reason = "handoff"
-        req.finished_at = time.monotonic()
-        self._publish_counts()
-        if not self.config.kv_transfer:
-            self._send(("handoff", rid, meta))
-
-    def _transfer_loop(self) -> None:
-        client = KVStoreClient(self._store_path)
-        page_tokens = self.config.kv_page_tokens
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                client.close()
-                return
-            meta, snap, req = job
-            rid = meta.pop("request_id")
-            prompt_ids = meta.pop("prompt_ids")
-            try:
-                with tracing.span("kv.transfer", cat="kv", request_id=rid, tokens=meta["length"]) as sp:
-                    pages = nbytes = 0
-                    for batch in batches(pack_pages(snap, meta["length"], page_tokens, prompt_ids)):
-                        client.put_many(rid, batch)  # the socket write releases the GIL, once per batch
-                        pages += len(batch)
-                        nbytes += sum(map(len, batch))
-                    client.seal(rid)
-                    if sp.args is not None:
-                        sp.args.update(pages=pages, bytes=nbytes)
-            except Exception:  # any failure fails this request, never the thread (its slot comes back)
-                log.exception("KV transfer of %s failed", rid)
-                self._send(("failed", rid))
-                continue
-            finally:
-                del snap  # views of the slot: none may outlive it
-                self._sent.put(req)
-                with self._wake:
-                    self._wake.notify()
-            self._send(("handoff", rid, meta))
-
-
-class DecodeEngine(_WorkerEngine):
+class DecodeEngine(WorkerEngine):
     def __init__(self, config: EngineConfig, send: Send, store_path: str) -> None:
         super().__init__(config, send, store_path)
         self._installs: dict[str, tuple[Snapshot, int]] = {}

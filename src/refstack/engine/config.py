@@ -33,6 +33,9 @@ TRACE_LEVELS: tuple[str, ...] = tuple(LEVELS)
 # Arithmetic of the tensor-parallel shards' projection GEMMs (refstack.tp): the same modes
 # as the LM head (refstack.kernels.precision).
 TP_GEMM_PRECISIONS: tuple[str, ...] = LM_HEAD_PRECISIONS
+# When disaggregated prefill sends a request's KV: after its whole prefill, or each layer's
+# while the next layer computes (refstack.disagg.layer_split).
+KV_TRANSFER_GRANULARITIES: tuple[str, ...] = ("request", "layer")
 
 
 def resolve_dtype(dtype: str, cpu_kernels: str) -> str:
@@ -108,6 +111,11 @@ class EngineConfig:
     # tokens per attention KV page.  Unused by a single engine.
     kv_transfer: bool = True
     kv_page_tokens: int = 16
+    # When a prefilled request's KV leaves: after its whole prefill ("request") or layer by
+    # layer while the next layer computes ("layer"); and the modelled bandwidth (GB/s) of the
+    # prefill worker's link to the KV store (0: no modelled wire time).  See refstack.disagg.
+    kv_transfer_granularity: str = "request"
+    kv_link_gbps: float = 0.0
     # "cpu" (the default: nothing changes for existing launches), "cuda" (refused without a
     # visible GPU) or "auto" (cuda when one is visible); resolved with the kernel knobs by
     # refstack.engine.device.resolve_placement.  On cuda the native CPU kernels are off.
@@ -141,6 +149,8 @@ class EngineConfig:
         assert self.dtype in DTYPES, self.dtype
         assert self.ep_link_gbps >= 0.0, "ep_link_gbps must be >= 0"
         assert self.kv_page_tokens >= 1, "kv_page_tokens must be >= 1"
+        assert self.kv_transfer_granularity in KV_TRANSFER_GRANULARITIES, self.kv_transfer_granularity
+        assert self.kv_link_gbps >= 0.0, "kv_link_gbps must be >= 0"
         assert self.device in DEVICES, self.device
         assert self.kda_decode_kernel in KDA_DECODE_KERNELS, self.kda_decode_kernel
         assert self.quantization in QUANTIZATIONS, self.quantization
