@@ -82,7 +82,10 @@ def decode_image(url: str, size: int) -> DecodedImage:
             img = Image.open(io.BytesIO(raw), formats=["PNG", "JPEG"])
         except UnidentifiedImageError:
             raise ImageError(f"the payload is not a PNG or JPEG image (declared {media})") from None
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning, OSError, ValueError) as exc:
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            raise ImageError(f"the image's dimensions are too large ({exc}); refstack takes at most "
+                             f"{MAX_IMAGE_SIDE} pixels a side and {MAX_IMAGE_PIXELS} in all") from None
+        except (OSError, ValueError) as exc:
             raise ImageError(f"the image cannot be read: {exc}") from None
         w, h = img.size
         if w < 1 or h < 1 or w > MAX_IMAGE_SIDE or h > MAX_IMAGE_SIDE or w * h > MAX_IMAGE_PIXELS:
