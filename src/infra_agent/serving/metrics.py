@@ -167,6 +167,13 @@ def compute_metrics(
     result["e2els"] = [t[2] if t else (None if r.success else 0.0) for r, t in zip(records, lines)]
     result["errors"] = [r.error for r in records]
     result["answer_lengths"] = answer_lengths(records)
+    if any(r.num_images for r in records):
+        # A multimodal window: the image count per request, and the text-only requests'
+        # latencies apart (``text_only_latency``), which an encode stage can hold up.
+        result["num_images"] = [r.num_images for r in records]
+        text = latency_stats([r for r in records if not r.num_images], definition, percentiles)
+        result["text_only_latency"] = text
+        result["image_latency"] = latency_stats([r for r in records if r.num_images], definition, percentiles)
     return result
 
 
