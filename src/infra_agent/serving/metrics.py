@@ -168,12 +168,15 @@ def compute_metrics(
     result["errors"] = [r.error for r in records]
     result["answer_lengths"] = answer_lengths(records)
     if any(r.num_images for r in records):
-        # A multimodal window: the image count per request, and the text-only requests'
-        # latencies apart (``text_only_latency``), which an encode stage can hold up.
+        # A multimodal window: the image count per request, and the text-only and image
+        # requests' latencies apart (``text_only_p99_ttft_ms``, ``image_p99_ttft_ms``, ...):
+        # an encode stage can hold text requests up behind images.
         result["num_images"] = [r.num_images for r in records]
-        text = latency_stats([r for r in records if not r.num_images], definition, percentiles)
-        result["text_only_latency"] = text
-        result["image_latency"] = latency_stats([r for r in records if r.num_images], definition, percentiles)
+        for prefix, part in (("text_only_", [r for r in records if not r.num_images]),
+                             ("image_", [r for r in records if r.num_images])):
+            stats = latency_stats(part, definition, percentiles)
+            result[prefix + "requests"] = stats.pop("timed")
+            result.update({prefix + k: v for k, v in stats.items()})
     return result
 
 

@@ -16,6 +16,7 @@ from infra_agent.serving.datasets import build_requests
 from infra_agent.serving.metrics import compute_metrics
 from infra_agent.serving.mm_dataset import png_bytes, random_mm_requests
 from infra_agent.workspace import Scenario
+from infra_agent.workspace.criteria import known_metric, metric_direction
 
 
 def _images(req) -> list[bytes]:  # type: ignore[no-untyped-def]
@@ -73,5 +74,7 @@ def test_scenario_builds_it_and_the_result_splits_text_only_latency() -> None:
                              itl=[0.01], latency=0.6, num_images=r.num_images) for r in reqs]
     result = compute_metrics(records, 1.0)
     assert result["num_images"] == [r.num_images for r in reqs]
-    assert result["text_only_latency"]["p99_ttft_ms"] == pytest.approx(100.0)
-    assert result["image_latency"]["p99_ttft_ms"] == pytest.approx(500.0)
+    assert result["text_only_p99_ttft_ms"] == pytest.approx(100.0)
+    assert result["image_p99_ttft_ms"] == pytest.approx(500.0)
+    assert result["text_only_requests"] + result["image_requests"] == 6
+    assert known_metric("text_only_p99_ttft_ms") and metric_direction("image_mean_ttft_ms") == "lower"
