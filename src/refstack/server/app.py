@@ -87,12 +87,15 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
             engine = EPDEngine(config, observer=metrics, on_failure=on_failure)
         else:
             engine = DisaggEngine(config, observer=metrics, on_failure=on_failure)
+            # Its prefill worker gets no encoder input: images are served inline or with --disagg epd.
+            engine.images_unsupported = "--disagg true has no encode stage; serve with --disagg epd"
     else:
         if uses_tp(config):
             config, tp_model = _tensor_parallel(config, model, on_failure)
             model = tp_model
         engine = LogprobEngine(config, model=model, tokenizer=tokenizer, observer=metrics)
-        engine.images_supported = tp_model is None  # the TP ranks' step takes no image embeddings
+        if tp_model is not None:  # the TP ranks' step takes no image embeddings
+            engine.images_unsupported = "tensor parallelism (--tp) takes no image embeddings; serve with --tp 1"
     metrics.bind(engine)
 
     @asynccontextmanager

@@ -54,9 +54,10 @@ async def chat_with_images(engine: Any, messages: Sequence[ChatMessage]) -> tupl
             else:
                 mine.append(p.text)
         parts.append((m.role, mine))
-    if urls and not getattr(engine, "images_supported", True):
-        raise APIError(400, "images are not supported by this server's engine (tensor parallelism); serve without "
-                       "--tp", param=urls[0][0], code="unsupported_value")
+    unsupported = getattr(engine, "images_unsupported", None)
+    if urls and unsupported:
+        raise APIError(400, f"images are not supported by this server: {unsupported}", param=urls[0][0],
+                       code="unsupported_value")
     decoded = await asyncio.to_thread(_decode_all, urls, enc.image_size) if urls else []
     tok = engine.tokenizer
     try:

@@ -141,3 +141,11 @@ def test_a_part_of_an_unknown_type_is_a_400(mono: Any) -> None:
     r = _chat(mono.url, [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}])
     assert r.status_code == 400
     assert r.json()["error"]["param"].startswith("messages.0.content")
+
+
+def test_prefill_decode_disagg_refuses_images_and_serves_text(refstack_module_server_factory: Any) -> None:
+    server = refstack_module_server_factory([*FLAGS, "--disagg", "true"])
+    r = _chat(server.url, [{"type": "text", "text": "look"}, _image(_png(1))])
+    assert r.status_code == 400 and "--disagg epd" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "messages.0.content.1.image_url.url"
+    assert _chat(server.url, [{"type": "text", "text": "only text"}]).status_code == 200
