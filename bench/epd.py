@@ -54,7 +54,8 @@ def _requests(a: argparse.Namespace, n: int, images: int, seed: int) -> list[Req
 async def _phase(url: str, a: argparse.Namespace, model: str, mixed: bool, seed: int) -> dict[str, Any]:
     opts = RequestOptions(endpoint="chat", model=model)
     texts = _requests(a, a.text_requests, 0, seed)
-    imgs = _requests(a, 10_000, a.images_per_request, seed + 1) if mixed else []
+    # Enough distinct image requests that none repeats (an encoder cache hit) within the phase.
+    imgs = _requests(a, 2 * a.text_requests + 1, a.images_per_request, seed + 1) if mixed else []
     async with make_http_client(4 * a.concurrency) as client:
         warm = [texts[0]] + ([imgs[0]] if mixed else [])
         for r in warm:
