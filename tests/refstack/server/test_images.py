@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import time
 from typing import Any
 
 import httpx
@@ -78,10 +79,14 @@ def test_images_take_their_placeholders(baseline: list[Any]) -> None:
     assert all(len(tokens) == 10 for tokens, _ in baseline)
 
 
-def test_epd_gives_the_tokens_of_one_engine(baseline: list[Any], refstack_module_server_factory: Any,
-                                           scrape: Any) -> None:
-    server = refstack_module_server_factory([*FLAGS, "--disagg", "epd", "--encode-workers", "2",
-                                             "--encode-batch-size", "4", "--trace", "true"])
+@pytest.fixture(scope="module")
+def epd(refstack_module_server_factory: Any) -> Any:
+    return refstack_module_server_factory([*FLAGS, "--disagg", "epd", "--encode-workers", "2",
+                                           "--encode-batch-size", "4", "--trace", "true"])
+
+
+def test_epd_gives_the_tokens_of_one_engine(baseline: list[Any], epd: Any, scrape: Any) -> None:
+    server = epd
     assert _answers(server.url) == baseline
     info = httpx.get(server.url + "/debug/engine", timeout=10).json()
     assert {"prefill", "decode", "encode0", "encode1"} <= set(info["disagg"]["workers"])
@@ -149,3 +154,21 @@ def test_prefill_decode_disagg_refuses_images_and_serves_text(refstack_module_se
     assert r.status_code == 400 and "--disagg epd" in r.json()["error"]["message"]
     assert r.json()["error"]["param"] == "messages.0.content.1.image_url.url"
     assert _chat(server.url, [{"type": "text", "text": "only text"}]).status_code == 200
+
+
+def test_a_client_gone_while_its_images_encode_leaves_nothing_behind(epd: Any, scrape: Any) -> None:
+    before = scrape(epd.url).get("refstack:request_aborted_total", 0.0)
+    content = [{"type": "text", "text": "many"}] + [_image(_png(100 + i, 200, 200)) for i in range(6)]
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 50, "stream": True}
+    for _ in range(3):  # the client hangs up at once: while its images encode, or just after
+        with httpx.stream("POST", epd.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        info = httpx.get(epd.url + "/debug/engine", timeout=10).json()
+        if info["num_waiting"] == 0 and info["num_running"] == 0:
+            break
+        time.sleep(0.2)
+    assert (info["num_waiting"], info["num_running"]) == (0, 0), info
+    assert scrape(epd.url)["refstack:request_aborted_total"] - before == 3
+    assert _chat(epd.url, [_image(_png(1))]).status_code == 200
