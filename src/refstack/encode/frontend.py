@@ -15,6 +15,7 @@ queue (arrival -> its last image's encode start), encode (the longest batch), tr
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import multiprocessing
 import threading
@@ -107,8 +108,6 @@ class EPDEngine(DisaggEngine):
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None,
                mm: MMInput | None = None) -> RequestStream:
-        import asyncio
-
         stream = RequestStream(self, asyncio.get_running_loop())  # type: ignore[arg-type]
         stream.request_id = self.add_request(prompt_ids, params, stream.sink, request_id, mm)
         return stream
