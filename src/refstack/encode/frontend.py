@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from refstack.disagg.frontend import START_TIMEOUT_S, DisaggEngine, _Flight
+from refstack.disagg.frontend import DisaggEngine, _Flight
 from refstack.encode.handoff import ImageMeta, image_key
 from refstack.encode.mm import MMInput
 from refstack.encode.worker import encode_worker_main
@@ -66,25 +65,17 @@ class _Encoding:
 class EPDEngine(DisaggEngine):
     def __init__(self, config: EngineConfig, observer: Any = None,
                  on_failure: Callable[[str], None] | None = None) -> None:
-        super().__init__(config, observer=observer, on_failure=on_failure)
         self._encoding: dict[str, _Encoding] = {}
         self._times: dict[str, tuple[float, float, float]] = {}
-        ctx = multiprocessing.get_context("spawn")
         self.encoders: list[_EncodeWorker] = []
-        try:
-            for i in range(config.encode_workers):
-                w = _EncodeWorker(ctx, i, config, self.store_path)
-                self.encoders.append(w)
-                self.workers[w.role] = w  # type: ignore[assignment]  # read, watched, traced, stopped as the others
-            for w in self.encoders:
-                if not w.conn.poll(START_TIMEOUT_S):
-                    raise RuntimeError(f"the {w.role} worker did not start")
-                msg = w.conn.recv()
-                assert msg[0] == "ready", msg
-                w.info = msg[1]
-        except BaseException:
-            self._terminate()
-            raise
+        super().__init__(config, observer=observer, on_failure=on_failure)
+
+    def _start_more_workers(self, ctx: Any) -> None:
+        """The encode workers, started with the prefill and decode workers (the base waits for all)."""
+        for i in range(self.config.encode_workers):
+            w = _EncodeWorker(ctx, i, self.config, self.store_path)
+            self.encoders.append(w)
+            self.workers[w.role] = w  # type: ignore[assignment]  # read, watched, traced, stopped as the others
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, sink: Sink,
                     request_id: str | None = None, mm: MMInput | None = None) -> str:
