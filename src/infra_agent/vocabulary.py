@@ -32,7 +32,7 @@ COMPONENTS: Final[dict[str, str]] = {
 }
 
 KNOWN_SUBCOMPONENTS: Final[tuple[str, ...]] = (
-    "engine.scheduler", "engine.loop", "engine.cache",
+    "engine.scheduler", "engine.loop", "engine.cache", "engine.encode",
     "model.attention", "model.kda", "model.moe", "model.lm_head",
 )
 
@@ -66,6 +66,9 @@ class FindingKind:
     PREFILL_DOMINATES_TTFT: Final = "prefill_dominates_ttft"
     CLIENT_SERVER_TTFT_GAP: Final = "client_server_ttft_gap"
     BURSTY_STREAM: Final = "bursty_stream"
+    # an image encode stage (probes/serving_encode.py)
+    ENCODE_BLOCKS_TEXT: Final = "encode_blocks_text"
+    ENCODE_QUEUE_DOMINATES: Final = "encode_queue_dominates"
     FAILED_REQUESTS: Final = "failed_requests"
     # answers not of the length the request fixed (ignore_eos + max_tokens): short or long
     WRONG_ANSWER_LENGTH: Final = "wrong_answer_length"

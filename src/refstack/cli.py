@@ -65,7 +65,7 @@ def _serve(**raw: Any) -> None:
     from refstack.server.app import cache_info
 
     try:  # before anything is built: a combination that cannot run is one line, not a traceback
-        placement = resolve_placement(engine_config(values), disagg=values["disagg"])
+        placement = resolve_placement(engine_config(values), disagg=values["disagg"] != "false")
     except PlacementError as exc:
         raise click.ClickException(str(exc)) from None
     try:  # INFRA_AGENT_TRACE_LEVEL is read when the tracer is first asked for: ask now
@@ -74,7 +74,7 @@ def _serve(**raw: Any) -> None:
         raise click.ClickException(str(exc)) from None
     from refstack.tp.checks import tp_problem
 
-    problem = tp_problem(engine_config(values), disagg=values["disagg"])
+    problem = tp_problem(engine_config(values), disagg=values["disagg"] != "false")
     if problem:  # before a rank is spawned
         raise click.ClickException(problem)
     if values["cpu_kernels"] == "native":
@@ -90,7 +90,7 @@ def _serve(**raw: Any) -> None:
         failures.append(reason)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    app = create_app(engine_config(values), max_request_bytes=values["max_request_bytes"], disagg=values["disagg"],
+    app = create_app(engine_config(values), max_request_bytes=values["max_request_bytes"], disagg=_disagg_mode(values["disagg"]),
                      on_failure=on_failure)
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
@@ -100,7 +100,8 @@ def _serve(**raw: Any) -> None:
               f"dtype {engine.dtype}, "
               f"{'native' if engine.native_kernels else 'torch'} kernels"
               f"{', ' + values['quantization'] if values['quantization'] != 'none' else ''}"
-              f"{', disaggregated' if values['disagg'] else ''}"
+              f"{', disaggregated' if values['disagg'] != 'false' else ''}"
+              f"{' with encode workers' if values['disagg'] == 'epd' else ''}"
               f"{_tp_words(engine.model) if values['tp'] > 1 or values['tp_gemm_precision'] != 'fp32' else ''})")
     # The cache's storage and what a sequence costs in it (also in GET /debug/engine "cache").
     print(f"refstack cache: {describe(cache_info(engine))}", flush=True)
@@ -112,6 +113,11 @@ def _serve(**raw: Any) -> None:
         signal.signal(sig, _after_graceful_shutdown)
     asyncio.run(_serve_until_stopped(server, sock, banner))
     _exit_after_shutdown(1 if failures else 0, failures[0] if failures else "")
+
+
+def _disagg_mode(value: str) -> bool | str:
+    """create_app's ``disagg``: False, True (prefill + decode) or "epd"."""
+    return value if value == "epd" else value == "true"
 
 
 def _device_words(device: str, kda_decode_kernel: str) -> str:

@@ -31,6 +31,7 @@ from refstack.engine.config import (
 )
 
 PRESETS: tuple[str, ...] = ("tiny", "small")
+DISAGG_MODES: tuple[str, ...] = ("false", "true", "epd")
 LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug")
 LOG_RATIO = 64  # the span (max/min, from a positive min) above which a domain is searched on a log scale
 _TRUE = ("true", "1", "yes", "on")
@@ -119,6 +120,8 @@ class Knob:
                 return text in _TRUE
             raise KnobError(where)
         if self.type == "choice":
+            if isinstance(raw, bool):  # a YAML or JSON bool for a choice spelled "true" / "false" (--disagg)
+                raw = str(raw).lower()
             if str(raw) not in self.choices:
                 raise KnobError(where)
             return str(raw)
@@ -218,9 +221,22 @@ KNOBS: tuple[Knob, ...] = (
          "Modelled link bandwidth (GB/s) of the expert-parallel exchange: dispatch and combine each wait "
          "(bytes of token rows crossing ranks) / bandwidth in native code, at most 50 ms; 0 = no wait (all ranks "
          "share the process).", min=0.0, max=1e6),
-    Knob("disagg", "bool", False, ("server", "engine"),
-         "Disaggregated serving: a prefill worker and a decode worker process behind this server, the KV pages "
-         "and KDA state of each prefilled request moved to the decode worker through a KV store process."),
+    Knob("disagg", "choice", "false", ("server", "engine"),
+         "Disaggregated serving: 'true' runs a prefill worker and a decode worker process behind this server, the "
+         "KV pages and KDA state of each prefilled request moved to the decode worker through a KV store process; "
+         "'epd' adds --encode-workers encode worker processes, whose image embeddings reach the prefill worker "
+         "through the KV store (images are then never encoded on the prefill engine's thread).",
+         choices=DISAGG_MODES),
+    Knob("encode_workers", "int", 1, ("engine.encode", "runtime"),
+         "With --disagg epd: encode worker processes (one torch thread each); an image goes to the worker its "
+         "content hash picks, so its encoder cache hits.", min=1, max=64, typical=(1, 4), resource="threads"),
+    Knob("encode_batch_size", "int", 8, ("engine.encode",),
+         "Most images one encoder forward takes (inline: the images admitted in one step; epd: the images an "
+         "encode worker has queued).", min=1, max=1024, typical=(1, 32)),
+    Knob("encode_cache_size", "int", 256, ("engine.encode",),
+         "Encoder cache: embeddings of this many images kept by content hash (per encode worker under --disagg "
+         "epd), so an image sent again is not encoded again; 0 turns it off.", min=0, max=1_000_000,
+         typical=(0, 4096)),
     Knob("kv_transfer", "bool", True, ("engine.kv_transfer",),
          "With --disagg: the prefill worker's 'kv-transfer' thread packs and pushes each request's KV pages "
          "page by page while the model computes the next prefill (true), or none runs and the engine thread puts "

@@ -194,6 +194,9 @@ def _dataset(sc: Scenario) -> str:
         return f"random in={ds.input_len} out={ds.output_len}{spread}"
     if isinstance(ds, SharedPrefixDataset):
         return f"shared_prefix {ds.num_prefixes}×{ds.prefix_len} + {ds.suffix_len}, out={ds.output_len}"
+    if ds.kind == "random_mm":
+        return (f"random_mm in={ds.input_len} out={ds.output_len}, {ds.base_items_per_request} image(s) of "
+                f"{'/'.join(ds.bucket_config)}, {ds.text_only_ratio:.0%} text-only")
     assert isinstance(ds, JsonlDataset)
     return f"jsonl {ds.path.name} out={ds.output_len}"
 

@@ -33,6 +33,7 @@ from infra_agent.feedback import (
     Tier,
 )
 from infra_agent.probes.base import Probe, ProbeConfig, ProbeContext
+from infra_agent.probes.serving_encode import encode_findings
 from infra_agent.probes.serving_telemetry import (
     TELEMETRY_METRICS,
     WindowWatch,
@@ -331,6 +332,7 @@ class ServingProbe(Probe):
                 location=Location(component="model", span="prefill"), evidence={"prefill_ms": prefill, "ttft_ms": ttft_ref, "scenario": name},
                 next_question="Would a larger prefill chunk or a faster attention kernel cut prefill time?",
             ))
+        encode_findings(fb, name, ok, phases)
         burst = _burst_delivery(ok, phases)
         if burst is not None:
             fb.findings.append(Finding(

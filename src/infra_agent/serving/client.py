@@ -45,6 +45,7 @@ class RequestInput:
     prompt: str | list[dict[str, str]]
     prompt_len: int
     output_len: int
+    num_images: int = 0  # image parts in the prompt (serving/mm_dataset.py)
 
 
 @dataclass(slots=True)
@@ -65,6 +66,7 @@ class RequestRecord:
     content_itl: list[float] = field(default_factory=list)
     content_latency: float | None = None
     usage_prompt_tokens: int | None = None  # the server's count of the prompt, when it said
+    num_images: int = 0  # the request's image parts (multimodal datasets)
     # What was asked: ``max_tokens``, and whether ``ignore_eos`` was sent with it (then the
     # answer's length is the request's, not the model's: see ``answer_lengths``).
     max_tokens: int = 0
@@ -179,7 +181,8 @@ def _role_announcement(data: dict[str, Any], chat: bool) -> bool:
 
 async def send_request(client: aiohttp.ClientSession, base_url: str, req: RequestInput, opts: RequestOptions) -> RequestRecord:
     """Send one streaming request and time it.  Never raises for request-level trouble."""
-    rec = RequestRecord(prompt_len=req.prompt_len, max_tokens=req.output_len, ignore_eos=opts.ignore_eos)
+    rec = RequestRecord(prompt_len=req.prompt_len, max_tokens=req.output_len, ignore_eos=opts.ignore_eos,
+                        num_images=req.num_images)
     url = base_url.rstrip("/") + endpoint_path(opts.endpoint)
     payload = build_payload(req, opts)
     headers = dict(opts.headers) if opts.headers else None

@@ -257,4 +257,11 @@ def build_requests(dataset: Any, n: int, tokenizer: Tokenizer | None = None, see
         )
     if kind == "jsonl":
         return jsonl_requests(dataset.path, n, dataset.output_len, dataset.prompt_field, tokenizer, seed_offset)
-    raise ConfigError(None, "dataset.kind", "random, jsonl or shared_prefix", kind)
+    if kind == "random_mm":
+        from infra_agent.serving.mm_dataset import random_mm_requests
+
+        return random_mm_requests(n, dataset.input_len, dataset.output_len, dataset.range_ratio,
+                                  dataset.seed + seed_offset, dataset.base_items_per_request,
+                                  dataset.num_mm_items_range_ratio, dataset.limit_mm_per_prompt,
+                                  dataset.bucket_config, dataset.text_only_ratio, tokenizer)
+    raise ConfigError(None, "dataset.kind", "random, jsonl, shared_prefix or random_mm", kind)

@@ -167,6 +167,16 @@ def compute_metrics(
     result["e2els"] = [t[2] if t else (None if r.success else 0.0) for r, t in zip(records, lines)]
     result["errors"] = [r.error for r in records]
     result["answer_lengths"] = answer_lengths(records)
+    if any(r.num_images for r in records):
+        # A multimodal window: the image count per request, and the text-only and image
+        # requests' latencies apart (``text_only_p99_ttft_ms``, ``image_p99_ttft_ms``, ...):
+        # an encode stage can hold text requests up behind images.
+        result["num_images"] = [r.num_images for r in records]
+        for prefix, part in (("text_only_", [r for r in records if not r.num_images]),
+                             ("image_", [r for r in records if r.num_images])):
+            stats = latency_stats(part, definition, percentiles)
+            result[prefix + "requests"] = stats.pop("timed")
+            result.update({prefix + k: v for k, v in stats.items()})
     return result
 
 

@@ -13,6 +13,9 @@ reads the same on refstack, vLLM and SGLang:
 | tpot | per request: decode time / (output tokens - 1) |
 | itl | per token: the gap before each output token |
 | e2e | arrival -> finished |
+| encode_queue | image requests: arrival -> the vision encoder starts on them |
+| encode | image requests: time in the vision encoder |
+| encode_transfer | image requests: embeddings to the prefill engine |
 
 Names come from the stacks' own sources:
 
@@ -35,7 +38,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-PHASE_ORDER = ("queue", "prefill", "decode", "inference", "ttft", "tpot", "itl", "e2e")
+PHASE_ORDER = ("queue", "prefill", "decode", "inference", "ttft", "tpot", "itl", "e2e",
+               "encode_queue", "encode", "encode_transfer")
 
 # Labels whose value picks one series of a shared histogram (``name{label="v"}``).
 SELECTOR_LABELS = ("stage",)
@@ -66,6 +70,9 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
         "ttft": ("refstack:time_to_first_token_seconds",),
         "tpot": ("refstack:time_per_output_token_seconds",),
         "e2e": ("refstack:e2e_request_latency_seconds",),
+        "encode_queue": ("refstack:request_encode_queue_time_seconds",),
+        "encode": ("refstack:request_encode_time_seconds",),
+        "encode_transfer": ("refstack:request_encode_transfer_time_seconds",),
     },
 }
 

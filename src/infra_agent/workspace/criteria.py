@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 _HIGHER_BETTER = frozenset({"request_throughput", "output_throughput", "total_token_throughput", "request_goodput", "completed"})
 _LOWER_BETTER = frozenset({"duration", "failed"})
-_LATENCY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+# ``text_only_`` / ``image_``: a multimodal window's requests apart (serving/metrics.py).
+_LATENCY = re.compile(r"^(?:text_only_|image_)?(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 
 
 _COUNTS = frozenset({"total_input_tokens", "total_output_tokens"})  # result keys with no better direction
@@ -29,7 +30,7 @@ _COUNTS = frozenset({"total_input_tokens", "total_output_tokens"})  # result key
 _LATENCY_EXAMPLES = tuple(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
                           for s in ("mean", "median", "std", "p50", "p90", "p95", "p99"))
 METRIC_FORMS = ("request_throughput, output_throughput, total_token_throughput, request_goodput, completed, failed, "
-                "duration, total_input_tokens, total_output_tokens, (mean|median|std|pNN)_(ttft|tpot|itl|e2el)_ms")
+                "duration, total_input_tokens, total_output_tokens, [text_only_|image_](mean|median|std|pNN)_(ttft|tpot|itl|e2el)_ms")
 
 
 def metric_direction(metric: str) -> Literal["higher", "lower"] | None:

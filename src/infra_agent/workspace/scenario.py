@@ -61,7 +61,25 @@ class SharedPrefixDataset(_Strict):
     seed: int = 0
 
 
-Dataset = Annotated[RandomDataset | JsonlDataset | SharedPrefixDataset, Field(discriminator="kind")]
+class RandomMMDataset(_Strict):
+    """Random text plus seeded random images per request, like vLLM's ``random-mm``
+    (serving/mm_dataset.py); ``text_only_ratio`` of the requests carry no image.  Sent
+    as chat content parts: use ``endpoint: chat``."""
+
+    kind: Literal["random_mm"]
+    input_len: int = Field(gt=0)
+    output_len: int = Field(gt=0)
+    range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    seed: int = 0
+    base_items_per_request: int = Field(1, ge=0)
+    num_mm_items_range_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    limit_mm_per_prompt: int = Field(255, ge=0)
+    # "HEIGHTxWIDTH": probability (vLLM's {(height, width, 1): probability}).
+    bucket_config: dict[str, float] = Field(default_factory=lambda: {"256x256": 1.0})
+    text_only_ratio: float = Field(0.0, ge=0.0, le=1.0)
+
+
+Dataset = Annotated[RandomDataset | JsonlDataset | SharedPrefixDataset | RandomMMDataset, Field(discriminator="kind")]
 
 
 class Slo(_Strict):

@@ -115,6 +115,7 @@ class DisaggEngine:
             ready.recv()
             for role in ("prefill", "decode"):
                 self.workers[role] = _Worker(ctx, role, config, self.store_path)
+            self._start_more_workers(ctx)  # --disagg epd: its encode workers start alongside
             for w in self.workers.values():
                 if not w.conn.poll(START_TIMEOUT_S):
                     raise RuntimeError(f"the {w.role} worker did not start")
@@ -130,6 +131,10 @@ class DisaggEngine:
         self.num_running = 0
         self.num_slots_used = 0
         self._num_waiting = 0
+
+    def _start_more_workers(self, ctx: Any) -> None:
+        """Start workers beyond prefill and decode into ``self.workers`` (a subclass's); each
+        must answer ``("ready", info)`` first, and is then read, watched and stopped as they are."""
 
     # ---- the engine's interface ----------------------------------------------------------
     @property

@@ -136,6 +136,9 @@ def worker_main(role: str, config: EngineConfig, conn: Any, store_path: str) -> 
         with lock:
             conn.send(msg)
 
+    from refstack.encode.handoff import EmbeddingFetcher
+
+    fetcher = EmbeddingFetcher(store_path)
     cls = PrefillEngine if role == "prefill" else DecodeEngine
     engine = cls(config, send, store_path)
     engine.start()
@@ -149,9 +152,10 @@ def worker_main(role: str, config: EngineConfig, conn: Any, store_path: str) -> 
                 break  # the front end is gone
             op = msg[0]
             if op == "add":
-                _, rid, prompt_ids, params = msg
+                _, rid, prompt_ids, params, *images = msg  # images: --disagg epd's embeddings in the store
                 try:
-                    engine.add_request(prompt_ids, params, engine.sink_for(params), request_id=rid)
+                    mm = fetcher.fetch(rid, images[0]) if images else None
+                    engine.add_request(prompt_ids, params, engine.sink_for(params), request_id=rid, mm=mm)
                 except Exception as exc:  # noqa: BLE001 - reported to the front end, which fails the request
                     log.warning("cannot queue %s: %s", rid, exc)
                     send(("failed", rid))

@@ -133,6 +133,11 @@ class EngineConfig:
     # single-process engine) and the precision of the sharded projection GEMMs on every rank.
     tp: int = 1
     tp_gemm_precision: str = "fp32"
+    # Images (refstack.encode): encode worker processes under --disagg epd, the most images
+    # one encoder forward takes, and the encoder cache's size in images (0: no cache).
+    encode_workers: int = 1
+    encode_batch_size: int = 8
+    encode_cache_size: int = 256
 
     def __post_init__(self) -> None:
         assert self.max_running >= 1, "max_running must be >= 1"
@@ -158,6 +163,7 @@ class EngineConfig:
         assert self.kda_state_dtype in KDA_STATE_DTYPES, self.kda_state_dtype
         assert self.tp >= 1, "tp must be >= 1"
         assert self.tp_gemm_precision in TP_GEMM_PRECISIONS, self.tp_gemm_precision
+        assert self.encode_workers >= 1 and self.encode_batch_size >= 1 and self.encode_cache_size >= 0
 
     @property
     def slots(self) -> int:

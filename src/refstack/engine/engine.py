@@ -103,6 +103,7 @@ class Engine:
         self._num_waiting = 0  # inbox + scheduler queue, kept under the lock for max_waiting
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._inline_encoder: Any = None  # refstack.encode.inline.InlineEncoder, on the first image
         # Read by /metrics from other threads; written once per step by the loop thread.
         self.num_running = 0
         self.num_slots_used = 0
@@ -115,13 +116,15 @@ class Engine:
         return self._num_waiting
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, sink: Sink,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, mm: Any = None) -> str:
+        """Queue a request; ``mm``: its images (``refstack.encode.mm.MMInput``), encoded
+        at admission unless they come with their embeddings."""
         assert len(prompt_ids) >= 1, "a prompt needs at least one token"
         rid = request_id or f"req-{next(self._ids)}"
         # Unseeded requests still get a distinct, reproducible stream per engine seed.
         seed = params.seed if params.seed is not None else zlib.crc32(f"{self.config.seed}:{rid}".encode())
         req = Request(rid, list(prompt_ids), params, make_generator(seed), sink,
-                      self.tokenizer.stream_decoder())
+                      self.tokenizer.stream_decoder(), mm=mm)
         with self._wake:
             if self._num_waiting >= self.config.max_waiting:
                 raise QueueFullError(f"{self._num_waiting} requests already waiting (max_waiting)")
@@ -217,6 +220,8 @@ class Engine:
             # ``schedule`` is everything up to the first forward: the scheduler, admissions,
             # the published counts and the batch's order (and, traced, its shape).
             out = self.scheduler.schedule()
+            if any(r.mm is not None for r in out.admitted):
+                self._encode_admitted(out.admitted)
             for req in out.admitted:
                 self._on_admitted(req)
             with self._lock:
@@ -259,13 +264,24 @@ class Engine:
                                    *d_shape, *p_shape))
         return True
 
+    def _encode_admitted(self, admitted: list[Request]) -> None:
+        """Encode the images of the requests admitted this step, here on the engine thread
+        (inline encode: every request of the step waits for it); built on first use."""
+        if self._inline_encoder is None:
+            from refstack.encode.inline import InlineEncoder
+
+            self._inline_encoder = InlineEncoder(self.config, self.model.config)
+        self._inline_encoder.encode([r for r in admitted if r.mm is not None])
+
     def _on_admitted(self, req: Request) -> None:
         """A waiting request just took ``req.slot``: clear the slot's recurrent state."""
         self.cache.reset_slot(req.slot)
 
     def _forward(self, chunks: list[ScheduledChunk]) -> list[tuple[ScheduledChunk, torch.Tensor]]:
         logits = self._run_model(
-            chunks, [SeqChunk(slot=c.request.slot, token_ids=c.token_ids, start_pos=c.start_pos) for c in chunks])
+            chunks, [SeqChunk(slot=c.request.slot, token_ids=c.token_ids, start_pos=c.start_pos,
+                              embeds=None if c.request.mm is None else
+                              c.request.mm.chunk_embeds(c.start_pos, len(c.token_ids))) for c in chunks])
         ready = []
         prompt_done = 0
         for i, c in enumerate(chunks):
@@ -365,13 +381,13 @@ class Engine:
 
     # ---- consumers --------------------------------------------------------------
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
-               request_id: str | None = None) -> RequestStream:
+               request_id: str | None = None, mm: Any = None) -> RequestStream:
         """Queue a request for an asyncio consumer (call on the event loop's thread).
 
         Raises ``QueueFullError`` at once, before any response is started.
         """
         stream = RequestStream(self, asyncio.get_running_loop())
-        stream.request_id = self.add_request(prompt_ids, params, stream.sink, request_id)
+        stream.request_id = self.add_request(prompt_ids, params, stream.sink, request_id, mm)
         return stream
 
     def generate(self, prompts: Sequence[Sequence[int]],

@@ -11,7 +11,7 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -50,6 +50,11 @@ class RequestStats:
     decode_time: float  # first token -> finished
     ttft: float  # arrival -> first token
     e2e: float  # arrival -> finished
+    # Requests with images (refstack.encode): arrival -> encode start, the encoder's time,
+    # and the embeddings' way to the prefill engine (0 inline); None without images.
+    encode_queue_time: float | None = None
+    encode_time: float | None = None
+    encode_transfer_time: float | None = None
 
 
 Sink = Callable[[RequestOutput], None]
@@ -83,6 +88,9 @@ class Request:
     scheduled_at: float = 0.0
     first_token_at: float = 0.0
     finished_at: float = 0.0
+    # refstack.encode.mm.MMInput for a request with images (its placeholder offsets and
+    # embeddings, and the encode phase's timings); None for text.
+    mm: Any = None
 
     def __post_init__(self) -> None:
         self.stop_matcher = StopMatcher(self.params.stop)
@@ -116,4 +124,5 @@ class Request:
             decode_time=self.finished_at - first,
             ttft=first - self.arrival,
             e2e=self.finished_at - self.arrival,
+            **(self.mm.phase_times() if self.mm is not None else {}),
         )

@@ -27,6 +27,9 @@ class SeqChunk:
     slot: int
     token_ids: Sequence[int]
     start_pos: int
+    # Image embeddings that replace some of these tokens' embeddings: (offsets in the
+    # chunk, rows [k, hidden]); see refstack.encode.mm.
+    embeds: tuple[Tensor, Tensor] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,9 @@ class ForwardBatch:
     last_token_index: Tensor  # [num_chunks] stream index of each chunk's last token, chunk order
     # Filled by the model once per forward, shared by all attention layers.
     rope: tuple[Tensor, Tensor] | None = field(default=None)
+    # Stream rows whose token embedding is replaced (image tokens), and the rows put there.
+    embed_rows: Tensor | None = field(default=None)
+    embed_values: Tensor | None = field(default=None)
     _sequences: Sequences | None = field(default=None, init=False, repr=False)
 
     @property
@@ -198,6 +204,7 @@ class ForwardBatch:
             spans.append(PrefillSpan(c.slot, c.start_pos, begin, len(ids)))
             last[i] = len(ids) - 1
 
+        embed_rows, embed_values = _embeds(chunks, decode + prefill, last)
         dec_slots = [chunks[i].slot for i in decode]
         dec_pos = [chunks[i].start_pos for i in decode]
         slot_range = None
@@ -219,7 +226,24 @@ class ForwardBatch:
             prefills=spans,
             padded_prefill=PaddedPrefill.build(spans) if len(spans) > 1 else None,
             last_token_index=torch.tensor(last, dtype=torch.long),
+            embed_rows=embed_rows,
+            embed_values=embed_values,
         )
+
+
+def _embeds(chunks: Sequence[SeqChunk], order: list[int], last: list[int]) -> tuple[Tensor | None, Tensor | None]:
+    """The stream rows of the chunks' spliced embeddings (a chunk's tokens are the rows
+    ``last - n + 1 .. last``), and the embeddings, in one tensor each; None when none."""
+    rows: list[Tensor] = []
+    values: list[Tensor] = []
+    for i in order:
+        e = chunks[i].embeds
+        if e is not None:
+            rows.append(e[0] + (last[i] - len(chunks[i].token_ids) + 1))
+            values.append(e[1])
+    if not rows:
+        return None, None
+    return torch.cat(rows), torch.cat(values)
 
 
 def _to_device(tensors: list[Tensor], device: torch.device) -> list[Tensor]:

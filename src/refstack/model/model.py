@@ -180,6 +180,9 @@ class HybridModel(nn.Module):
         with tracing.span("model.forward", cat="model", num_chunks=len(chunks), tokens=batch.num_tokens):
             batch.rope = (self.rope_cos[batch.positions], self.rope_sin[batch.positions])
             x = self.embed(batch.token_ids)
+            if batch.embed_rows is not None and batch.embed_values is not None:
+                # Image tokens: the encoder's rows replace the placeholder's embedding.
+                x = x.index_copy(0, batch.embed_rows.to(x.device), batch.embed_values.to(x.device, x.dtype))
             for layer in self.layers:
                 x = layer(x, batch, cache)
             # Only each chunk's last position needs logits: the LM head is the widest matmul.

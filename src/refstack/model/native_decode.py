@@ -155,7 +155,8 @@ class NativeDecoder:
     # ------------------------------------------------------------------ the step
     def takes(self, batch: ForwardBatch) -> bool:
         # A forced MoE layout (a test or an experiment on torch's experts) runs the module path.
-        return batch.num_decode == batch.num_tokens > 0 and all(m.dispatch_layout == "auto" for m in self._moes)
+        # A batch with image embeddings spliced in runs the module path, which splices them.
+        return batch.num_decode == batch.num_tokens > 0 and batch.embed_rows is None and all(m.dispatch_layout == "auto" for m in self._moes)
 
     def forward(self, batch: ForwardBatch, cache: ModelCache) -> Tensor:
         """Next-token logits [B, vocab] for a decode-only batch (distinct slots, any order)."""

@@ -61,12 +61,13 @@ def _tensor_parallel(config: EngineConfig, model: Any,
 
 
 def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, disagg: bool = False,
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, disagg: bool | str = False,
                on_failure: Callable[[str], None] | None = None) -> FastAPI:
     """Build a server app; ``model``/``tokenizer`` default to the config's preset.
 
-    ``disagg``: serve through a prefill and a decode worker process (``refstack.disagg``);
-    they start here, and ``on_failure`` is called if one dies while serving."""
+    ``disagg``: serve through a prefill and a decode worker process (``refstack.disagg``),
+    and with ``"epd"`` encode workers too (``refstack.encode.frontend``); they start here,
+    and ``on_failure`` is called if one dies while serving."""
     start_tracing(config)  # in memory: /debug/trace serves it; INFRA_AGENT_TRACE adds the file
     model_name = f"refstack-{config.preset}"
     metrics = EngineMetrics(model_name)
@@ -80,12 +81,21 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
         from refstack.engine.device import resolve_placement
 
         resolve_placement(config, disagg=True)  # PlacementError: the workers run on the CPU only
-        engine = DisaggEngine(config, observer=metrics, on_failure=on_failure)
+        if disagg == "epd":
+            from refstack.encode.frontend import EPDEngine
+
+            engine = EPDEngine(config, observer=metrics, on_failure=on_failure)
+        else:
+            engine = DisaggEngine(config, observer=metrics, on_failure=on_failure)
+            # Its prefill worker gets no encoder input: images are served inline or with --disagg epd.
+            engine.images_unsupported = "--disagg true has no encode stage; serve with --disagg epd"
     else:
         if uses_tp(config):
             config, tp_model = _tensor_parallel(config, model, on_failure)
             model = tp_model
         engine = LogprobEngine(config, model=model, tokenizer=tokenizer, observer=metrics)
+        if tp_model is not None:  # the TP ranks' step takes no image embeddings
+            engine.images_unsupported = "tensor parallelism (--tp) takes no image embeddings; serve with --tp 1"
     metrics.bind(engine)
 
     @asynccontextmanager

@@ -43,6 +43,14 @@ class EngineMetrics:
         self.e2e = hist("refstack:e2e_request_latency_seconds", "Time from arrival to finish.").labels(**lbl)
         self.tpot = hist("refstack:time_per_output_token_seconds",
                          "Mean time per output token after the first, one sample per request.").labels(**lbl)
+        # Requests with images only (refstack.encode): arrival -> encode start, the encoder,
+        # the embeddings' way to the prefill engine (0 when encoded inline).
+        self.encode_queue_time = hist("refstack:request_encode_queue_time_seconds",
+                                      "Image requests: time from arrival to the encoder starting on them.").labels(**lbl)
+        self.encode_time = hist("refstack:request_encode_time_seconds",
+                                "Image requests: time in the vision encoder.").labels(**lbl)
+        self.encode_transfer_time = hist("refstack:request_encode_transfer_time_seconds",
+                                         "Image requests: time moving embeddings to the prefill engine.").labels(**lbl)
         self.prompt_tokens = Counter("refstack:prompt_tokens", "Prefilled prompt tokens.", LABELS,
                                      registry=self.registry).labels(**lbl)
         self.generation_tokens = Counter("refstack:generation_tokens", "Generated tokens.", LABELS,
@@ -83,6 +91,10 @@ class EngineMetrics:
         self.decode_time.observe(stats.decode_time)
         self.ttft.observe(stats.ttft)
         self.e2e.observe(stats.e2e)
+        if stats.encode_time is not None:
+            self.encode_queue_time.observe(stats.encode_queue_time or 0.0)
+            self.encode_time.observe(stats.encode_time)
+            self.encode_transfer_time.observe(stats.encode_transfer_time or 0.0)
         if stats.completion_tokens > 1:
             self.tpot.observe(stats.decode_time / (stats.completion_tokens - 1))
 

@@ -26,6 +26,7 @@ from infra_agent import tracing
 from refstack.engine import Engine, QueueFullError, RequestOutput, SamplingParams
 from refstack.engine.consumers import RequestStream
 from refstack.model.tokenizer import UnencodableTextError
+from refstack.server.chat_images import chat_with_images
 from refstack.server.errors import APIError, bad_request, model_not_found
 from refstack.server.logprobs import (
     ChatLogprobs,
@@ -107,10 +108,14 @@ def register_openai_routes(app: FastAPI, engine: Engine, model_name: str) -> Non
     async def chat_completions(request: Request) -> Any:
         body = parse_body(await request.body(), ChatCompletionRequest)
         check_model(body)
-        try:
-            prompt_ids = tok.apply_chat_template([m.model_dump() for m in body.messages])
-        except UnencodableTextError as exc:
-            raise bad_request(f"'messages': {exc}", param="messages", code="invalid_value") from None
+        mm = None
+        if any(m.has_parts for m in body.messages):  # content parts: text and images (chat_images)
+            prompt_ids, mm = await chat_with_images(engine, body.messages)
+        else:
+            try:
+                prompt_ids = tok.apply_chat_template([m.model_dump() for m in body.messages])
+            except UnencodableTextError as exc:
+                raise bad_request(f"'messages': {exc}", param="messages", code="invalid_value") from None
         params = sampling_params(body, len(prompt_ids), engine.max_seq_len, None, "messages")
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         logprobs = ChatLogprobs(tok)
@@ -136,7 +141,7 @@ def register_openai_routes(app: FastAPI, engine: Engine, model_name: str) -> Non
                       "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                    "logprobs": None, "finish_reason": None}]}
         return await _respond(engine, request, body.stream, _include_usage(body), prompt_ids, params, chunk,
-                              role_chunk)
+                              role_chunk, mm)
 
 
 def _echoed(body: CompletionRequest, echo_text: str, prompt_ids: list[int], params: SamplingParams,
@@ -166,9 +171,9 @@ def _usage(out: RequestOutput) -> dict[str, int]:
 
 
 async def _respond(engine: Engine, request: Request, stream: bool, include_usage: bool, prompt_ids: list[int],
-                   params: SamplingParams, chunk: Chunk, first: dict[str, Any] | None) -> Any:
+                   params: SamplingParams, chunk: Chunk, first: dict[str, Any] | None, mm: Any = None) -> Any:
     try:
-        rs = engine.submit(prompt_ids, params)
+        rs = engine.submit(prompt_ids, params, mm=mm) if mm is not None else engine.submit(prompt_ids, params)
     except QueueFullError as exc:
         raise APIError(503, f"server busy: {exc}; retry later", type="server_overloaded", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None

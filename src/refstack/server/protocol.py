@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -201,10 +201,36 @@ class CompletionRequest(_Body):
         return self.echo and self.max_tokens == 0
 
 
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class ImageURL(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    url: str
+    detail: str | None = None  # OpenAI's resolution hint; one encoder resolution here
+
+
+class ImagePart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    # A string, or OpenAI's content parts: text, and images as data: URLs (refstack.encode).
+    content: str | list[ContentPart]
+
+    @property
+    def has_parts(self) -> bool:
+        return not isinstance(self.content, str)
 
 
 class ChatCompletionRequest(_Body):
