@@ -59,8 +59,10 @@ from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 _URL_LINE = re.compile(r"refstack serving on (http://\S+)")
-# Generous: the box is a shared, busy 2-core machine and the server imports torch.
-_START_TIMEOUT_S = 90.0
+# Generous: the box is a shared, busy 2-core machine and the server imports torch; a
+# disaggregated server starts up to five processes that each import it (EPD: 60-90 s seen
+# at load 16-32). A server that dies is noticed at once, so the limit costs nothing then.
+_START_TIMEOUT_S = 240.0
 
 
 @dataclass
