@@ -102,6 +102,7 @@ def _emit(events: Any, ev: dict[str, Any]) -> None:
 
 def run_experiment(spec: dict[str, Any], events: Any = None) -> dict[str, Any]:
     """The Ray task: ``spec`` as ``RayExecutor`` builds it; returns plain data for the driver."""
+    started = time.time()  # on the node's clock: the driver's timing of the task (ray_timing.py)
     exp: Experiment = spec["exp"]
     run_id = spec["run_id"]
     marker = f"{run_id}/{exp.id}"
@@ -137,12 +138,12 @@ def run_experiment(spec: dict[str, Any], events: Any = None) -> dict[str, Any]:
         feedbacks = [fb for side in ("candidate", "baseline") for runs in data[side].values() for fb in runs]
         feedbacks += list(data["checks"].values())
         return {"execution": data, "artifacts": collect_artifacts(feedbacks, root), "root": str(root), "node": node,
-                "cache": runner.new_cache_entries(set(cache))}
+                "cache": runner.new_cache_entries(set(cache)), "started": started, "ended": time.time()}
     except Exception as exc:  # noqa: BLE001 - a copy that would not unpack or load: the experiment's error, named here
         where = node.get("ip") or node.get("host")
         error = f"{exp.id} could not run on node {where} ({root}): {type(exc).__name__}: {exc}"
         return {"execution": execution_data(Execution(status="error", error=error)), "artifacts": {}, "root": str(root),
-                "node": node, "cache": []}
+                "node": node, "cache": [], "started": started, "ended": time.time()}
     finally:
         kill_marked(marker)
         shutil.rmtree(root, ignore_errors=True)
