@@ -112,7 +112,12 @@ def run_experiment(spec: dict[str, Any], events: Any = None) -> dict[str, Any]:
     # A lost attempt's servers die with their worker (parent-death signal); anything that
     # escaped carries the experiment's marker.
     kill_marked(marker)
+    cwd = os.getcwd()
     try:
+        # Nothing of the driver's machine is assumed here: the task, its probe workers and its
+        # servers run in the task's folder (a Ray worker starts in the folder its node was started in).
+        root.mkdir(parents=True, exist_ok=True)
+        os.chdir(root)
         copies: dict[str, Path] = {}
         sides: dict[str, Path] = {}
         for side, pack_id in spec["sides"].items():
@@ -146,6 +151,7 @@ def run_experiment(spec: dict[str, Any], events: Any = None) -> dict[str, Any]:
                 "node": node, "cache": [], "started": started, "ended": time.time()}
     finally:
         kill_marked(marker)
+        os.chdir(cwd)  # the worker process runs other tasks after this one
         shutil.rmtree(root, ignore_errors=True)
 
 
