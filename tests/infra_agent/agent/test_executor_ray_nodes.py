@@ -40,6 +40,7 @@ from infra_agent.agent.planner import Plan
 from infra_agent.feedback import Tier
 from infra_agent.ledger import Ledger
 from infra_agent.records import Experiment, Hypothesis, ProbeCall
+from infra_agent.report import render_markdown
 from infra_agent.workspace import load_workspace
 
 from .loop_workspace import make_workspace
@@ -317,8 +318,14 @@ def test_a_node_lost_mid_experiment_is_recorded_the_other_node_goes_on_and_resum
     assert resumed.returncode == 3, err[-3000:]
     assert json.loads(out)["status"] == "budget"
     with Ledger.for_workspace(ws["a"]) as ledger:
+        record = ledger.get_run(run["a"])
         a = {e.id: e for e in ledger.experiments(run["a"])}
         lost_after = ledger.get_state(run["a"], LOST_STATE)
+    # The report says where each experiment ran, and where e1 was lost first.
+    tree = {line.split("**")[1]: line for line in render_markdown(record, list(a.values())).splitlines()
+            if line.lstrip().startswith("- **e")}
+    assert f"(node {other_node[:8]}); lost before: " in tree["e1"] and f"(node {lost_node[:8]})" in tree["e1"], tree
+    assert " — on " in tree["e0"] and "lost before" not in tree["e0"], tree
     assert _query(ws["a"], "SELECT finished_at FROM experiments WHERE run_id=? AND id='e0'", run["a"]) == e0_a  # not re-run
     e1 = a["e1"]
     assert e1.status == "done" and e1.verdict is not None and e1.verdict.outcome == "supported", e1.error

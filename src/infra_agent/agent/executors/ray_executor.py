@@ -6,16 +6,20 @@
   on one node: the cheap gates, the kernel pair or the interleaved A/B, with both
   sides' servers started there, so an A/B's pairs share the node's drift.  Tasks are
   scheduled with Ray's ``SPREAD`` strategy, so successive experiments go to
-  different nodes; each asks for the CPUs and GPUs its target needs
-  (``ray_resources``, or ``--task-cpus`` / ``--task-gpus``).
+  different nodes; each asks for the CPUs and GPUs its target needs, and for a server
+  slot per server where the nodes declare slots (``ray_resources``, or
+  ``--task-cpus`` / ``--task-gpus``).  ``measure`` and ``execute`` may be called from
+  several threads: the driver prepares one task at a time, the tasks run side by side.
 - **The driver keeps what is durable.** Worktrees, diffs, the protected-path check
   and accepted commits happen here, as in the local executor (this class is one);
   the sides travel as packed workspace folders (``ray_ship``), results come back as
   plain data, and only this process writes the SQLite ledger.
 - **A lost worker is retried once** (``max_retries=1``): a second ``ray_attempt``
-  event from the task says the first attempt died; the loss goes to the progress
-  view, to the run's state in the ledger (``ray_lost_workers``) and to the
-  Feedback's ``meta["executor"]``.  A task lost twice is an ``error`` experiment;
+  event from the task says the first attempt died, and a node the cluster marks dead
+  says so sooner (``ray_nodes.node_alive``); the loss goes to the progress view, to
+  the run's state in the ledger (``ray_lost_workers``) and to the Feedback's
+  ``meta["executor"]``, which also names the node, the task's folder there and its
+  timing (``ray_nodes.task_timing``).  A task lost twice is an ``error`` experiment;
   what finished before it stays in the ledger.
 - **Clean-up**: Ctrl-C cancels the task (its worker is killed, and with it the probe
   worker and servers through their parent-death signal); ``cleanup`` then runs a
@@ -39,6 +43,7 @@ from infra_agent.agent.executors.local import LocalExecutor, _feedbacks
 from infra_agent.agent.executors.prompt_sets import block_size, windows_per_run
 from infra_agent.agent.executors.ray_nodes import (
     NODE_LOOK_S,
+    cluster_errors_to_stderr,
     head_affinity,
     node_alive,
     task_timing,
@@ -108,6 +113,7 @@ class RayExecutor(LocalExecutor):
                     self._unreachable = (f"cannot connect to the Ray cluster {where} (--address): {exc}"
                                          f"{_auth_hint(self.address)}")
                     raise InfraAgentError(self._unreachable) from None
+                cluster_errors_to_stderr()
         return ray
 
     def _queue(self) -> Any:

@@ -55,3 +55,23 @@ def task_timing(task: dict[str, Any], result: dict[str, Any], back: float) -> di
         out.update(to_start_s=started - task["packed"], run_s=ended - started, back_s=back - ended)
         out["overhead_s"] = out["pack_s"] + out["to_start_s"] + out["back_s"]
     return out
+
+
+def cluster_errors_to_stderr() -> None:
+    """Send the cluster's error messages that Ray's driver prints (a node's raylet that died,
+    with its log's tail) to stderr, where the run's progress goes.  Ray prints them on stdout
+    whatever ``log_to_driver`` says, and ``--json`` keeps stdout for the run record alone.
+    (``print_to_stdstream`` is Ray's internal printer; without it, nothing is changed.)"""
+    try:
+        from ray._private import worker
+    except ImportError:
+        return
+    original = getattr(worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "infra_agent_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> Any:
+        return original({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr.infra_agent_stderr = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr
