@@ -113,7 +113,7 @@ class RayExecutor(LocalExecutor):
                     self._unreachable = (f"cannot connect to the Ray cluster {where} (--address): {exc}"
                                          f"{_auth_hint(self.address)}")
                     raise InfraAgentError(self._unreachable) from None
-                cluster_errors_to_stderr()
+            cluster_errors_to_stderr()
         return ray
 
     def _queue(self) -> Any:
