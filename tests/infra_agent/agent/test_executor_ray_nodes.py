@@ -343,3 +343,35 @@ def test_a_node_lost_mid_experiment_is_recorded_the_other_node_goes_on_and_resum
     # No process of either run on any node; the surviving node's folders are gone too.
     assert marked_pids(run["a"] + "/") == [] and marked_pids(run["b"] + "/") == []
     assert not list(nodes.workers[other_node].rglob("attempt-*"))
+
+
+def test_server_slots_are_asked_for_where_the_cluster_declares_them() -> None:
+    from infra_agent.agent.executors.ray_resources import (
+        derive,
+        describe_nodes,
+        describe_request,
+        fits,
+        with_slots,
+    )
+    from infra_agent.workspace.models import Workspace
+
+    server = Workspace.model_validate({"target": {"kind": "server", "command": ["serve", "--port", "{port}"]}})
+    endpoint = Workspace.model_validate({"target": {"kind": "endpoint", "url": "http://127.0.0.1:9"}})
+    slotted = [{"NodeID": "aa" * 28, "Alive": True, "NodeManagerAddress": "10.0.0.7",
+                "Resources": {"CPU": 8.0, "GPU": 4.0, SLOT: 4.0}},
+               {"NodeID": "bb" * 28, "Alive": False, "NodeManagerAddress": "10.0.0.8",
+                "Resources": {"CPU": 8.0, SLOT: 8.0}}]
+    plain = [{"NodeID": "cc" * 28, "Alive": True, "Resources": {"CPU": 8.0}}]
+
+    def request(ws: Workspace, mode: Any, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+        return with_slots(ws, mode, derive(ws, mode, [{}, {}] if mode != "measure" else [{}]), nodes)
+
+    assert request(server, "ab", slotted)["resources"] == {SLOT: 2.0}  # both servers of an A/B, on one node
+    assert request(server, "measure", slotted)["resources"] == {SLOT: 1.0}
+    assert "resources" not in request(server, "pair", slotted)  # a kernel pair starts no server
+    assert "resources" not in request(endpoint, "ab", slotted)  # nor does an endpoint
+    assert "resources" not in request(server, "ab", plain)  # no node declares slots: CPUs and GPUs only
+    big = {"num_cpus": 2.0, "num_gpus": 0.0, "resources": {SLOT: 6.0}}
+    assert fits(request(server, "ab", slotted), slotted) and not fits(big, slotted)  # the dead node's 8 do not count
+    assert describe_request(big) == f"2 CPU and 0 GPU and 6 {SLOT}"
+    assert describe_nodes(slotted) == f"10.0.0.7 (aaaaaaaa): 8 CPU, 4 GPU, 4 {SLOT}"
