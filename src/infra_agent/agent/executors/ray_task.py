@@ -102,7 +102,7 @@ def _emit(events: Any, ev: dict[str, Any]) -> None:
 
 def run_experiment(spec: dict[str, Any], events: Any = None) -> dict[str, Any]:
     """The Ray task: ``spec`` as ``RayExecutor`` builds it; returns plain data for the driver."""
-    started = time.time()  # on the node's clock: the driver's timing of the task (ray_timing.py)
+    started = time.time()  # on the node's clock: the driver times the task by it (ray_nodes.task_timing)
     exp: Experiment = spec["exp"]
     run_id = spec["run_id"]
     marker = f"{run_id}/{exp.id}"
