@@ -40,7 +40,7 @@ from infra_agent.agent.planner import Plan
 from infra_agent.feedback import Tier
 from infra_agent.ledger import Ledger
 from infra_agent.records import Experiment, Hypothesis, ProbeCall
-from infra_agent.report import render_markdown
+from infra_agent.report import render_html, render_markdown
 from infra_agent.workspace import load_workspace
 
 from .loop_workspace import make_workspace
@@ -335,6 +335,8 @@ def test_a_node_lost_mid_experiment_is_recorded_the_other_node_goes_on_and_resum
             if line.lstrip().startswith("- **e")}
     assert f"(node {other_node[:8]}); lost before: " in tree["e1"] and f"(node {lost_node[:8]})" in tree["e1"], tree
     assert " — on " in tree["e0"] and "lost before" not in tree["e0"], tree
+    html = render_html(record, list(a.values()))
+    assert "ray node" in html and f"(node {other_node[:8]}); lost before: " in html
     assert _query(ws["a"], "SELECT finished_at FROM experiments WHERE run_id=? AND id='e0'", run["a"]) == e0_a  # not re-run
     e1 = a["e1"]
     assert _judged(e1) and e1.cost.e2e_runs == 6, e1.error  # the resumed attempt's own pairs only
