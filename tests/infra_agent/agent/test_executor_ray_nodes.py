@@ -330,13 +330,7 @@ def test_a_node_lost_mid_experiment_is_recorded_the_other_node_goes_on_and_resum
         record = ledger.get_run(run["a"])
         a = {e.id: e for e in ledger.experiments(run["a"])}
         lost_after = ledger.get_state(run["a"], LOST_STATE)
-    # The report says where each experiment ran, and where e1 was lost first.
-    tree = {line.split("**")[1]: line for line in render_markdown(record, list(a.values())).splitlines()
-            if line.lstrip().startswith("- **e")}
-    assert f"(node {other_node[:8]}); lost before: " in tree["e1"] and f"(node {lost_node[:8]})" in tree["e1"], tree
-    assert " — on " in tree["e0"] and "lost before" not in tree["e0"], tree
-    html = render_html(record, list(a.values()))
-    assert "ray node" in html and f"(node {other_node[:8]}); lost before: " in html
+    _report_names_the_nodes(record, list(a.values()), other_node, lost_node)
     assert _query(ws["a"], "SELECT finished_at FROM experiments WHERE run_id=? AND id='e0'", run["a"]) == e0_a  # not re-run
     e1 = a["e1"]
     assert _judged(e1) and e1.cost.e2e_runs == 6, e1.error  # the resumed attempt's own pairs only
@@ -377,3 +371,13 @@ def test_server_slots_are_asked_for_where_the_cluster_declares_them() -> None:
     assert fits(request(server, "ab", slotted), slotted) and not fits(big, slotted)  # the dead node's 8 do not count
     assert describe_request(big) == f"2 CPU and 0 GPU and 6 {SLOT}"
     assert describe_nodes(slotted) == f"10.0.0.7 (aaaaaaaa): 8 CPU, 4 GPU, 4 {SLOT}"
+
+
+def _report_names_the_nodes(record: Any, exps: list[Experiment], ran_on: str, lost_on: str) -> None:
+    """The report says where each experiment ran, and where e1 was lost first."""
+    tree = {line.split("**")[1]: line for line in render_markdown(record, exps).splitlines()
+            if line.lstrip().startswith("- **e")}
+    assert f"(node {ran_on[:8]}); lost before: " in tree["e1"] and f"(node {lost_on[:8]})" in tree["e1"], tree
+    assert " — on " in tree["e0"] and "lost before" not in tree["e0"], tree
+    html = render_html(record, exps)
+    assert "ray node" in html and f"(node {ran_on[:8]}); lost before: " in html
