@@ -177,7 +177,8 @@ def _card(x: ExperimentView) -> str:
     if not x.baseline:
         hyp.append(("as a gate", _code(x.hypothesis_gate)))
     probe = (_kv([("probe", _code(x.probe)), ("tier", badge(x.probe_tier)), ("reason", e(x.probe_reason) or "–")]
-                 + ([("config", _code(x.probe_config))] if x.probe_config else []))
+                 + ([("config", _code(x.probe_config))] if x.probe_config else [])
+                 + ([("ray node", e(x.node))] if x.node else []))
              if x.probe else '<p class="muted small">Not run.</p>')
     change = [f"<p>{e(x.description)}</p>" if x.description else "", f"<p>{_knobs(x.knobs)}</p>" if x.knobs else ""]
     if x.diff:

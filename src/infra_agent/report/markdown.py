@@ -168,8 +168,9 @@ def _tree_line(x: ExperimentView) -> str:
         verdict += f" {x.effect} {x.effect_interval}".rstrip()
     change = " + ".join(p for p in (_knobs(x.knobs), "diff" if x.diff else "") if p) or "no change"
     probe = f"{code(x.probe)} ({x.probe_tier})" if x.probe else "no probe"
+    on = f" — on {text(x.node)}" if x.node else ""
     return (f"{'  ' * x.depth}- **{text(x.id)}** #{x.seq}{' · ' + marks if marks else ''} — {outcome(x.status)} — "
-            f"{verdict} — {text(x.statement)} — {change} — {probe}")
+            f"{verdict} — {text(x.statement)} — {change} — {probe}{on}")
 
 
 def _probe(x: ExperimentView) -> str:

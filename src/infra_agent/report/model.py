@@ -121,6 +121,7 @@ class ExperimentView:
     findings: list[FindingView]
     more_findings: int
     noise: Noise  # the decision's interval width and the machine load during its windows
+    node: str = ""  # where a Ray task ran it (and any node lost on the way); "" on this machine
 
 
 @dataclass
@@ -263,6 +264,20 @@ def _probe_of(e: Experiment, s: Scrubber) -> tuple[str, str, str]:
             why + " + ".join(r for r in runs if r))
 
 
+def _node(e: Experiment, s: Scrubber) -> str:
+    """The Ray node that measured ``e`` (executors/ray_executor.py): address, node id, lost attempts."""
+    for fb in (e.feedback, e.baseline_feedback):
+        where = (fb.meta or {}).get("executor") if fb is not None else None
+        if not isinstance(where, dict) or where.get("name") != "ray":
+            continue
+        text = f"{where.get('node') or '?'} (node {str(where.get('node_id') or '?')[:8]})"
+        lost = [x for x in where.get("lost") or [] if isinstance(x, dict)]
+        if lost:
+            text += "; lost before: " + ", ".join(f"{x.get('node')} (node {str(x.get('node_id') or '?')[:8]})" for x in lost)
+        return s.text(text)
+    return ""
+
+
 def _effect(e: Experiment, s: Scrubber) -> tuple[str, str, str]:
     """The verdict's effect, its interval and what that interval is.  A count shows its move
     (``3 → 0``, exact), not a ratio-style ``0 [0, 0]`` that reads as "no change"."""
@@ -299,7 +314,7 @@ def _experiment_view(e: Experiment, depth: int, glyph: str, path: list[str], run
         best=bool(path) and e.id == path[-1],
         wall=fmt_duration(c.wall_s), tier=c.tier.value if c.tier else "", e2e_runs=c.e2e_runs,
         probe_runs=c.probe_runs, llm_tokens=c.llm_tokens, launches=c.launches, findings=findings, more_findings=more,
-        noise=noise_of(e, decision))
+        noise=noise_of(e, decision), node=_node(e, s))
 
 
 def build_model(run: RunRecord, experiments: list[Experiment]) -> ReportModel:

@@ -6,16 +6,20 @@
   on one node: the cheap gates, the kernel pair or the interleaved A/B, with both
   sides' servers started there, so an A/B's pairs share the node's drift.  Tasks are
   scheduled with Ray's ``SPREAD`` strategy, so successive experiments go to
-  different nodes; each asks for the CPUs and GPUs its target needs
-  (``ray_resources``, or ``--task-cpus`` / ``--task-gpus``).
+  different nodes; each asks for the CPUs and GPUs its target needs, and for a server
+  slot per server where the nodes declare slots (``ray_resources``, or
+  ``--task-cpus`` / ``--task-gpus``).  ``measure`` and ``execute`` may be called from
+  several threads: the driver prepares one task at a time, the tasks run side by side.
 - **The driver keeps what is durable.** Worktrees, diffs, the protected-path check
   and accepted commits happen here, as in the local executor (this class is one);
   the sides travel as packed workspace folders (``ray_ship``), results come back as
   plain data, and only this process writes the SQLite ledger.
 - **A lost worker is retried once** (``max_retries=1``): a second ``ray_attempt``
-  event from the task says the first attempt died; the loss goes to the progress
-  view, to the run's state in the ledger (``ray_lost_workers``) and to the
-  Feedback's ``meta["executor"]``.  A task lost twice is an ``error`` experiment;
+  event from the task says the first attempt died, and a node the cluster marks dead
+  says so sooner (``ray_nodes.node_alive``); the loss goes to the progress view, to
+  the run's state in the ledger (``ray_lost_workers``) and to the Feedback's
+  ``meta["executor"]``, which also names the node, the task's folder there and its
+  timing (``ray_nodes.task_timing``).  A task lost twice is an ``error`` experiment;
   what finished before it stays in the ledger.
 - **Clean-up**: Ctrl-C cancels the task (its worker is killed, and with it the probe
   worker and servers through their parent-death signal); ``cleanup`` then runs a
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,12 +41,21 @@ from infra_agent.agent.executors.base import Execution, OnEvent, Refusal
 from infra_agent.agent.executors.jobs import ProbeTimeout
 from infra_agent.agent.executors.local import LocalExecutor, _feedbacks
 from infra_agent.agent.executors.prompt_sets import block_size, windows_per_run
+from infra_agent.agent.executors.ray_nodes import (
+    NODE_LOOK_S,
+    cluster_errors_to_stderr,
+    head_affinity,
+    node_alive,
+    task_timing,
+)
 from infra_agent.agent.executors.ray_resources import (
     Mode,
     TaskResources,
     derive,
     describe_nodes,
+    describe_request,
     fits,
+    with_slots,
 )
 from infra_agent.agent.executors.ray_ship import pack, restore_artifacts
 from infra_agent.agent.executors.worktree import PatchRejected
@@ -81,55 +95,70 @@ class RayExecutor(LocalExecutor):
         self.lost: list[dict[str, Any]] = list(lost or [])  # every loss of this run (kept across resume)
         self._events: Any = None  # the progress queue the tasks write to (one actor, for the whole run)
         self._unreachable: str | None = None  # why connecting failed: the clean-up does not wait on it again
+        self._lock = threading.RLock()  # the connection, the queue, the inbox and the losses
+        self._prep = threading.Lock()  # the driver's preparation of a task: one at a time
+        self._inbox: dict[str, list[dict[str, Any]]] = {}  # experiment id -> its events taken from the queue
 
     # ------------------------------------------------------------ the cluster
 
     def connect(self) -> Any:
         ray = require_ray()
-        if not ray.is_initialized():
-            try:
-                ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
-                         logging_level=logging.WARNING)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                where = f"at {self.address}" if self.address else "(a new local instance)"
-                self._unreachable = f"cannot connect to the Ray cluster {where} (--address): {exc}{_auth_hint(self.address)}"
-                raise InfraAgentError(self._unreachable) from None
+        with self._lock:
+            if not ray.is_initialized():
+                try:
+                    ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                             logging_level=logging.WARNING)
+                except (ConnectionError, RuntimeError, ValueError) as exc:
+                    where = f"at {self.address}" if self.address else "(a new local instance)"
+                    self._unreachable = (f"cannot connect to the Ray cluster {where} (--address): {exc}"
+                                         f"{_auth_hint(self.address)}")
+                    raise InfraAgentError(self._unreachable) from None
+            cluster_errors_to_stderr()
         return ray
 
     def _queue(self) -> Any:
-        if self._events is None:
-            from ray.util.queue import Queue
+        with self._lock:
+            if self._events is None:
+                from ray.util.queue import Queue
 
-            self._events = Queue(actor_options={"num_cpus": 0})
-        return self._events
+                # On the head node: a worker node lost mid-run must not take every task's progress with it.
+                self._events = Queue(actor_options={"num_cpus": 0, **head_affinity(require_ray())})
+            return self._events
 
     def _options(self) -> dict[str, Any]:
         return {"pairs": self.pairs, "timeout_s": self.timeout_s, "check_timeout_s": self.check_timeout_s,
                 "percentiles": self.percentiles, "max_foreign_cpu": self.max_foreign_cpu}
 
     # ------------------------------------------------------------ the interface
+    # Both may be called from several threads at once (experiments on different nodes at once):
+    # what the driver prepares (worktrees, prompt-set blocks, packs) is prepared one at a time,
+    # and the tasks run side by side.
 
     def measure(self, exp: Experiment, scenarios: list[str], repeats: int, checks: list[str],
                 on_event: OnEvent | None = None, result_metrics: list[str] | None = None) -> Execution:
         def submit() -> Execution:
-            if exp.role == "baseline" and exp.base_commit is None:
-                exp.base_commit = self.base_commit()
-            side = self._measured_dir(exp)
-            # The node's windows draw from a block of the run's prompt sets, reserved here (prompt_sets.py).
-            first = self.prompt_sets.reserve(block_size(len(scenarios) * repeats, 1)) if scenarios else None
-            return self._submit("measure", exp, {"m": side}, [exp.knobs], on_event, scenarios=scenarios,
-                                repeats=repeats, checks=checks, result_metrics=result_metrics, first_prompt_set=first)
+            with self._prep:
+                if exp.role == "baseline" and exp.base_commit is None:
+                    exp.base_commit = self.base_commit()
+                side = self._measured_dir(exp)
+                # The node's windows draw from a block of the run's prompt sets, reserved here (prompt_sets.py).
+                first = self.prompt_sets.reserve(block_size(len(scenarios) * repeats, 1)) if scenarios else None
+                task = self._prepare("measure", exp, {"m": side}, [exp.knobs], scenarios=scenarios, repeats=repeats,
+                                     checks=checks, result_metrics=result_metrics, first_prompt_set=first)
+            return self._run(task, exp, on_event)
         return self._guarded(exp, submit)
 
     def execute(self, exp: Experiment, plan: Plan, best: Experiment, on_event: OnEvent | None = None) -> Execution:
         def submit() -> Execution:
-            a_dir, b_dir = self._sides(exp, best)  # worktrees and the protected-path check, here
-            first = None
-            if plan.mode == "ab":
-                first = self.prompt_sets.reserve(block_size(len(plan.scenarios) * self.pairs,
-                                                             windows_per_run(plan.probe.config)))
-            return self._submit(plan.mode, exp, {"a": a_dir, "b": b_dir}, [best.knobs, exp.knobs], on_event,
-                                plan=plan, best=_light(best), first_prompt_set=first)
+            with self._prep:
+                a_dir, b_dir = self._sides(exp, best)  # worktrees and the protected-path check, here
+                first = None
+                if plan.mode == "ab":
+                    first = self.prompt_sets.reserve(block_size(len(plan.scenarios) * self.pairs,
+                                                                 windows_per_run(plan.probe.config)))
+                task = self._prepare(plan.mode, exp, {"a": a_dir, "b": b_dir}, [best.knobs, exp.knobs], plan=plan,
+                                     best=_light(best), first_prompt_set=first)
+            return self._run(task, exp, on_event)
         return self._guarded(exp, submit)
 
     def _guarded(self, exp: Experiment, submit: Callable[[], Execution]) -> Execution:
@@ -149,18 +178,17 @@ class RayExecutor(LocalExecutor):
 
     # ------------------------------------------------------------ one task
 
-    def _submit(self, mode: Mode, exp: Experiment, sides: dict[str, Path], knobs: list[dict[str, Any]],
-                on_event: OnEvent | None, **extra: Any) -> Execution:
+    def _prepare(self, mode: Mode, exp: Experiment, sides: dict[str, Path], knobs: list[dict[str, Any]],
+                 **extra: Any) -> dict[str, Any]:
+        """The task's resource request and spec (the sides packed): refused here when no node can hold it."""
         ray = self.connect()
-        from infra_agent.agent.executors.ray_task import run_experiment
-
         resolved = [self.ws.resolve_knobs(k) for k in knobs]
-        request = derive(self.ws, mode, resolved, self.resources)
         nodes = ray.nodes()
+        request = with_slots(self.ws, mode, derive(self.ws, mode, resolved, self.resources), nodes)
         if not fits(request, nodes):
-            raise InfraAgentError(f"no node of the Ray cluster has {request['num_cpus']:g} CPU and {request['num_gpus']:g} "
-                                  f"GPU for {exp.id} ({describe_nodes(nodes)}): pass --task-cpus / --task-gpus, or add "
-                                  "a node that has them")
+            raise InfraAgentError(f"no node of the Ray cluster has {describe_request(request)} for {exp.id} "
+                                  f"({describe_nodes(nodes)}): pass --task-cpus / --task-gpus, or add a node that has them")
+        t0 = time.time()
         packs: dict[str, bytes] = {}
         ids: dict[str, str] = {}
         by_path: dict[str, str] = {}
@@ -177,19 +205,21 @@ class RayExecutor(LocalExecutor):
                 "cache": {} if self.fresh else {k: (first, fb.model_dump(mode="json"))
                                                 for k, (first, fb) in self._check_cache.items()},
                 "options": self._options(), **extra}
+        return {"request": request, "spec": spec, "t0": t0, "packed": time.time(),
+                "bytes": sum(len(b) for b in packs.values())}
+
+    def _run(self, task: dict[str, Any], exp: Experiment, on_event: OnEvent | None) -> Execution:
+        ray = self.connect()
+        from infra_agent.agent.executors.ray_task import run_experiment
+
         events = self._queue()
-        task = ray.remote(run_experiment).options(
+        remote = ray.remote(run_experiment).options(
             max_retries=1, retry_exceptions=False, scheduling_strategy="SPREAD", name=f"infra-agent {self.run_id}/{exp.id}",
-            **request)
-        ref = task.remote(spec, events)
+            **task["request"])
+        ref = remote.remote(task["spec"], events)
         attempts: list[dict[str, Any]] = []
         try:
-            while True:
-                done, _ = ray.wait([ref], timeout=0.25)
-                self._drain(events, exp, attempts, on_event)
-                if done:
-                    break
-            result = ray.get(ref)
+            result = self._wait(ray, ref, events, exp, attempts, on_event)
         except KeyboardInterrupt:
             ray.cancel(ref, force=True)  # kills the worker; its probe worker and servers follow it
             # Until it is gone: a worker still running could start a server after the clean-up.
@@ -197,43 +227,85 @@ class RayExecutor(LocalExecutor):
             raise
         except ray.exceptions.RayError as exc:
             self._drain(events, exp, attempts, on_event)
-            where = ", ".join(f"{a.get('ip') or a.get('host')} (pid {a.get('pid')})" for a in attempts) or "no node"
-            if attempts and not isinstance(exc, ray.exceptions.RayTaskError):  # a worker or node died, twice
-                self._lose(exp, attempts[-1], None, on_event)
+            where = ", ".join(f"{a.get('ip') or a.get('host')} (node {str(a.get('node_id'))[:8]}, pid {a.get('pid')})"
+                              for a in attempts) or "no node"
+            if attempts and not attempts[-1].get("lost") and not isinstance(exc, ray.exceptions.RayTaskError):
+                self._lose(exp, attempts[-1], None, on_event)  # a worker or node died, twice
             return Execution(status="error", error=f"the Ray task running {exp.id} failed after {len(attempts)} "
                                                    f"attempt(s), on {where}: {type(exc).__name__}: {_first_line(exc)}")
-        return self._result(exp, result, attempts)
+        finally:
+            with self._lock:
+                self._inbox.pop(exp.id, None)
+        return self._result(exp, result, attempts, task_timing(task, result, time.time()))
+
+    def _wait(self, ray: Any, ref: Any, events: Any, exp: Experiment, attempts: list[dict[str, Any]],
+              on_event: OnEvent | None) -> dict[str, Any]:
+        """The task's result; meanwhile its progress, and the loss of its node as soon as the
+        cluster says so (Ray re-queues the task; the retry's start may be long in coming on a
+        busy cluster)."""
+        next_look = time.monotonic() + NODE_LOOK_S
+        while True:
+            done, _ = ray.wait([ref], timeout=0.25)
+            self._drain(events, exp, attempts, on_event)
+            if done:
+                return ray.get(ref)  # type: ignore[no-any-return]
+            if attempts and time.monotonic() >= next_look:
+                next_look = time.monotonic() + NODE_LOOK_S
+                last = attempts[-1]
+                if not last.get("lost") and last.get("node_id") and not node_alive(ray, last["node_id"]):
+                    last["lost"] = True
+                    self._lose(exp, last, None, on_event, requeued=len(attempts) < 2)
 
     def _drain(self, events: Any, exp: Experiment, attempts: list[dict[str, Any]], on_event: OnEvent | None) -> None:
-        try:
-            batch = events.get_nowait_batch(events.qsize()) if events.qsize() else []
-        except Exception:  # noqa: BLE001 - the queue's actor died with its node: a new one for the next task
-            self._events = None
-            return
-        for ev in batch:
-            if ev.get("exp") != exp.id:
-                continue  # a late event of a task cancelled before this one
+        with self._lock:  # one queue for the run's tasks: each thread takes its own experiment's events
+            try:
+                batch = events.get_nowait_batch(events.qsize()) if events.qsize() else []
+            except Exception:  # noqa: BLE001 - the queue's actor died with its node: a new one for the next task
+                self._events, batch = None, []
+            for ev in batch:
+                self._inbox.setdefault(str(ev.get("exp")), []).append(ev)
+            mine = self._inbox.pop(exp.id, [])
+        for ev in mine:
             if ev.get("event") == "ray_attempt":
-                if attempts:
+                if attempts and attempts[-1].get("lost"):
+                    self._retried(exp, ev)  # its loss is recorded already (the node was seen gone)
+                elif attempts:
                     self._lose(exp, attempts[-1], ev, on_event)
                 attempts.append(ev)
             elif on_event is not None:
                 on_event(ev)
 
-    def _lose(self, exp: Experiment, lost: dict[str, Any], retry: dict[str, Any] | None, on_event: OnEvent | None) -> None:
+    def _lose(self, exp: Experiment, lost: dict[str, Any], retry: dict[str, Any] | None, on_event: OnEvent | None,
+              requeued: bool = False) -> None:
         """Record that the worker running ``exp`` was lost (and where it was retried)."""
         info = {"experiment": exp.id, "node": lost.get("ip") or lost.get("host"), "node_id": lost.get("node_id"),
                 "pid": lost.get("pid"), "at": time.time(),
-                "retried_on": (retry.get("ip") or retry.get("host")) if retry else None}
-        self.lost.append(info)
-        if self.record is not None:
-            self.record(LOST_STATE, self.lost)
+                "retried_on": (retry.get("ip") or retry.get("host")) if retry else None,
+                "retried_on_node_id": retry.get("node_id") if retry else None}
+        with self._lock:
+            self.lost.append(info)
+            if self.record is not None:
+                self.record(LOST_STATE, self.lost)
         if on_event is not None:
-            then = f"retrying it once on {info['retried_on']}" if retry else "not retried again"
+            then = (f"retrying it once on {info['retried_on']}" if retry else
+                    "re-queued: Ray retries it once on a node that fits" if requeued else "not retried again")
+            whose = "node" if requeued else "worker"
             on_event({"event": "probe", "probe": "ray", "ok": False,
-                      "error": f"the worker running {exp.id} on {info['node']} (pid {info['pid']}) was lost; {then}"})
+                      "error": f"the {whose} running {exp.id} on {info['node']} (node {str(info['node_id'])[:8]}, pid "
+                               f"{info['pid']}) was lost; {then}"})
 
-    def _result(self, exp: Experiment, result: dict[str, Any], attempts: list[dict[str, Any]]) -> Execution:
+    def _retried(self, exp: Experiment, retry: dict[str, Any]) -> None:
+        with self._lock:
+            for info in reversed(self.lost):
+                if info["experiment"] == exp.id:
+                    info["retried_on"] = retry.get("ip") or retry.get("host")
+                    info["retried_on_node_id"] = retry.get("node_id")
+                    break
+            if self.record is not None:
+                self.record(LOST_STATE, self.lost)
+
+    def _result(self, exp: Experiment, result: dict[str, Any], attempts: list[dict[str, Any]],
+                timing: dict[str, float]) -> Execution:
         data = result["execution"]
         feedbacks = [fb for side in ("candidate", "baseline") for runs in data[side].values() for fb in runs]
         feedbacks += list(data["checks"].values())
@@ -241,6 +313,8 @@ class RayExecutor(LocalExecutor):
         restore_artifacts(feedbacks, result["artifacts"], result["root"], self.jobs_dir / exp.id / "ray",
                           str(node.get("ip") or node.get("host")))
         where = {"name": "ray", "node": node.get("ip") or node.get("host"), "node_id": node.get("node_id"),
+                 "host": node.get("host"), "pid": node.get("pid"), "folder": result["root"],
+                 "started_at": result.get("started"), "ended_at": result.get("ended"), "timing": timing,
                  "attempts": max(len(attempts), 1), "lost": [x for x in self.lost if x["experiment"] == exp.id]}
         for fb in feedbacks:
             fb.setdefault("meta", {})["executor"] = where

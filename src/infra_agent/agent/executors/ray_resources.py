@@ -13,6 +13,13 @@ time.  Per server, the workspace says what it needs through its launch:
 
 ``--task-cpus`` / ``--task-gpus`` replace the derived numbers for every task (the
 derivation cannot see a server that spawns its own GPU workers, for instance).
+
+**Server slots.** A node may declare how many servers it holds at once with the custom
+resource ``server_slot`` (``ray start --resources '{"server_slot": 4}'``: one per GPU on a
+GPU node).  Where any live node declares it, each task of a server target also asks for
+one slot per server it keeps up (two for an A/B), so two experiments never share a
+server's GPU or cores, and only the nodes that declare slots run servers.  A cluster that
+declares none is scheduled on CPUs and GPUs alone.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Mode = Literal["ab", "pair", "measure"]
+SLOT = "server_slot"  # the custom resource a node declares per server it can hold at once
 
 # Knob names that say how many GPUs one server spans (vLLM, SGLang and refstack spellings).
 _TP_KNOBS = ("tensor_parallel_size", "tp_size", "tp")
@@ -71,20 +79,39 @@ def derive(ws: Any, mode: Mode, knobs: list[dict[str, Any]], override: TaskResou
     return {"num_cpus": cpus, "num_gpus": gpus}
 
 
-def fits(request: dict[str, float], nodes: list[dict[str, Any]]) -> bool:
+def with_slots(ws: Any, mode: Mode, request: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """``request`` plus the server slots the task holds, where the cluster declares any."""
+    if getattr(ws.target, "kind", None) != "server" or mode == "pair":  # a kernel pair starts no server
+        return request
+    if not any(n.get("Alive", True) and n.get("Resources", {}).get(SLOT, 0) > 0 for n in nodes):
+        return request
+    return {**request, "resources": {SLOT: 2.0 if mode == "ab" else 1.0}}
+
+
+def fits(request: dict[str, Any], nodes: list[dict[str, Any]]) -> bool:
     """Whether some live node of the cluster has the resources at all (a task that no node can
     ever hold would wait for ever)."""
+    wanted = {"CPU": request["num_cpus"], "GPU": request["num_gpus"], **request.get("resources", {})}
     for node in nodes:
         if not node.get("Alive", True):
             continue
         res = node.get("Resources", {})
-        if res.get("CPU", 0.0) >= request["num_cpus"] and res.get("GPU", 0.0) >= request["num_gpus"]:
+        if all(res.get(name, 0.0) >= amount for name, amount in wanted.items()):
             return True
     return False
 
 
+def describe_request(request: dict[str, Any]) -> str:
+    extra = "".join(f" and {v:g} {k}" for k, v in request.get("resources", {}).items())
+    return f"{request['num_cpus']:g} CPU and {request['num_gpus']:g} GPU{extra}"
+
+
 def describe_nodes(nodes: list[dict[str, Any]]) -> str:
     live = [n for n in nodes if n.get("Alive", True)]
-    parts = [f"{n.get('NodeManagerAddress', '?')}: {n.get('Resources', {}).get('CPU', 0):g} CPU, "
-             f"{n.get('Resources', {}).get('GPU', 0):g} GPU" for n in live]
+    parts = []
+    for n in live:
+        res = n.get("Resources", {})
+        slots = f", {res[SLOT]:g} {SLOT}" if res.get(SLOT) else ""
+        parts.append(f"{n.get('NodeManagerAddress', '?')} ({str(n.get('NodeID', '?'))[:8]}): {res.get('CPU', 0):g} CPU, "
+                     f"{res.get('GPU', 0):g} GPU{slots}")
     return "; ".join(parts) or "no live node"

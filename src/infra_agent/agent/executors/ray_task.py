@@ -102,6 +102,7 @@ def _emit(events: Any, ev: dict[str, Any]) -> None:
 
 def run_experiment(spec: dict[str, Any], events: Any = None) -> dict[str, Any]:
     """The Ray task: ``spec`` as ``RayExecutor`` builds it; returns plain data for the driver."""
+    started = time.time()  # on the node's clock: the driver times the task by it (ray_nodes.task_timing)
     exp: Experiment = spec["exp"]
     run_id = spec["run_id"]
     marker = f"{run_id}/{exp.id}"
@@ -111,7 +112,12 @@ def run_experiment(spec: dict[str, Any], events: Any = None) -> dict[str, Any]:
     # A lost attempt's servers die with their worker (parent-death signal); anything that
     # escaped carries the experiment's marker.
     kill_marked(marker)
+    cwd = os.getcwd()
     try:
+        # Nothing of the driver's machine is assumed here: the task, its probe workers and its
+        # servers run in the task's folder (a Ray worker starts in the folder its node was started in).
+        root.mkdir(parents=True, exist_ok=True)
+        os.chdir(root)
         copies: dict[str, Path] = {}
         sides: dict[str, Path] = {}
         for side, pack_id in spec["sides"].items():
@@ -137,14 +143,15 @@ def run_experiment(spec: dict[str, Any], events: Any = None) -> dict[str, Any]:
         feedbacks = [fb for side in ("candidate", "baseline") for runs in data[side].values() for fb in runs]
         feedbacks += list(data["checks"].values())
         return {"execution": data, "artifacts": collect_artifacts(feedbacks, root), "root": str(root), "node": node,
-                "cache": runner.new_cache_entries(set(cache))}
+                "cache": runner.new_cache_entries(set(cache)), "started": started, "ended": time.time()}
     except Exception as exc:  # noqa: BLE001 - a copy that would not unpack or load: the experiment's error, named here
         where = node.get("ip") or node.get("host")
         error = f"{exp.id} could not run on node {where} ({root}): {type(exc).__name__}: {exc}"
         return {"execution": execution_data(Execution(status="error", error=error)), "artifacts": {}, "root": str(root),
-                "node": node, "cache": []}
+                "node": node, "cache": [], "started": started, "ended": time.time()}
     finally:
         kill_marked(marker)
+        os.chdir(cwd)  # the worker process runs other tasks after this one
         shutil.rmtree(root, ignore_errors=True)
 
 
