@@ -54,7 +54,10 @@ def test_a_sigkilled_run_is_stale_in_ls_and_in_list_runs(tmp_path: Path) -> None
         assert run_id is not None, (proc.poll(), proc.stderr.read().decode()[-3000:] if proc.poll() is not None else "")
     finally:
         # The whole group: the run and the check workers it started.
-        os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         proc.wait(timeout=30)
     listed = subprocess.run([sys.executable, "-m", "infra_agent.cli.main", "ls", str(ws), "--json"],
                             capture_output=True, text=True, timeout=120, check=False)
