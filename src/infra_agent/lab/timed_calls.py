@@ -7,8 +7,8 @@ judge afterwards:
 
 - **started elsewhere** (another thread, another CUDA stream) and still running when the
   call returns: every batch ends with a device-wide synchronise (all streams), a copy of
-  the last call's outputs (taken inside the timed batch, so work still running shows as
-  a wrong output), and a look at the process's Python threads: one started since the
+  the last call's outputs (taken inside the timed batch, on the device, so work still
+  running shows as a wrong output), and a look at the process's Python threads: one started since the
   timing began and still alive is refused;
 - **deferred** (a lazy object computed when read): every timed call's outputs must be
   plain ``torch.Tensor`` objects; a subclass or another type is refused;
@@ -88,6 +88,7 @@ class TimedCalls:
     def _batch(self, calls: int) -> None:
         """``calls`` calls on the next pool inputs; the last one's outputs copied before the answer."""
         if calls < 1:
+            self._sync()  # a GPU spin alone is timed to its end too
             return
         last = None
         for _ in range(calls):
@@ -99,7 +100,9 @@ class TimedCalls:
         index, inputs, result = last
         picked = result if self.spec.outputs is None else self.spec.outputs(result, inputs)
         _plain(picked)
-        self.pending = (index, to_cpu(as_outputs(picked)))
+        # A copy on the device, taken now (work still running shows in it); it goes to the host
+        # only at the end, so a GPU batch's time does not include a transfer to the host.
+        self.pending = (index, {k: v.detach().clone() for k, v in as_outputs(picked).items()})
 
     def _spin(self, calls: int) -> None:
         """A GPU-side spin that outlasts the host's launches of ``calls`` calls."""
@@ -145,7 +148,7 @@ class TimedCalls:
             command = self.conn.recv_bytes()
             if command.split(b":")[0] == END:
                 self._keep(command.split(b":")[1] if b":" in command else b"0")
-                self.conn.send_bytes(pack(("outs", self.kept)))
+                self.conn.send_bytes(pack(("outs", [(i, to_cpu(outs)) for i, outs in self.kept])))
                 return
             try:
                 self._run(command)
