@@ -172,7 +172,7 @@ def time_candidate(workers: LabWorkers, job: dict[str, Any], key: Any, case: _Ca
     pool = pool_size(input_bytes(made.inputs))
     with candidate_faults(worker, kill_on_raised=True):
         stage(worker, job, key, made, device, timeout_s)
-        seeds = make_pool(workers, job, case, pool, timeout_s)
+        made_pool = make_pool(workers, job, case, pool, timeout_s)
         worker.send({**job, "op": "time", "key": key, "variant": variant, "precision": precision, "device": device,
                      "budget_s": budget_s, "method": method, "clock": "worker" if gpu else "judge"})
         # A GPU entry runs its whole timing loop before answering.
@@ -202,7 +202,7 @@ def time_candidate(workers: LabWorkers, job: dict[str, Any], key: Any, case: _Ca
             raise Garbled(f"unexpected message {kind!r}")
         kept = read_kept(body, pool)
         worker.done()
-    wrong = check_kept(workers, job, case, seeds, kept, variant, precision, timeout_s)
+    wrong = check_kept(workers, job, case, made_pool, kept, variant, precision, timeout_s)
     if wrong is None and gpu:
         wrong = gpu_clock_disagreement(timing.median_s, judge_s)
     if wrong is not None:

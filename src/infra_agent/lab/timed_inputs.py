@@ -51,8 +51,10 @@ def pool_size(nbytes: int) -> int:
     return max(MIN_POOL, min(MAX_POOL, POOL_BYTES // max(nbytes, 1)))
 
 
-def make_pool(workers: LabWorkers, job: dict[str, Any], case: _Case, n: int, timeout_s: float) -> list[int]:
-    """``n`` inputs made by the pristine worker and staged in the candidate's; returns their seeds."""
+def make_pool(workers: LabWorkers, job: dict[str, Any], case: _Case, n: int,
+              timeout_s: float) -> tuple[list[int], list[dict[str, Any]]]:
+    """``n`` inputs made by the pristine worker and staged in the candidate's; returns their seeds and
+    the judge's copy of them (the reference of a checked call is computed on that copy)."""
     taken = {case.seed, *(case.spec.seeds or [])}
     seeds = [s for s in draw_seeds(n + len(taken)) if s not in taken][:n]
     pristine = workers.pristine
@@ -74,7 +76,7 @@ def make_pool(workers: LabWorkers, job: dict[str, Any], case: _Case, n: int, tim
     if kind != "staged":
         raise Garbled(f"unexpected message {kind!r}")
     candidate.done()
-    return seeds
+    return seeds, body[0]
 
 
 def read_kept(body: list[Any], n: int) -> list[tuple[int, dict[str, torch.Tensor]]]:
@@ -104,15 +106,16 @@ def tolerance_for(case: _Case, variant: str, precision: str) -> Tolerance:
     return tol if variant == KERNEL else _summed(spec.partition_tolerance(spec.variant(variant), precision), tol)
 
 
-def check_kept(workers: LabWorkers, job: dict[str, Any], case: _Case, seeds: list[int], kept: list[Any], variant: str,
-               precision: str, timeout_s: float) -> str | None:
+def check_kept(workers: LabWorkers, job: dict[str, Any], case: _Case, pool: tuple[list[int], list[dict[str, Any]]],
+               kept: list[Any], variant: str, precision: str, timeout_s: float) -> str | None:
     """Why a timed call's kept outputs do not match the reference on its input, or None."""
     if not kept:
         return "no timed call's outputs came back to be checked"
     tol = tolerance_for(case, variant, precision)
+    seeds, inputs = pool
     for index, got in kept:
         on = _Case(case.spec, case.shape, case.dtype, seeds[index], case.device)
-        made = make_case(workers, {**job, "op": "make"}, on, [precision], timeout_s)
+        made = make_case(workers, {**job, "op": "reference", "inputs": inputs[index]}, on, [precision], timeout_s)
         assert made.truth is not None and made.expected is not None
         truth = to_device(made.truth, case.device) if case.device.startswith("cuda") else made.truth
         got = to_device(got, case.device) if case.device.startswith("cuda") else got

@@ -69,6 +69,9 @@ class _Pristine:
         if job["op"] == "pool":
             self._pool(spec, job)
             return
+        if job["op"] == "reference":
+            self._reference_on(spec, job)
+            return
         shape, dtype, seed, device = job["case"]
         case = _Case(spec, shape, dtype, seed, device)
         self.reply(("begin", "inputs"))
@@ -98,6 +101,20 @@ class _Pristine:
                 case = _Case(spec, shape, dtype, seed, device)
                 raise spec_error(spec, "input factory", f"raised {type(exc).__name__}: {exc} [{case.input_label()}]") from exc
         self.reply(("pool", pool))
+
+    def _reference_on(self, spec: KernelSpec, job: dict[str, Any]) -> None:
+        """The reference's outputs on inputs the judge sends back (a timed call's, from the pool
+        this worker made): the same bytes, even where the input factory is not deterministic."""
+        shape, dtype, seed, device = job["case"]
+        case = _Case(spec, shape, dtype, seed, device)
+        self.reply(("begin", "reference"))
+        try:
+            assert spec.reference is not None
+            truth = as_outputs(spec.reference(**_clone(to_device(job["inputs"], device))))
+        except Exception as exc:  # noqa: BLE001
+            raise spec_error(spec, "reference", f"raised {type(exc).__name__}: {exc} [{case.input_label()}]") from exc
+        expected = {p: _expected_dtypes(spec, dtype, p, list(truth)) for p in job["precisions"]}
+        self.reply(("made", None, to_cpu(truth), expected))
 
 
 class _Candidate:
