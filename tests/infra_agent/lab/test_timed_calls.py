@@ -27,20 +27,22 @@ from infra_agent.lab.timed_inputs import pool_size, read_kept
 from infra_agent.lab.wire import Garbled
 
 
-@pytest.mark.parametrize(("events_us", "judge_us"), [(100.0, 60.0), (100.0, 100.0), (100.0, 190.0), (3.0, 7.0)])
-def test_events_that_agree_with_the_judges_clock_stand(events_us: float, judge_us: float) -> None:
-    # Warm back-to-back calls (the judge) may read less than cold events; a little more is noise,
-    # and a few microseconds more on a tiny kernel is the slack.
-    assert gpu_clock_disagreement(events_us * 1e-6, judge_us * 1e-6) is None
+# (events, judge, k): honest readings seen on an H100 (a 64^3, 512^3 and 2048^3 float32 GEMM).
+@pytest.mark.parametrize(("events_us", "judge_us", "k"), [(7.17, 5.44, 280), (17.55, 17.60, 10), (17.42, 18.73, 10),
+                                                          (346.0, 367.5, 1), (346.1, 387.1, 1), (100.0, 140.0, 1)])
+def test_events_that_agree_with_the_judges_clock_stand(events_us: float, judge_us: float, k: int) -> None:
+    # Warm back-to-back calls (the judge) may read less than cold events; a little more is noise.
+    assert gpu_clock_disagreement(events_us * 1e-6, judge_us * 1e-6, k) is None
 
 
-@pytest.mark.parametrize(("events_us", "judge_us", "why"), [
-    (10.0, 100.0, "a tenth: elapsed_time patched"),
-    (1.0, 300.0, "work on a side stream the events do not wait for"),
-    (40.0, 40.0 * GPU_CLOCK_BOUND + 5.0, "just past the bound"),
+# Cheats seen on the same H100: elapsed_time reading a tenth, and the product on a side stream.
+@pytest.mark.parametrize(("events_us", "judge_us", "k", "why"), [
+    (0.71, 5.37, 280, "a tenth, on a 5 us kernel"), (34.84, 340.44, 1, "a tenth, on a 340 us kernel"),
+    (2.03, 5.48, 682, "a side stream, on a 5 us kernel"), (1.89, 378.77, 1, "a side stream, on a 340 us kernel"),
+    (40.0, 40.0 * GPU_CLOCK_BOUND + 1.0, 100, "just past the bound"),
 ])
-def test_events_far_below_the_judges_clock_are_refused(events_us: float, judge_us: float, why: str) -> None:
-    msg = gpu_clock_disagreement(events_us * 1e-6, judge_us * 1e-6)
+def test_events_far_below_the_judges_clock_are_refused(events_us: float, judge_us: float, k: int, why: str) -> None:
+    msg = gpu_clock_disagreement(events_us * 1e-6, judge_us * 1e-6, k)
     assert msg is not None and msg.startswith("refused:") and "judge's own clock" in msg, (why, msg)
     assert f"{events_us:.2f} µs" in msg and f"{judge_us:.2f} µs" in msg, msg
 
@@ -77,7 +79,7 @@ def reference(a, b):
 
 SPEC = KernelSpec(name="mm", kernel=mm, reference=reference, inputs=inputs, shapes=[{"M": 64, "K": 64, "N": 64}],
                   precisions=("fp32",), tolerances={"fp32": Tolerance(rel_fro=1e-4)}, seeds=[3], timeout_s=120,
-                  bench_shapes=[{"M": 2048, "K": 2048, "N": 2048}], gpu_only_precisions=())
+                  bench_shapes=[{"M": SIZE, "K": SIZE, "N": SIZE}])
 '''
 HONEST = "def mm(a, b, *, precision='fp32'):\n    return a @ b\n"
 TENTH = '''
@@ -106,11 +108,11 @@ def mm(a, b, *, precision="fp32"):
 _TAGS = itertools.count()
 
 
-def _bench_entry(tmp_path: Path, kernel: str) -> dict:
+def _bench_entry(tmp_path: Path, kernel: str, size: int) -> dict:
     tag = f"{os.getpid()}_{next(_TAGS)}"
     folder = tmp_path / f"spec{tag}"
     folder.mkdir()
-    (folder / "spec.py").write_text(SPEC.replace("TAG", tag))
+    (folder / "spec.py").write_text(SPEC.replace("TAG", tag).replace("SIZE", str(size)))
     (folder / f"gpu_kernel_{tag}.py").write_text(kernel)
     (spec,) = load_specs(folder / "spec.py")
     report = bench_spec(spec, device="cuda", budget_s=0.3, timeout_s=120)
@@ -120,18 +122,24 @@ def _bench_entry(tmp_path: Path, kernel: str) -> dict:
     return entry.to_dict()
 
 
+# A GEMM of about 5 us (launch-bound: the judge times hundreds of calls) and one of about 350 us.
+SIZES = [64, 2048]
+
+
 @pytest.mark.gpu
-def test_the_honest_kernel_agrees_with_the_judges_clock(tmp_path: Path) -> None:
-    entry = _bench_entry(tmp_path, HONEST)
+@pytest.mark.parametrize("size", SIZES)
+def test_the_honest_kernel_agrees_with_the_judges_clock(tmp_path: Path, size: int) -> None:
+    entry = _bench_entry(tmp_path, HONEST, size)
     assert entry["status"] == "timed", entry
     notes = entry["timing"]["notes"]
     assert any("the judge's clock:" in n for n in notes), notes
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize(("name", "kernel"), [("elapsed_time reads a tenth", TENTH), ("a side stream", SIDE_STREAM)])
-def test_a_gpu_clock_the_candidate_fools_is_refused(tmp_path: Path, name: str, kernel: str) -> None:
-    entry = _bench_entry(tmp_path, kernel)
+def test_a_gpu_clock_the_candidate_fools_is_refused(tmp_path: Path, name: str, kernel: str, size: int) -> None:
+    entry = _bench_entry(tmp_path, kernel, size)
     assert entry["status"] == "failed" and entry["timing"] is None, (name, entry)
     assert "refused: the GPU clock in the candidate's worker" in entry["message"], (name, entry["message"])
 
