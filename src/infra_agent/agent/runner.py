@@ -129,6 +129,9 @@ def make_proposer(opts: RunOptions, ledger: Ledger | None, run_id: str, protecte
 
 def preflight(ws: Workspace, opts: RunOptions) -> Proposer:
     """Every check that needs no server and no ledger; returns the proposer they built."""
+    from infra_agent.agent.run_files import protect_playbook
+
+    protect_playbook(ws, opts.playbook)
     check_scenarios(ws, opts.scenarios)
     check_target_command(ws)
     from infra_agent.agent.executors.factory import check_executor
@@ -219,6 +222,9 @@ def _drive(ws: Workspace, ledger: Ledger, run: RunRecord, console: Console | Non
            proposer: Proposer | None = None) -> RunRecord:
     opts = RunOptions.model_validate({k: v for k, v in run.options.items() if k in RunOptions.model_fields})
     from infra_agent.agent.executors.factory import make_executor
+    from infra_agent.agent.run_files import protect_playbook
+
+    protect_playbook(ws, opts.playbook)  # before the executor and the proposer read the protected paths
 
     executor = make_executor(ws, run.id, opts, ledger)
     try:

@@ -19,6 +19,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the runs as a JSON list (newest first)."),
     ) -> None:
         """List the runs in a workspace's ledger."""
+        from infra_agent.agent.run_status import first_line, is_stale
+
         with user_errors(as_json):
             root = workspace_root(workspace)
             db = root / LEDGER_REL
@@ -29,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
                 with Ledger(db) as ledger:
                     rows = [(r, ledger.experiments(r.id)) for r in ledger.list_runs()]
-                    stale = {r.id for r, _ in rows if _is_stale(ledger, r)}
+                    stale = {r.id for r, _ in rows if is_stale(ledger, r)}
 
         def render(con: Any) -> None:
             from rich.table import Table
@@ -53,26 +55,3 @@ def register(app: typer.Typer) -> None:
 
         emit([{**r.model_dump(mode="json"), "experiments": len(e), "stale": r.id in stale} for r, e in rows], as_json,
              render)
-
-
-def _is_stale(ledger: Any, run: Any) -> bool:
-    """A run recorded as ``running`` whose owner process on this machine is gone (killed, crashed).
-
-    The owner's pid, host and start time are in the ledger; a run owned by another host cannot
-    be checked from here and keeps its status.  ``infra-agent resume`` picks a stale run up."""
-    import socket
-
-    from infra_agent.agent.runner import live_owner
-
-    if run.status != "running":
-        return False
-    owner = ledger.get_state(run.id, "owner") or {}
-    if owner.get("host") not in (None, socket.gethostname()):
-        return False
-    return live_owner(ledger, run.id) is None
-
-
-def first_line(message: str | None, width: int = 160) -> str:
-    """The message column holds one line: a failure's message can carry a server's log tail."""
-    line = (message or "").strip().splitlines()[0].strip() if (message or "").strip() else "-"
-    return line if len(line) <= width else line[: width - 1] + "…"

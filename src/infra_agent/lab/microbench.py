@@ -215,13 +215,13 @@ class _TimingPlan:
         case = _Case(self.spec, shape, dtype, self.seed, self.device)
         return make_case(self.workers, {**self.job, "op": "make"}, case, [], self.timeout_s, reference=False)
 
-    def _time(self, entry: BenchEntry, name: str, fn: Any, inputs: Any, precision: str) -> None:
+    def _time(self, entry: BenchEntry, name: str, fn: Any, inputs: Any, precision: str, case: _Case) -> None:
         if self.workers is None:
             _time_entry(entry, fn, inputs, precision, self.device, self.budget_s, self.method)
             return
         key = ("bench", entry.input_key, self.seed)
         try:
-            entry.timing = time_candidate(self.workers.candidate, self.job, key, inputs, self.device, name, precision,
+            entry.timing = time_candidate(self.workers, self.job, key, case, inputs, name, precision,
                                           budget_s=self.budget_s, method=self.method, timeout_s=self.timeout_s)
         except CandidateFault as fault:
             entry.status = "failed"
@@ -246,7 +246,7 @@ class _TimingPlan:
                                                                             self.refused.get((KERNEL, precision), ""))
                 else:
                     fn = target.fn if isinstance(target, Variant) else target
-                    self._time(entry, name, fn, inputs, precision)
+                    self._time(entry, name, fn, inputs, precision, _Case(spec, shape, dtype, self.seed, self.device))
                     timed_any = timed_any or entry.timing is not None
                 report.entries.append(entry)
                 tick()

@@ -37,7 +37,7 @@ from infra_agent.lab.check_calls import (
 )
 from infra_agent.lab.loader import spec_error
 from infra_agent.lab.spec import KERNEL, KernelSpec
-from infra_agent.lab.wire import END, RAN, pack, to_cpu, to_device, unpack_job
+from infra_agent.lab.wire import pack, to_cpu, to_device, unpack_job
 
 Reply = Callable[[Any], None]
 
@@ -66,6 +66,12 @@ class _Pristine:
 
     def run(self, job: dict[str, Any]) -> None:
         spec = _spec(self.loaded, job, self.origin)
+        if job["op"] == "pool":
+            self._pool(spec, job)
+            return
+        if job["op"] == "reference":
+            self._reference_on(spec, job)
+            return
         shape, dtype, seed, device = job["case"]
         case = _Case(spec, shape, dtype, seed, device)
         self.reply(("begin", "inputs"))
@@ -84,6 +90,32 @@ class _Pristine:
             expected = {p: _expected_dtypes(spec, dtype, p, list(truth)) for p in job["precisions"]}
         self.reply(("made", to_cpu(inputs), to_cpu(truth), expected))
 
+    def _pool(self, spec: KernelSpec, job: dict[str, Any]) -> None:
+        """Inputs for the timed calls, one per seed (none of them the check's)."""
+        shape, dtype, device = job["shape"], job["dtype"], job["device"]
+        pool = []
+        for seed in job["seeds"]:
+            try:
+                pool.append(to_cpu(spec.inputs(shape, dtype, seed, device)))
+            except Exception as exc:  # noqa: BLE001
+                case = _Case(spec, shape, dtype, seed, device)
+                raise spec_error(spec, "input factory", f"raised {type(exc).__name__}: {exc} [{case.input_label()}]") from exc
+        self.reply(("pool", pool))
+
+    def _reference_on(self, spec: KernelSpec, job: dict[str, Any]) -> None:
+        """The reference's outputs on inputs the judge sends back (a timed call's, from the pool
+        this worker made): the same bytes, even where the input factory is not deterministic."""
+        shape, dtype, seed, device = job["case"]
+        case = _Case(spec, shape, dtype, seed, device)
+        self.reply(("begin", "reference"))
+        try:
+            assert spec.reference is not None
+            truth = as_outputs(spec.reference(**_clone(to_device(job["inputs"], device))))
+        except Exception as exc:  # noqa: BLE001
+            raise spec_error(spec, "reference", f"raised {type(exc).__name__}: {exc} [{case.input_label()}]") from exc
+        expected = {p: _expected_dtypes(spec, dtype, p, list(truth)) for p in job["precisions"]}
+        self.reply(("made", None, to_cpu(truth), expected))
+
 
 class _Candidate:
     """The candidate's kernel and variants on staged inputs: outputs or calls, never verdicts."""
@@ -91,6 +123,7 @@ class _Candidate:
     def __init__(self, loaded: dict[str, KernelSpec], origin: str, reply: Reply, conn: Connection) -> None:
         self.loaded, self.origin, self.reply, self.conn = loaded, origin, reply, conn
         self.staged: tuple[Any, dict[str, Any]] | None = None
+        self.pool: list[dict[str, Any]] = []
 
     def _fn(self, spec: KernelSpec, name: str) -> Callable[..., Any]:
         if name == KERNEL:
@@ -103,6 +136,10 @@ class _Candidate:
     def run(self, job: dict[str, Any]) -> None:
         if job["op"] == "stage":
             self.staged = (job["key"], to_device(job["inputs"], job["device"]))
+            self.reply(("staged",))
+            return
+        if job["op"] == "stage_pool":
+            self.pool = to_device(job["pool"], job["device"])
             self.reply(("staged",))
             return
         spec = _spec(self.loaded, job, self.origin)
@@ -120,45 +157,36 @@ class _Candidate:
                 return
             self.reply(("out", to_cpu(got)))
         elif job["op"] == "time":
-            self._time(fn, _clone(inputs), precision, job)
+            self._time(spec, fn, inputs, precision, job)
         else:
             raise RuntimeError(f"unknown job {job['op']!r}")
 
-    def _time(self, fn: Callable[..., Any], inputs: dict[str, Any], precision: str, job: dict[str, Any]) -> None:
-        # Inputs are not cloned per call: an in-place kernel (a decode state) keeps
-        # updating the same buffers, as it does in the engine.
-        def call() -> Any:
-            return fn(**inputs, precision=precision)
+    def _time(self, spec: KernelSpec, fn: Callable[..., Any], staged: dict[str, Any], precision: str,
+              job: dict[str, Any]) -> None:
+        """Timed calls: on the CPU the judge's clock times batches run on command; on a GPU the
+        CUDA events time them here first, and then the judge's clock checks what they said."""
+        from infra_agent.lab.timed_calls import TimedCalls
 
         device = job["device"]
-        try:
-            if job["clock"] == "judge":
-                self._calls_on_command(call, device)
-                return
+        # Inputs are not cloned per call: an in-place kernel (a decode state) keeps
+        # updating the same buffers, as it does in the engine.
+        warm = _clone(staged)
+        host_s = None
+        if job["clock"] == "worker":
             from infra_agent.lab.timing import time_call
 
-            torch.cuda.synchronize(device)
-            t = time_call(call, device, budget_s=job["budget_s"], method=job["method"])
-        except Exception as exc:  # noqa: BLE001 - the lab reports, it does not crash
-            self.reply(("raised", f"raised while timing: {type(exc).__name__}: {exc}"))
-            return
-        self.reply(("timing", {"samples_s": [float(s) for s in t.samples_s], "method": t.method, "warmup": t.warmup,
-                               "batch": t.batch, "notes": list(t.notes),
-                               "host_samples_s": None if t.host_samples_s is None else [float(s) for s in t.host_samples_s]}))
-
-    def _calls_on_command(self, call: Callable[[], Any], device: str) -> None:
-        """Run ``run:K`` batches as the judge asks, answering each when it is done; the
-        judge's clock times them (the candidate cannot touch that clock)."""
-        self.reply(("ready",))
-        while True:
-            command = self.conn.recv_bytes()
-            if command == END:
-                return
-            for _ in range(int(command.removeprefix(b"run:"))):
-                call()
-            if device.startswith("cuda"):
+            try:
                 torch.cuda.synchronize(device)
-            self.conn.send_bytes(RAN)
+                t = time_call(lambda: fn(**warm, precision=precision), device, budget_s=job["budget_s"],
+                              method=job["method"])
+            except Exception as exc:  # noqa: BLE001 - the lab reports, it does not crash
+                self.reply(("raised", f"raised while timing: {type(exc).__name__}: {exc}"))
+                return
+            host_s = t.host_median_s
+            self.reply(("timing", {"samples_s": [float(s) for s in t.samples_s], "method": t.method, "warmup": t.warmup,
+                                   "batch": t.batch, "notes": list(t.notes),
+                                   "host_samples_s": None if t.host_samples_s is None else [float(s) for s in t.host_samples_s]}))
+        TimedCalls(spec, fn, warm, self.pool, precision, device, self.conn, host_s).serve()
 
 
 def serve(conn: Connection, role: str) -> None:

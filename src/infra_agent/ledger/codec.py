@@ -9,6 +9,7 @@ from the *cleaned* dump, never from the model, so no path around the scrub exist
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from infra_agent.records import Experiment
@@ -18,14 +19,14 @@ Row = tuple[Any, ...]
 SIDES: tuple[tuple[str, str], ...] = (("candidate", "feedback"), ("baseline", "baseline_feedback"))
 
 
-def clean(value: Any) -> Any:
+def clean(value: Any, extra: Iterable[str] = ()) -> Any:
     """``value`` (JSON-like data) passed through :func:`scrub`: every occurrence of a secret of
     the environment masked by value (mapping keys included, since free-form dicts such as
     evidence or state may be keyed by anything), and the secrets known by their form (a URL's
     password, a bearer token, a credential under a secret key).  Numbers are never touched: a
     knob ``max_num_batched_tokens`` stays 8192, so the record reads back and resumes as it was.
     """
-    return scrub(value, secret_values())
+    return scrub(value, secret_values(extra=extra))
 
 
 def to_json(value: Any) -> str:
@@ -33,9 +34,9 @@ def to_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def dumps(value: Any) -> str:
-    """Cleaned JSON text of any JSON-like value."""
-    return to_json(clean(value))
+def dumps(value: Any, extra: Iterable[str] = ()) -> str:
+    """Cleaned JSON text of any JSON-like value (``extra``: more secret values to mask)."""
+    return to_json(clean(value, extra))
 
 
 def experiment_row(exp: Experiment, data: dict[str, Any]) -> Row:

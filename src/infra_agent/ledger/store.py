@@ -27,6 +27,7 @@ from infra_agent.feedback import Finding
 from infra_agent.ledger import codec, schema
 from infra_agent.ledger.costs import ProbeCost, probe_costs
 from infra_agent.ledger.errors import LedgerError
+from infra_agent.ledger.secrets import ledger_workspace_secrets
 from infra_agent.records import FINISHED, Experiment, RunRecord
 from infra_agent.vocabulary import FindingKind
 
@@ -55,6 +56,8 @@ class Ledger:
         except OSError as e:
             raise LedgerError(f"cannot create the ledger directory {self.path.parent}: {e}") from None
         self._conn: sqlite3.Connection | None = None
+        # Masked by value in everything written, besides the environment's secrets.
+        self.secrets = ledger_workspace_secrets(self.path, LEDGER_DIR)
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves, so the module never
             # opens a transaction behind our back.
@@ -168,9 +171,8 @@ class Ledger:
 
     # ---- runs --------------------------------------------------------------------
 
-    @staticmethod
-    def _run_row(run: RunRecord) -> tuple[Any, ...]:
-        data = codec.clean(run.model_dump(mode="json"))
+    def _run_row(self, run: RunRecord) -> tuple[Any, ...]:
+        data = codec.clean(run.model_dump(mode="json"), self.secrets)
         return (run.id, data["workspace"], data["proposer"], run.status, run.started_at, run.finished_at,
                 codec.to_json(data))
 
@@ -206,7 +208,7 @@ class Ledger:
 
     def save_experiment(self, exp: Experiment) -> None:
         """Insert or replace ``exp`` and rewrite its measurements, findings and artifacts."""
-        data = codec.clean(exp.model_dump(mode="json"))
+        data = codec.clean(exp.model_dump(mode="json"), self.secrets)
         row = codec.experiment_row(exp, data)
         derived = [
             ("measurements", codec.measurement_rows(exp.run_id, exp.id, data)),
@@ -297,7 +299,7 @@ class Ledger:
     def set_state(self, run_id: str, key: str, value: Any) -> None:
         """Store JSON-serialisable ``value`` (scrubbed) under ``key`` for the run."""
         try:
-            text = codec.dumps(value)
+            text = codec.dumps(value, self.secrets)
         except (TypeError, ValueError) as e:
             raise LedgerError(f"state {key!r} of run {run_id!r} is not JSON-serialisable: {e}") from None
         with self._write(f"save state {key!r} of run {run_id!r}") as conn:

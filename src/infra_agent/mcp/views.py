@@ -88,12 +88,18 @@ def list_knobs(session: McpSession, ctx: ToolContext, args: NoArgs) -> ToolResul
 
 
 def list_runs(session: McpSession, ctx: ToolContext, args: NoArgs) -> ToolResult:
-    runs = session.open_ledger().list_runs()
-    rows = [{"id": r.id, "proposer": r.proposer, "status": r.status, "started_at": r.started_at,
-             "baseline": r.baseline, "best": r.best, "message": r.message} for r in runs]
+    from infra_agent.agent.run_status import first_line, is_stale
+
+    ledger = session.open_ledger()
+    runs = ledger.list_runs()
+    # The status `infra-agent ls` shows: a run whose owner process is gone is "stale", not "running".
+    stale = {r.id for r in runs if is_stale(ledger, r)}
+    rows = [{"id": r.id, "proposer": r.proposer, "status": "stale" if r.id in stale else r.status, "stale": r.id in stale,
+             "recorded_status": r.status, "started_at": r.started_at, "baseline": r.baseline, "best": r.best,
+             "message": r.message} for r in runs]
     lines = [f"{len(rows)} run(s) in {session.ledger.path}" + (f"; this session's run is {session.run.id}" if session.run else "")]
-    lines += [f"- {r['id']} [{r['proposer']}] {r['status']} best={r['best'] or '-'}" + (f": {r['message']}" if r["message"] else "")
-              for r in rows]
+    lines += [f"- {r['id']} [{r['proposer']}] {r['status']} best={r['best'] or '-'}"
+              + (f": {first_line(r['message'])}" if r["message"] else "") for r in rows]
     return ToolResult(text="\n".join(lines), data={"runs": rows})
 
 

@@ -1,9 +1,10 @@
-"""An in-place kernel that passes its check but raises while it is timed.
+"""A kernel that passes its check but raises while it is timed.
 
-The check hands every call a fresh clone of the inputs, so ``state`` starts at 1 and
-the kernel is correct.  Timing reuses one set of inputs (as an engine would), so the
-state doubles on every call until the kernel's own overflow guard raises: the lab
-must report the run as failed, not as ok with a finding nobody reads.
+The kernel keeps a step count of its own across calls (as a decode loop's position
+would), and its guard raises once the count passes ``MAX_STEPS``.  The check calls it
+once, so it is correct there; the timing calls it many times, and it raises in the
+warm-up: the lab must report the run as failed, not as ok with a finding nobody reads.
+(Each timed call gets fresh inputs, so the guard cannot be on the inputs' values.)
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ def inputs(shape, dtype, seed, device):
     return {"state": torch.ones(shape["N"], dtype=dtype, device=device)}
 
 
+MAX_STEPS = 4
+_steps = [0]
+
+
 def step(state, *, precision="fp32"):
-    if float(state.max()) > 1e3:
+    _steps[0] += 1
+    if _steps[0] > MAX_STEPS:
         raise RuntimeError("state overflow: called on its own output too often")
     state.mul_(2)
     return state.clone()
