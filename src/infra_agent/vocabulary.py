@@ -98,6 +98,8 @@ class FindingKind:
     # a thread that serves requests (an event loop, a tokenizer, an output thread) parked
     # off the GIL in a call other than its normal wait for a share of the window
     THREAD_BLOCKED: Final = "thread_blocked"
+    # an asyncio loop away from its selector during a share of the TTFT or ITL tail
+    LOOP_STALLS: Final = "loop_stalls"
     # quality probe (teacher-forced logprobs, candidate against baseline)
     NO_LOGPROBS: Final = "no_logprobs"
     LOGPROB_DIVERGENCE: Final = "logprob_divergence"

@@ -164,7 +164,7 @@ class TimelineProbe(Probe):
         if cfg.reset:
             trace_note = _get_json(trace_url + ("&" if "?" in trace_url else "?") + "reset=true")[1]
         runs: list[dict[str, Any]] = []
-        sampler_res = None
+        sampler_res = stall_res = None
         picked: dict[str, Any] = {}
         kineto, profile_notes = None, []
         profiling = cfg.profile
@@ -176,7 +176,7 @@ class TimelineProbe(Probe):
             for i in range(cfg.repeats):
                 if i == 0:
                     try:
-                        result, sampler_res, picked = sampled_window(
+                        result, sampler_res, picked, stall_res = sampled_window(
                             cfg, lambda: self._window(cfg, ctx, target, name, sc, values, "0", first), target.pid,
                             ctx.workdir / f"gil-{name}.jsonl")
                     finally:  # the profile covers the traced window only, and never outlives it
@@ -215,7 +215,8 @@ class TimelineProbe(Probe):
             spans_path = ctx.workdir / f"spans-{name}.json"
             spans_path.write_text(json.dumps(doc))
             fb.artifacts.append(Artifact(kind="trace", path=str(spans_path), description="server spans of the window"))
-        analyse_window(cfg, ctx, fb, name, spans_path, sampler_res, picked, runs[0], arm, kineto, profile_notes)
+        analyse_window(cfg, ctx, fb, name, spans_path, sampler_res, picked, runs[0], arm, kineto, profile_notes,
+                       stall_res)
 
     # ------------------------------------------------------------------ two values of a knob
 
