@@ -35,7 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra_agent.trace.blocking_calls import blocking_call, is_library, loop_waits_for_io, runs_event_loop
+from infra_agent.trace.blocking_calls import (
+    SLEEP,
+    blocking_call,
+    is_library,
+    loop_waits_for_io,
+    runs_event_loop,
+)
 from infra_agent.trace.intervals import Interval, merge
 from infra_agent.trace.model import Frame, Sample, Timeline
 
@@ -116,6 +122,8 @@ class LoopStalls:
 
 def _site(frames: tuple[Frame, ...]) -> StallSite | None:
     b = blocking_call(frames)
+    if b is not None and b.kind == SLEEP and any(f.file.replace("\\", "/").endswith("/asyncio/tasks.py") for f in frames):
+        b = None  # asyncio.sleep's own body running (it schedules a timer and returns): no blocking call
     if b is not None:
         return StallSite(b.site.name, b.site.where(), b.kind, b.waits_in)
     for f in reversed(frames):
@@ -142,6 +150,9 @@ def stalls_of(samples: list[Sample], thread: str, window: tuple[float, float], i
             start, held = s.ts_us, defaultdict(float)
         nxt = mine[i + 1].ts_us if i + 1 < len(mine) else window[1]
         held[_site(s.frames)] += nxt - s.ts_us
+    if start is not None and window[1] > start:
+        # Away from its selector until the recording ended: a stall as long as we saw it.
+        out.stalls.append(Stall(start, window[1], max(held, key=held.__getitem__) if held else None))
     return out
 
 

@@ -103,10 +103,11 @@ PER_TOKEN_WORK = Plant("per-token work that grows with the output", ((
     "src/refstack/engine/deltas.py",
     "    checked = len(req.text)\n",
     "    checked = len(req.text)\n"
-    "    # a repetition guard: the output's 4-grams so far, gathered again for every token\n"
-    "    grams = {tuple(req.output_ids[i:i + 4]) for i in range(len(req.output_ids) - 3)}\n"
-    "    if len(grams) < len(req.output_ids) // 64:\n"
-    '        return "stop"\n'),))
+    "    # a repetition guard: the output's n-grams so far (n = 4 to 10), gathered again for every token\n"
+    "    for n in range(4, 11):\n"
+    "        grams = {tuple(req.output_ids[i:i + n]) for i in range(len(req.output_ids) - n + 1)}\n"
+    "        if len(grams) < len(req.output_ids) // 64:\n"
+    '            return "stop"\n'),))
 
 SYNC_WRITE = Plant("a synchronous write per step", (
     (ENGINE,

@@ -11,7 +11,6 @@ copy, no such finding.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -41,12 +40,7 @@ def _pyspy_works() -> bool:
         return False
 
 
-# Load-sensitive on a shared 2-core machine (one of the five missed its finding in 2 of 4
-# clean-clone runs under the full suite): run them alone with INFRA_AGENT_TIMELINE_PLANTS=1
-# until their windows are long enough to hold under a parallel suite.
-_PLANTS = pytest.mark.skipif(os.environ.get("INFRA_AGENT_TIMELINE_PLANTS") != "1",
-                             reason="load-sensitive timeline plants: set INFRA_AGENT_TIMELINE_PLANTS=1 to run")
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not _pyspy_works(), reason="py-spy is not installed"), _PLANTS]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not _pyspy_works(), reason="py-spy is not installed")]
 
 
 def _measure(tmp_path: Path, plant: Plant, scenario: str, **config: object) -> tuple[Path, Feedback, Feedback]:
