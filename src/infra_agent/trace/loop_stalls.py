@@ -38,7 +38,6 @@ from typing import Any
 from infra_agent.trace.blocking_calls import (
     SLEEP,
     blocking_call,
-    is_library,
     loop_waits_for_io,
     runs_event_loop,
 )
@@ -77,6 +76,11 @@ class LoopStalls:
     window_us: tuple[float, float]  # the sampled window
     interval_ms: float  # the sampling interval: the resolution of every stall
     stalls: list[Stall] = field(default_factory=list)
+    # Stalled time (µs) by where the loop was, over every stall: a stall that joins several
+    # callbacks counts each at its own site.
+    site_us: dict[StallSite | None, float] = field(default_factory=dict)
+    # (start µs, end µs, site): each stretch between two stack changes inside a stall
+    segments: list[tuple[float, float, StallSite | None]] = field(default_factory=list)
 
     def durations_ms(self) -> list[float]:
         return [s.ms for s in self.stalls]
@@ -92,12 +96,18 @@ class LoopStalls:
         span = self.window_us[1] - self.window_us[0]
         return sum(s.end_us - s.start_us for s in self.stalls) / span if span > 0 else 0.0
 
-    def intervals_unix_s(self) -> list[Interval]:
-        """The stalls as merged unix-second intervals (empty when not aligned)."""
+    def intervals_unix_s(self, site: StallSite | None = None) -> list[Interval]:
+        """The stalls (``site``: the stretches of them spent there) as merged unix-second intervals;
+        empty when the recording is not aligned to unix time."""
         if self.zero_unix_ns is None:
             return []
         z = self.zero_unix_ns / 1e9
-        return merge([(z + s.start_us / 1e6, z + s.end_us / 1e6) for s in self.stalls])
+        if site is None:
+            return merge([(z + s.start_us / 1e6, z + s.end_us / 1e6) for s in self.stalls])
+        return merge([(z + a / 1e6, z + b / 1e6) for a, b, at in self.segments if at == site])
+
+    def top_time_site(self) -> StallSite | None:
+        return max(self.site_us, key=self.site_us.__getitem__) if self.site_us else None
 
     def top_sites(self, n: int = 5) -> list[dict[str, object]]:
         """The call sites of the stalls at or above the window's p90 stall, by their stall time."""
@@ -114,23 +124,50 @@ class LoopStalls:
                 for site, v in acc.items()]
         return sorted(rows, key=lambda r: -float(r["total_ms"]))[:n]  # type: ignore[arg-type]
 
+    def time_sites(self, n: int = 5) -> list[dict[str, object]]:
+        """Where the stalled time went, over every stall, largest first, with its share of it."""
+        whole = sum(self.site_us.values())
+        rows = [{**(site.to_dict() if site else {"function": "?", "where": "?", "kind": "?", "waits_in": None}),
+                 "ms": us / 1e3, "share": us / whole if whole else 0.0} for site, us in self.site_us.items()]
+        return sorted(rows, key=lambda r: -float(r["ms"]))[:n]  # type: ignore[arg-type]
+
     def to_dict(self) -> dict[str, object]:
         return {"thread": self.thread, "stalls": len(self.stalls), "interval_ms": self.interval_ms,
                 "p50_ms": self.pct(50), "p99_ms": self.pct(99), "max_ms": self.pct(100),
-                "stalled_share": self.stalled_share, "top_sites": self.top_sites()}
+                "stalled_share": self.stalled_share, "top_sites": self.top_sites(), "time_sites": self.time_sites()}
+
+
+def _stdlib(frame: Frame) -> bool:
+    path = frame.file.replace("\\", "/")
+    return "/lib/python" in path and "-packages/" not in path
+
+
+def _third_party(frame: Frame) -> bool:
+    return "-packages/" in frame.file.replace("\\", "/")
 
 
 def _site(frames: tuple[Frame, ...]) -> StallSite | None:
+    """Where a loop thread away from its selector is: a blocking call's site, else the innermost
+    frame of the callback it runs (the frames inside ``_run_once``) that is the server's own code,
+    else the innermost one outside the standard library (a web framework's), else the innermost."""
     b = blocking_call(frames)
     if b is not None and b.kind == SLEEP and any(f.file.replace("\\", "/").endswith("/asyncio/tasks.py") for f in frames):
         b = None  # asyncio.sleep's own body running (it schedules a timer and returns): no blocking call
     if b is not None:
         return StallSite(b.site.name, b.site.where(), b.kind, b.waits_in)
-    for f in reversed(frames):
-        if not is_library(f) and "/lib/python" not in f.file.replace("\\", "/"):
-            return StallSite(f.name, f.where(), "running")
-    leaf = frames[-1] if frames else None
-    return StallSite(leaf.name, leaf.where(), "running") if leaf else None
+    if not frames:
+        return None
+    # The callback's frames: those inside the loop's _run_once (all of them when a read cut
+    # the stack short and it is missing), so the frames that started the loop never count.
+    runs = [i for i, f in enumerate(frames) if f.name.rsplit(".", 1)[-1] == "_run_once"
+            and f.file.replace("\\", "/").endswith("/asyncio/base_events.py")]
+    callback = frames[runs[-1] + 1:] if runs else frames
+    for keep in (lambda f: not _stdlib(f) and not _third_party(f), lambda f: not _stdlib(f)):
+        for f in reversed(callback):
+            if keep(f):
+                return StallSite(f.name, f.where(), "running")
+    leaf = frames[-1]
+    return StallSite(leaf.name, leaf.where(), "running")
 
 
 def stalls_of(samples: list[Sample], thread: str, window: tuple[float, float], interval_ms: float,
@@ -149,7 +186,10 @@ def stalls_of(samples: list[Sample], thread: str, window: tuple[float, float], i
         if start is None:
             start, held = s.ts_us, defaultdict(float)
         nxt = mine[i + 1].ts_us if i + 1 < len(mine) else window[1]
-        held[_site(s.frames)] += nxt - s.ts_us
+        site = _site(s.frames)
+        held[site] += nxt - s.ts_us
+        out.site_us[site] = out.site_us.get(site, 0.0) + nxt - s.ts_us
+        out.segments.append((s.ts_us, nxt, site))
     if start is not None and window[1] > start:
         # Away from its selector until the recording ended: a stall as long as we saw it.
         out.stalls.append(Stall(start, window[1], max(held, key=held.__getitem__) if held else None))

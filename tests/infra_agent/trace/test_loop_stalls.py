@@ -21,10 +21,7 @@ import pytest
 
 from infra_agent.serving.client import RequestRecord
 from infra_agent.serving.metrics import compute_metrics
-from infra_agent.trace.loop_stall_finding import (
-    LONG_STALL_INTERVALS,
-    loop_stall_feedback,
-)
+from infra_agent.trace.loop_stall_finding import loop_stall_feedback
 from infra_agent.trace.loop_stalls import (
     LoopStalls,
     Stall,
@@ -89,12 +86,12 @@ def test_a_loop_that_sleeps_stalls_as_long_as_the_sleep_at_the_handlers_line(tmp
     assert len(loops) == 1, [ls.to_dict() for ls in loops]  # the main thread (py-spy 0.4 names it by its id)
     ls = loops[0]
     line = next(i for i, t in enumerate(SERVER.read_text().splitlines(), 1) if "BLOCKS_THE_LOOP" in t)
-    # Each request sleeps 20 ms on the loop; measured to a 5 ms sampling interval (and back
-    # to back requests may join two), the typical stall is at least 10 ms.
-    assert len(ls.stalls) >= 20 and ls.pct(50) >= 10.0, ls.to_dict()
-    top = ls.top_sites()[0]
-    assert (top["function"], top["where"], top["kind"], top["waits_in"]) == ("handle", f"{SERVER}:{line}", "sleep",
-                                                                            "time.sleep"), ls.top_sites()
+    # Each request sleeps 20 ms on the loop; measured to a 5 ms sampling interval, stalls are at
+    # least 10 ms (on a loaded machine a starved server joins many into one: longer, not shorter).
+    assert ls.stalls and ls.pct(50) >= 10.0, ls.to_dict()
+    for top in (ls.time_sites()[0], ls.top_sites()[0]):  # most stalled time, and the longest stalls
+        assert (top["function"], top["where"], top["kind"], top["waits_in"]) == (
+            "handle", f"{SERVER}:{line}", "sleep", "time.sleep"), ls.to_dict()
     assert ls.zero_unix_ns is not None and abs(ls.zero_unix_ns / 1e9 - time.time()) < 600
 
 
@@ -136,32 +133,39 @@ def test_stalls_inside_the_slow_requests_explain_the_ttft_tail() -> None:
     assert abs(ttft.stalled_share - 0.2 / 0.3) < 1e-6 and ttft.rest_share == 0.0
 
 
-def _loop(stall_at: list[float], ms: float, zero_s: float, site: StallSite) -> LoopStalls:
-    return LoopStalls("MainThread", int(zero_s * 1e9), (0.0, 20e6), 5.0,
-                      [Stall(t * 1e6, t * 1e6 + ms * 1e3, site) for t in stall_at])
+def _loop(stalls: list[tuple[float, float, StallSite]], zero_s: float) -> LoopStalls:
+    """A loop thread's stalls as ``stalls_of`` makes them: (start s, ms, site), one site each."""
+    ls = LoopStalls("MainThread", int(zero_s * 1e9), (0.0, 20e6), 5.0)
+    for t, ms, site in sorted(stalls, key=lambda x: x[0]):
+        ls.stalls.append(Stall(t * 1e6, t * 1e6 + ms * 1e3, site))
+        ls.segments.append((t * 1e6, t * 1e6 + ms * 1e3, site))
+        ls.site_us[site] = ls.site_us.get(site, 0.0) + ms * 1e3
+    return ls
 
 
-def test_the_finding_names_the_long_stalls_site_only_when_they_explain_a_tail() -> None:
+def test_the_finding_names_a_blocking_call_that_explains_a_tail_and_leaves_running_loops_as_info() -> None:
     starts = [float(i) for i in range(20)]
     ttfts = [0.3 if i in (5, 12) else 0.05 for i in range(20)]
     res = _result(starts, ttfts)
     z = res["start_times"][0]  # type: ignore[index]
     site = StallSite("audit", "/srv/app.py:42", "sleep", "time.sleep")
     other = StallSite("encode", "/srv/app.py:7", "running")
-    # Long stalls (200 ms) inside the slow requests, short ones (one interval) everywhere.
-    ls = _loop([5.0, 12.0], 200.0, z, site)
-    ls.stalls += [Stall(t * 1e6 + 0.5e6, t * 1e6 + 0.505e6, other) for t in range(20)]
-    ls.stalls.sort(key=lambda s: s.start_us)
-    findings, measurements, summary = loop_stall_feedback([ls], res, {"scenario": "chat"})
+    # 200 ms in a sleep inside each slow request; a 5 ms callback in every second.
+    short = [(t + 0.5, 5.0, other) for t in range(20)]
+    findings, measurements, summary = loop_stall_feedback([_loop([(5.0, 200.0, site), (12.0, 200.0, site), *short], z)],
+                                                          res, {"scenario": "chat"})
     assert [f.severity for f in findings] == ["warning"], [f.message for f in findings]
     f = findings[0]
     assert f.kind == FindingKind.LOOP_STALLS and f.location is not None
     assert (f.location.function, f.location.file, f.location.line) == ("audit", "/srv/app.py", 42)
-    assert f.evidence["explains"] == "ttft" and f.evidence["tail_share"] > 0.6 and "TTFT tail" in f.message
+    assert f.evidence["explains"] == "ttft" and abs(f.evidence["tail_share"] - 0.2 / 0.3) < 1e-3
+    assert "TTFT tail" in f.message and "time.sleep" in f.message
     assert measurements[0].name == "loop_stall_ms" and len(measurements[0].samples) == 22
     assert summary[0]["max_ms"] == 200.0
-    # The same short stalls alone: below the long-stall floor, no tail to explain.
-    short = _loop([], 0.0, z, site)
-    short.stalls = [s for s in ls.stalls if s.ms < LONG_STALL_INTERVALS * 5.0]
-    findings, _, _ = loop_stall_feedback([short], res, {"scenario": "chat"})
+    # The same stalls spent running Python (the loop's work, or a machine short of CPU): info.
+    busy = StallSite("render", "/srv/app.py:9", "running")
+    findings, _, _ = loop_stall_feedback([_loop([(5.0, 200.0, busy), (12.0, 200.0, busy), *short], z)], res, {})
+    assert [f.severity for f in findings] == ["info"], [f.message for f in findings]
+    # A sleep on the loop that no tail request or gap overlaps: info too.
+    findings, _, _ = loop_stall_feedback([_loop([(2.5, 200.0, site), (9.5, 200.0, site), *short], z)], res, {})
     assert [f.severity for f in findings] == ["info"], [f.message for f in findings]
