@@ -37,6 +37,7 @@ from infra_agent.serving.metrics import request_samples
 from infra_agent.serving.runner import default_log_dir, run_on_target
 from infra_agent.target import open_target
 from infra_agent.target.host_load import HostSampler, host_summary, target_processes
+from infra_agent.trace.loop_stall_finding import NAGLE_QUESTION
 from infra_agent.vocabulary import FindingKind
 from infra_agent.workspace.models import Scenario, metric_direction
 
@@ -333,9 +334,9 @@ class ServingProbe(Probe):
                             + (" (saturated: it may be the one holding chunks)" if burst["client_cpu_share"] >= 0.9 else "")
                             if burst.get("client_cpu_share") is not None else "")),
                 location=Location(component="server"), evidence={**burst, "scenario": name},
-                next_question=("Is Nagle's algorithm on for the server's connections (TCP_NODELAY unset; stalls of about "
-                               "40 ms, one delayed ACK, on reused keep-alive connections), or does the server batch "
-                               "stream output on purpose (a stream interval)?"),
+                # Nagle is a question here: whether the server's sockets set TCP_NODELAY is unknown to a
+                # client; the timeline probe reads it from them and ranks the explanations.
+                next_question=NAGLE_QUESTION,
             ))
         if phases.get("ttft") and client_ttft > 0:
             gap = client_ttft - ttft_ref

@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 from contextlib import ExitStack
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from infra_agent.errors import InfraAgentError
 from infra_agent.feedback import (
@@ -178,7 +179,7 @@ class TimelineProbe(Probe):
                     try:
                         result, sampler_res, picked, stall_res = sampled_window(
                             cfg, lambda: self._window(cfg, ctx, target, name, sc, values, "0", first), target.pid,
-                            ctx.workdir / f"gil-{name}.jsonl")
+                            ctx.workdir / f"gil-{name}.jsonl", urlsplit(target.url).port)
                     finally:  # the profile covers the traced window only, and never outlives it
                         if profiling:
                             kineto, note = timeline_profile.stop(target.url)

@@ -21,12 +21,14 @@ if TYPE_CHECKING:
 
 
 def sampled_window(cfg: TimelineConfig, run_window: Callable[[], dict[str, Any]], pid: int | None,
-                   samples_path: Path) -> tuple[dict[str, Any], PySpyResult, dict[str, Any], PySpyResult | None]:
+                   samples_path: Path, port: int | None = None) -> tuple[dict[str, Any], PySpyResult, dict[str, Any], PySpyResult | None]:
     """``run_window()``'s result, the py-spy samples taken while it ran, the process sampled, and
     the ``py-spy record`` of that process for its event loops' stalls (None: not recorded).
 
     ``pid`` is the server's (None: a server given by URL, nothing to sample); the process
-    sampled is picked among it and its children (``cfg.sample_process``).
+    sampled is picked among it and its children (``cfg.sample_process``).  With the server's
+    ``port``, ``picked["tcp_nodelay"]`` says whether its client connections had Nagle off while
+    the load ran (probes/socket_options.py; None: unknown).
     """
     from infra_agent.trace.sampler import PySpyDumpSampler, PySpyRecorder, PySpyResult
 
@@ -50,6 +52,10 @@ def sampled_window(cfg: TimelineConfig, run_window: Callable[[], dict[str, Any]]
                                        "(a server given by URL)")
     else:
         sampled, picked = pick_process(int(pid), cfg.sample_process, cfg.lead_s, worker)
+        if port is not None and worker.is_alive():  # the connections are open while the load runs
+            from infra_agent.probes.socket_options import tcp_nodelay
+
+            picked["tcp_nodelay"] = tcp_nodelay(int(pid), port)
         if worker.is_alive():
             sampler = PySpyDumpSampler(sampled, samples_path, interval_s=cfg.sample_interval_s).start()
             if cfg.loop_stalls:

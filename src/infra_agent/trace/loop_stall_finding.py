@@ -77,3 +77,80 @@ def loop_stall_feedback(loops: list[LoopStalls], result: dict[str, Any] | None,
                            "while it does: await an async equivalent, or move it off the loop (loop.run_in_executor, "
                            "asyncio.to_thread).")))
     return findings, measurements, summary
+
+
+# The serving probe's question about bursts, and what it becomes once the socket option rules Nagle out.
+NAGLE_QUESTION = ("Is Nagle's algorithm on for the server's connections (TCP_NODELAY unset; stalls of about 40 ms, one "
+                  "delayed ACK, on reused keep-alive connections), or does the server batch stream output on purpose "
+                  "(a stream interval)?")
+NO_NAGLE_QUESTION = ("Does the server batch stream output on purpose (a stream interval), or does a thread that writes "
+                     "the stream stall?")
+BURST_GAP_S = 0.0005  # the serving probe's: gaps this short are chunks of one read (a burst)
+HOLD_SHARE_MIN = 0.3  # of the waits before bursts, the loop stalled: the bursts line up with stalls
+
+
+def burst_holds(result: dict[str, Any], stalls: list[tuple[float, float]]) -> dict[str, float] | None:
+    """How much of the waits that end in a burst (the gap before a run of chunks that arrive
+    together) the loop spent stalled, beside the same for the other gaps; None without bursts."""
+    from infra_agent.trace.loop_stalls import _covered
+
+    starts, ttfts, itls = result.get("start_times"), result.get("ttfts"), result.get("itls")
+    if not (isinstance(starts, list) and isinstance(ttfts, list) and isinstance(itls, list) and stalls):
+        return None
+    holds: list[tuple[float, float]] = []
+    rest: list[tuple[float, float]] = []
+    for s, t, gaps in zip(starts, ttfts, itls, strict=False):
+        if not (isinstance(s, (int, float)) and isinstance(t, (int, float)) and isinstance(gaps, list)) or not gaps:
+            continue
+        at = float(s) + float(t)
+        for k, g in enumerate(gaps):
+            nxt = gaps[k + 1] if k + 1 < len(gaps) else None
+            if g >= BURST_GAP_S:
+                (holds if nxt is not None and nxt < BURST_GAP_S else rest).append((at, at + g))
+            at += g
+    if not holds:
+        return None
+    h_cov, h_all = _covered(holds, stalls)
+    r_cov, r_all = _covered(rest, stalls)
+    return {"holds": len(holds), "hold_stalled_share": h_cov / h_all if h_all else 0.0,
+            "rest_stalled_share": r_cov / r_all if r_all else 0.0}
+
+
+def rank_burst_explanations(findings: list[Finding], loops: list[LoopStalls], result: dict[str, Any] | None,
+                            nodelay: dict[str, Any] | None) -> None:
+    """Put the explanation the data supports first in every ``bursty_stream`` finding: the loop's
+    stalls when the waits before the bursts line up with them; Nagle's algorithm only when the
+    server's connections are not known to have it off (``nodelay``: probes/socket_options.py)."""
+    bursty = [f for f in findings if f.kind == FindingKind.BURSTY_STREAM]
+    if not bursty:
+        return
+    from infra_agent.trace.intervals import merge
+
+    aligned = None
+    for ls in loops if result else []:
+        h = burst_holds(result, merge(ls.intervals_unix_s()))  # type: ignore[arg-type]
+        if h is not None and h["hold_stalled_share"] >= HOLD_SHARE_MIN and \
+                h["hold_stalled_share"] > h["rest_stalled_share"]:
+            aligned = (ls, h)
+            break
+    nagle_off = nodelay is not None and nodelay["nodelay"] == nodelay["connections"]
+    for f in bursty:
+        first: list[str] = []
+        if aligned is not None:
+            ls, h = aligned
+            site = ls.top_time_site()
+            where = f" (most of it at {site.function}, {site.where})" if site else ""
+            f.message += (f"; the bursts line up with event-loop stalls: the loop {ls.thread} was away from its "
+                          f"selector during {100 * h['hold_stalled_share']:.0f}% of the waits before the "
+                          f"{h['holds']} bursts, against {100 * h['rest_stalled_share']:.0f}% of the other gaps{where}")
+            f.evidence.update({"loop_stall_thread": ls.thread, **h})
+            first.append(f"Unstall the event loop {ls.thread}{where} first: chunks wait while it is away from "
+                         "its selector and leave together when it returns.")
+        if nodelay is not None:
+            f.evidence["tcp_nodelay"] = nodelay
+            f.message += (f"; TCP_NODELAY is set on {nodelay['nodelay']} of the {nodelay['connections']} server "
+                          "connections read, so Nagle's algorithm is " + ("not the cause" if nagle_off else "on for some"))
+        question = f.next_question or NAGLE_QUESTION
+        if nagle_off:  # ruled out by the socket option itself: ask about the rest
+            question = question.replace(NAGLE_QUESTION, NO_NAGLE_QUESTION)
+        f.next_question = " ".join(first) + " Only if bursts remain: " + question if first else question
