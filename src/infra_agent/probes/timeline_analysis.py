@@ -35,6 +35,7 @@ def analyse_window(cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: s
     from infra_agent.trace.loop_stall_finding import rank_burst_explanations
     from infra_agent.trace.merge import write_merged
     from infra_agent.trace.thread_blocked import explain_bursts
+    from infra_agent.trace.ttft_split import split_ttft_gap, ttft_split
 
     pyspy = sampler_res.path if sampler_res is not None else None
     notes = list(profile_notes or [])
@@ -82,6 +83,10 @@ def analyse_window(cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: s
             fb.measurements.append(Measurement.from_samples("gil_holder_share", "ratio", [share], None, thread=thread,
                                                             interval=f"{w.group}@{w.thread}", **tags))
     loops = _loop_stalls(cfg, fb, stall_res, result, tags)
+    split = ttft_split(tl.instants)
+    split_ttft_gap(fb.findings, split)
+    if split is not None:
+        fb.meta.setdefault("timeline", {})["ttft_split"] = split
     rank_burst_explanations(fb.findings, loops, result if result.get("ok", True) else None, picked.get("tcp_nodelay"))
     merged = ctx.workdir / f"timeline-{name}.perfetto.json"
     try:
