@@ -40,7 +40,10 @@ def _pyspy_works() -> bool:
         return False
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not _pyspy_works(), reason="py-spy is not installed")]
+# Each test starts two servers and runs a window on each: on a loaded 2-core machine (the
+# parallel suite, other work) that alone passed the suite's 300 s per test.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
+              pytest.mark.skipif(not _pyspy_works(), reason="py-spy is not installed")]
 
 
 def _measure(tmp_path: Path, plant: Plant, scenario: str, **config: object) -> tuple[Path, Feedback, Feedback]:
@@ -58,6 +61,11 @@ def _named(fb: Feedback, kind: str, function: str) -> Finding:
     found = [f for f in warnings_of(fb, kind) if f.location is not None and f.location.function == function]
     assert found, f"no {kind} warning naming {function}:\n{describe(fb)}"
     return found[0]
+
+
+def _gc_share(fb: Feedback) -> float:
+    """The share of the window the collector stopped the server (``gc_share``)."""
+    return max((m.samples[0] for m in fb.measurements if m.name == "gc_share" and m.samples), default=0.0)
 
 
 def _in_planted_code(f: Finding, planted: Path, plant: Plant, rel: str) -> None:
@@ -125,4 +133,10 @@ def test_allocation_churn_that_triggers_collections(tmp_path: Path) -> None:
     sites = f.evidence["sites"]
     assert sites[0]["function"] == "Engine._sample", sites
     assert sites[0]["share"] == max(s["share"] for s in sites), sites
-    assert not warnings_of(clean, FindingKind.GC_PAUSE), describe(clean)
+    # Absent on the clean tree: no collection there is set off by the sampling step, and the
+    # collector stops the clean server for a smaller share of its window than the planted one.  (A single
+    # generation-0 collection that a busy machine stretched past 20 ms made a gc_pause
+    # warning on the clean tree too, located elsewhere: a fixed pause threshold is the load's.)
+    assert not [g for g in warnings_of(clean, FindingKind.GC_PAUSE)
+                if g.location and g.location.function == "Engine._sample"], describe(clean)
+    assert _gc_share(clean) < _gc_share(fb), (_gc_share(clean), _gc_share(fb))
