@@ -71,7 +71,7 @@ from infra_agent.workspace.models import Scenario
 # Metrics a timeline run reports beside the serving ones.
 TIMELINE_METRICS: tuple[str, ...] = ("overlap_share", "gil_wait_share", "thread_busy_share", "gil_holder_share",
                                      "gc_pause_ms", "gc_share", "thread_blocked_share",
-                                     "input_throughput")
+                                     "loop_stall_ms", "input_throughput")
 
 
 class TimelineProbe(Probe):
