@@ -341,9 +341,15 @@ class ServingProbe(Probe):
         if phases.get("ttft") and client_ttft > 0:
             gap = client_ttft - ttft_ref
             if gap / client_ttft > 0.3:
+                # The server's own TTFT split where its metrics have the phases (vLLM, refstack: queue, prefill).
+                inside = {p: sum(phases[p]) / len(phases[p]) for p in ("queue", "prefill") if phases.get(p)}
+                split = "".join(f", {p} {v:.1f} ms" for p, v in inside.items())
                 fb.findings.append(Finding(
                     kind=FindingKind.CLIENT_SERVER_TTFT_GAP, severity="info",
-                    message=f"client TTFT {client_ttft:.1f} ms vs server {ttft_ref:.1f} ms in {name}: {gap:.1f} ms outside the engine",
-                    location=Location(component="server"), evidence={"client_ttft_ms": client_ttft, "server_ttft_ms": ttft_ref, "scenario": name},
+                    message=(f"client TTFT {client_ttft:.1f} ms vs server {ttft_ref:.1f} ms in {name}: {gap:.1f} ms outside "
+                             "the engine" + (f" (the server's TTFT: {split[2:]})" if split else "")),
+                    location=Location(component="server"),
+                    evidence={"client_ttft_ms": client_ttft, "server_ttft_ms": ttft_ref, "scenario": name,
+                              **{f"server_{p}_ms": v for p, v in inside.items()}},
                     next_question="Is time lost in the HTTP layer (tokenisation, detokenisation, event loop) before the engine sees the request?",
                 ))
