@@ -92,7 +92,7 @@ HOLD_SHARE_MIN = 0.3  # of the waits before bursts, the loop stalled: the bursts
 def burst_holds(result: dict[str, Any], stalls: list[tuple[float, float]]) -> dict[str, float] | None:
     """How much of the waits that end in a burst (the gap before a run of chunks that arrive
     together) the loop spent stalled, beside the same for the other gaps; None without bursts."""
-    from infra_agent.trace.loop_stalls import _covered
+    from infra_agent.trace.loop_stalls import covered
 
     starts, ttfts, itls = result.get("start_times"), result.get("ttfts"), result.get("itls")
     if not (isinstance(starts, list) and isinstance(ttfts, list) and isinstance(itls, list) and stalls):
@@ -110,8 +110,8 @@ def burst_holds(result: dict[str, Any], stalls: list[tuple[float, float]]) -> di
             at += g
     if not holds:
         return None
-    h_cov, h_all = _covered(holds, stalls)
-    r_cov, r_all = _covered(rest, stalls)
+    h_cov, h_all = covered(holds, stalls)
+    r_cov, r_all = covered(rest, stalls)
     return {"holds": len(holds), "hold_stalled_share": h_cov / h_all if h_all else 0.0,
             "rest_stalled_share": r_cov / r_all if r_all else 0.0}
 

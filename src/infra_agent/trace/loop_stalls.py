@@ -224,7 +224,7 @@ class TailShare:
                 "stalled_share": self.stalled_share, "rest_share": self.rest_share}
 
 
-def _covered(ivs: list[Interval], stalls: list[Interval]) -> tuple[float, float]:
+def covered(ivs: list[Interval], stalls: list[Interval]) -> tuple[float, float]:
     """(stalled time inside the intervals, each counted on its own, their whole length); ``stalls`` merged."""
     import numpy as np
 
@@ -273,8 +273,8 @@ def tail_shares(result: dict[str, Any], stalls: list[Interval], pct: float = 90.
         cut = float(np.percentile(lens, pct))
         tail = [iv for iv, n in zip(ivs, lens, strict=True) if n >= cut]
         rest = [iv for iv, n in zip(ivs, lens, strict=True) if n < cut]
-        t_cov, t_all = _covered(tail, stalls)
-        r_cov, r_all = _covered(rest, stalls)
+        t_cov, t_all = covered(tail, stalls)
+        r_cov, r_all = covered(rest, stalls)
         out.append(TailShare(metric, pct, cut * 1e3, len(tail), t_cov / t_all if t_all else 0.0,
                              r_cov / r_all if r_all else 0.0))
     return out
