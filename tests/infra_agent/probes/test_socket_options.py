@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -71,3 +73,25 @@ def test_no_connection_on_the_port_is_unknown() -> None:
     import os
 
     assert tcp_nodelay(os.getpid(), 1) is None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and pidfd_getfd")
+def test_refstacks_connections_have_nagle_off(refstack_server_factory: Any) -> None:
+    """refstack binds its listener with IPPROTO_TCP, so asyncio sets TCP_NODELAY on every
+    accepted connection: read from the server's own sockets, while keep-alive connections are open."""
+    import httpx
+
+    if not _readable():
+        pytest.skip("pidfd_getfd refused here (no ptrace permission on the server process)")
+    server = refstack_server_factory()
+    port = urlsplit(server.url).port
+    assert port is not None
+    clients = [httpx.Client(base_url=server.url, timeout=30) for _ in range(3)]
+    try:
+        for c in clients:  # one request each; the connection stays open (keep-alive)
+            assert c.get("/health").status_code == 200
+        got = tcp_nodelay(server.proc.pid, port)
+        assert got is not None and got["connections"] >= 3 and got["nodelay"] == got["connections"], got
+    finally:
+        for c in clients:
+            c.close()
