@@ -108,6 +108,8 @@ class FindingKind:
     # a step loop that spends a share of its steps moving KV out (packing it, waiting for the
     # link) before the next step: prefill waiting on a KV transfer (trace/transfer_wait.py)
     TRANSFER_WAIT: Final = "transfer_wait"
+    # an asyncio loop away from its selector during a share of the TTFT or ITL tail
+    LOOP_STALLS: Final = "loop_stalls"
     # quality probe (teacher-forced logprobs, candidate against baseline)
     NO_LOGPROBS: Final = "no_logprobs"
     LOGPROB_DIVERGENCE: Final = "logprob_divergence"

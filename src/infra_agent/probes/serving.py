@@ -43,6 +43,7 @@ from infra_agent.serving.metrics import request_samples
 from infra_agent.serving.runner import default_log_dir, run_on_target
 from infra_agent.target import open_target
 from infra_agent.target.host_load import HostSampler, host_summary, target_processes
+from infra_agent.trace.loop_stall_finding import NAGLE_QUESTION
 from infra_agent.vocabulary import FindingKind
 from infra_agent.workspace.models import Scenario, metric_direction
 
@@ -344,16 +345,22 @@ class ServingProbe(Probe):
                             + (" (saturated: it may be the one holding chunks)" if burst["client_cpu_share"] >= 0.9 else "")
                             if burst.get("client_cpu_share") is not None else "")),
                 location=Location(component="server"), evidence={**burst, "scenario": name},
-                next_question=("Is Nagle's algorithm on for the server's connections (TCP_NODELAY unset; stalls of about "
-                               "40 ms, one delayed ACK, on reused keep-alive connections), or does the server batch "
-                               "stream output on purpose (a stream interval)?"),
+                # Nagle is a question here: whether the server's sockets set TCP_NODELAY is unknown to a
+                # client; the timeline probe reads it from them and ranks the explanations.
+                next_question=NAGLE_QUESTION,
             ))
         if phases.get("ttft") and client_ttft > 0:
             gap = client_ttft - ttft_ref
             if gap / client_ttft > 0.3:
+                # The server's own TTFT split where its metrics have the phases (vLLM, refstack: queue, prefill).
+                inside = {p: sum(phases[p]) / len(phases[p]) for p in ("queue", "prefill") if phases.get(p)}
+                split = "".join(f", {p} {v:.1f} ms" for p, v in inside.items())
                 fb.findings.append(Finding(
                     kind=FindingKind.CLIENT_SERVER_TTFT_GAP, severity="info",
-                    message=f"client TTFT {client_ttft:.1f} ms vs server {ttft_ref:.1f} ms in {name}: {gap:.1f} ms outside the engine",
-                    location=Location(component="server"), evidence={"client_ttft_ms": client_ttft, "server_ttft_ms": ttft_ref, "scenario": name},
+                    message=(f"client TTFT {client_ttft:.1f} ms vs server {ttft_ref:.1f} ms in {name}: {gap:.1f} ms outside "
+                             "the engine" + (f" (the server's TTFT: {split[2:]})" if split else "")),
+                    location=Location(component="server"),
+                    evidence={"client_ttft_ms": client_ttft, "server_ttft_ms": ttft_ref, "scenario": name,
+                              **{f"server_{p}_ms": v for p, v in inside.items()}},
                     next_question="Is time lost in the HTTP layer (tokenisation, detokenisation, event loop) before the engine sees the request?",
                 ))

@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 from contextlib import ExitStack
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from infra_agent.errors import InfraAgentError
 from infra_agent.feedback import (
@@ -70,7 +71,7 @@ from infra_agent.workspace.models import Scenario
 # Metrics a timeline run reports beside the serving ones.
 TIMELINE_METRICS: tuple[str, ...] = ("overlap_share", "gil_wait_share", "thread_busy_share", "gil_holder_share",
                                      "gc_pause_ms", "gc_share", "thread_blocked_share",
-                                     "input_throughput")
+                                     "loop_stall_ms", "input_throughput")
 
 
 class TimelineProbe(Probe):
@@ -164,7 +165,7 @@ class TimelineProbe(Probe):
         if cfg.reset:
             trace_note = _get_json(trace_url + ("&" if "?" in trace_url else "?") + "reset=true")[1]
         runs: list[dict[str, Any]] = []
-        sampler_res = None
+        sampler_res = stall_res = None
         picked: dict[str, Any] = {}
         kineto, profile_notes = None, []
         profiling = cfg.profile
@@ -176,9 +177,9 @@ class TimelineProbe(Probe):
             for i in range(cfg.repeats):
                 if i == 0:
                     try:
-                        result, sampler_res, picked = sampled_window(
+                        result, sampler_res, picked, stall_res = sampled_window(
                             cfg, lambda: self._window(cfg, ctx, target, name, sc, values, "0", first), target.pid,
-                            ctx.workdir / f"gil-{name}.jsonl")
+                            ctx.workdir / f"gil-{name}.jsonl", urlsplit(target.url).port)
                     finally:  # the profile covers the traced window only, and never outlives it
                         if profiling:
                             kineto, note = timeline_profile.stop(target.url)
@@ -215,7 +216,8 @@ class TimelineProbe(Probe):
             spans_path = ctx.workdir / f"spans-{name}.json"
             spans_path.write_text(json.dumps(doc))
             fb.artifacts.append(Artifact(kind="trace", path=str(spans_path), description="server spans of the window"))
-        analyse_window(cfg, ctx, fb, name, spans_path, sampler_res, picked, runs[0], arm, kineto, profile_notes)
+        analyse_window(cfg, ctx, fb, name, spans_path, sampler_res, picked, runs[0], arm, kineto, profile_notes,
+                       stall_res)
 
     # ------------------------------------------------------------------ two values of a knob
 

@@ -20,19 +20,22 @@ from infra_agent.vocabulary import FindingKind
 
 def analyse_window(cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: str, spans_path: Path | None,
                    sampler_res: Any, picked: dict[str, Any], result: dict[str, Any], arm: str | None,
-                   kineto: Path | None = None, profile_notes: list[str] | None = None) -> None:
+                   kineto: Path | None = None, profile_notes: list[str] | None = None, stall_res: Any = None) -> None:
     """Add the findings, measurements and merged trace of one traced window to ``fb``.
 
     ``spans_path`` is the window's span trace (None: the target has none, and the py-spy
     samples are analysed alone), ``sampler_res`` the py-spy result (None: not sampled),
     ``picked`` the process it sampled, ``result`` the window's serving result, ``arm`` the
-    compared knob's side.
+    compared knob's side, ``stall_res`` the ``py-spy record`` of that process for its event
+    loops' stalls (None: not recorded).
     """
     from infra_agent.trace.analyze import analyze
     from infra_agent.trace.feedback import timeline_feedback
     from infra_agent.trace.load import TraceLoadError, load_timeline
+    from infra_agent.trace.loop_stall_finding import rank_burst_explanations
     from infra_agent.trace.merge import write_merged
     from infra_agent.trace.thread_blocked import explain_bursts
+    from infra_agent.trace.ttft_split import split_ttft_gap, ttft_split
 
     pyspy = sampler_res.path if sampler_res is not None else None
     notes = list(profile_notes or [])
@@ -79,6 +82,12 @@ def analyse_window(cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: s
         for thread, share in list(w.holder_threads.items())[:3]:
             fb.measurements.append(Measurement.from_samples("gil_holder_share", "ratio", [share], None, thread=thread,
                                                             interval=f"{w.group}@{w.thread}", **tags))
+    loops = _loop_stalls(cfg, fb, stall_res, result, tags)
+    split = ttft_split(tl.instants)
+    split_ttft_gap(fb.findings, split)
+    if split is not None:
+        fb.meta.setdefault("timeline", {})["ttft_split"] = split
+    rank_burst_explanations(fb.findings, loops, result if result.get("ok", True) else None, picked.get("tcp_nodelay"))
     merged = ctx.workdir / f"timeline-{name}.perfetto.json"
     try:
         write_merged(tl, merged)
@@ -87,6 +96,34 @@ def analyse_window(cfg: TimelineConfig, ctx: ProbeContext, fb: Feedback, name: s
     except (OSError, ValueError) as exc:
         tl.warnings.append(f"merged trace not written: {exc}")
     fb.meta.setdefault("timeline", {}).update({**tfb.meta, "report": _small_report(report)})
+
+
+def _loop_stalls(cfg: TimelineConfig, fb: Feedback, stall_res: Any, result: dict[str, Any],
+                 tags: dict[str, str]) -> list[Any]:
+    """The event loops' stalls (trace/loop_stalls.py), lined up with the window's requests."""
+    from infra_agent.trace.load import TraceLoadError
+    from infra_agent.trace.loop_stall_finding import loop_stall_feedback
+    from infra_agent.trace.loop_stalls import loop_stalls
+
+    if stall_res is None:
+        return []
+    if stall_res.path is None:
+        fb.meta.setdefault("timeline", {})["loop_stalls_error"] = stall_res.warning
+        return []
+    fb.artifacts.append(Artifact(kind="trace", path=str(stall_res.path),
+                                 description=f"py-spy record at {cfg.stall_rate_hz} Hz, every thread (loop stalls)"))
+    try:
+        loops = loop_stalls(stall_res.path, stall_res.start_unix_ns, cfg.stall_rate_hz)
+    except (TraceLoadError, ValueError, OSError) as exc:  # ValueError: a file py-spy cut short
+        fb.meta.setdefault("timeline", {})["loop_stalls_error"] = f"{stall_res.path}: {exc}"
+        return []
+    findings, measurements, summary = loop_stall_feedback(loops, result if result.get("ok", True) else None, tags)
+    for f in findings:
+        f.evidence.setdefault("scenario", tags.get("scenario"))
+    fb.findings.extend(findings)
+    fb.measurements.extend(measurements)
+    fb.meta.setdefault("timeline", {})["loop_stalls"] = summary
+    return loops
 
 
 def _workspace_hints(ws: Any, tl: Any, cfg: TimelineConfig) -> dict[str, str]:

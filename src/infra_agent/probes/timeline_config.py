@@ -43,6 +43,9 @@ class TimelineConfig(ProbeConfig):
                     "server; any other value: the child process of that name (/proc/PID/comm, e.g. prefill-worker)")
     lead_s: float = Field(0.5, ge=0, le=30, description="load time before the process is picked and sampling starts")
     sample_interval_s: float = Field(0.0, ge=0, le=5)
+    loop_stalls: bool = Field(True, description="also py-spy record the sampled process (every thread, idle ones too) "
+                                                "for its event loops' stalls: time away from the selector")
+    stall_rate_hz: int = Field(200, ge=10, le=1000, description="py-spy record's rate for loop stalls: their resolution")
     expect_overlap: list[str] = Field(default_factory=list,
                                       description="'A:B' span groups (names or categories, '|' joins) that should overlap")
     knob_hints: dict[str, str] = Field(default_factory=dict,

@@ -21,13 +21,16 @@ if TYPE_CHECKING:
 
 
 def sampled_window(cfg: TimelineConfig, run_window: Callable[[], dict[str, Any]], pid: int | None,
-                   samples_path: Path) -> tuple[dict[str, Any], PySpyResult, dict[str, Any]]:
-    """``run_window()``'s result, the py-spy samples taken while it ran, and the process sampled.
+                   samples_path: Path, port: int | None = None) -> tuple[dict[str, Any], PySpyResult, dict[str, Any], PySpyResult | None]:
+    """``run_window()``'s result, the py-spy samples taken while it ran, the process sampled, and
+    the ``py-spy record`` of that process for its event loops' stalls (None: not recorded).
 
     ``pid`` is the server's (None: a server given by URL, nothing to sample); the process
-    sampled is picked among it and its children (``cfg.sample_process``).
+    sampled is picked among it and its children (``cfg.sample_process``).  With the server's
+    ``port``, ``picked["tcp_nodelay"]`` says whether its client connections had Nagle off while
+    the load ran (probes/socket_options.py; None: unknown).
     """
-    from infra_agent.trace.sampler import PySpyDumpSampler, PySpyResult
+    from infra_agent.trace.sampler import PySpyDumpSampler, PySpyRecorder, PySpyResult
 
     box: dict[str, Any] = {}
 
@@ -39,7 +42,7 @@ def sampled_window(cfg: TimelineConfig, run_window: Callable[[], dict[str, Any]]
 
     worker = threading.Thread(target=load, name="timeline-load", daemon=True)
     worker.start()
-    sampler = None
+    sampler = recorder = None
     picked: dict[str, Any] = {}
     res = None
     if not cfg.sample:
@@ -49,9 +52,19 @@ def sampled_window(cfg: TimelineConfig, run_window: Callable[[], dict[str, Any]]
                                        "(a server given by URL)")
     else:
         sampled, picked = pick_process(int(pid), cfg.sample_process, cfg.lead_s, worker)
+        if port is not None and worker.is_alive():  # the connections are open while the load runs
+            from infra_agent.probes.socket_options import tcp_nodelay
+
+            picked["tcp_nodelay"] = tcp_nodelay(int(pid), port)
         if worker.is_alive():
             sampler = PySpyDumpSampler(sampled, samples_path, interval_s=cfg.sample_interval_s).start()
+            if cfg.loop_stalls:
+                # Every thread at a fixed rate, idle ones included (a loop parked off the GIL
+                # is the point), without pausing the target: trace/loop_stalls.py.
+                recorder = PySpyRecorder(sampled, samples_path.with_name(samples_path.stem + "-record.json"),
+                                         rate=cfg.stall_rate_hz, gil=False, idle=True, nonblocking=True).start()
     worker.join()
+    stall_res = recorder.stop() if recorder is not None else None
     if sampler is not None:
         res = sampler.stop()
     elif res is None:
@@ -59,4 +72,4 @@ def sampled_window(cfg: TimelineConfig, run_window: Callable[[], dict[str, Any]]
                                        f"(lead_s {cfg.lead_s:g} s is longer than the window)")
     if "error" in box:
         raise box["error"]
-    return box["result"], res, picked
+    return box["result"], res, picked, stall_res

@@ -17,6 +17,7 @@ serve`` computes them by default (``timing.py`` says what a token event is under
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -161,6 +162,12 @@ def compute_metrics(
     # Under ``content``, a completed answer without text has null timings.
     lines = [timeline(r, definition) for r in records]
     result["input_lens"] = [r.prompt_len for r in records]
+    # Each request's send time as unix seconds, to line requests up with what the server
+    # did meanwhile (a trace, a profile, event-loop stalls).  The client times requests on
+    # perf_counter (monotonic); one offset taken now maps it to the wall clock, which moves
+    # apart from it by far less than a millisecond over a window unless the clock is set.
+    to_unix = time.time() - time.perf_counter()
+    result["start_times"] = [r.start + to_unix for r in records]
     result["output_lens"] = [r.output_len if r.success else 0 for r in records]
     result["ttfts"] = [t[0] if t else (None if r.success else 0.0) for r, t in zip(records, lines)]
     result["itls"] = [list(t[1]) if t else [] for t in lines]

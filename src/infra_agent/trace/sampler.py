@@ -42,11 +42,16 @@ def _first_line(text: str) -> str:
 
 
 class PySpyRecorder:
-    """``py-spy record --format chrometrace --gil --idle`` on a pid, until :meth:`stop`."""
+    """``py-spy record --format chrometrace --gil --idle`` on a pid, until :meth:`stop`.
+
+    ``nonblocking``: read the target without pausing it (py-spy's ``--nonblocking``): a
+    sample now and then reads a stack mid-change, but the target runs at its own pace, which
+    matters at a few hundred Hz on a small machine."""
 
     def __init__(self, pid: int, out: str | Path, rate: int = 200, executable: str = "py-spy",
-                 gil: bool = True, idle: bool = True) -> None:
+                 gil: bool = True, idle: bool = True, nonblocking: bool = False) -> None:
         self.pid, self.out, self.rate, self.gil, self.idle = pid, Path(out), rate, gil, idle
+        self.nonblocking = nonblocking
         self.executable = executable
         self.proc: subprocess.Popen[str] | None = None
         self.start_unix_ns: int | None = None
@@ -60,7 +65,8 @@ class PySpyRecorder:
             self._error = f"py-spy not found ({self.executable!r} is not on PATH): pip install py-spy"
             return self
         cmd = [exe, "record", "--format", "chrometrace", "-r", str(self.rate), "-o", str(self.out),
-               "--pid", str(self.pid), *(["--gil"] if self.gil else []), *(["--idle"] if self.idle else [])]
+               "--pid", str(self.pid), *(["--gil"] if self.gil else []), *(["--idle"] if self.idle else []),
+               *(["--nonblocking"] if self.nonblocking else [])]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         started = threading.Event()
 

@@ -317,6 +317,7 @@ class Engine:
         for req, tok in zip(reqs, tokens):
             if not req.output_ids:
                 req.first_token_at = now
+                tracing.instant("engine.first_token", cat="engine", request_id=req.request_id)
             req.output_ids.append(tok)
             reason = self._append_text(req, tok)
             if reason is None and len(req.output_ids) >= req.params.max_tokens:
@@ -368,6 +369,8 @@ class Engine:
             aborts, self._aborts = self._aborts, []
         for req in new:
             self.scheduler.add(req)
+            # The engine sees the request (http.submit -> here: admission, the TTFT split's middle part).
+            tracing.instant("engine.admit", cat="engine", request_id=req.request_id)
         for rid in aborts:
             target = self._find(rid)
             if target is not None:

@@ -207,6 +207,7 @@ async def _sse(rs: RequestStream, request: Request, include_usage: bool, chunk: 
     try:
         if first is not None:
             yield _event(first)
+        written = False
         async for out in _deltas(rs, request):
             if out.finished and out.finish_reason == "error":
                 yield _event(APIError(500, _failed(engine), type="server_error").body())
@@ -228,6 +229,11 @@ async def _sse(rs: RequestStream, request: Request, include_usage: bool, chunk: 
                 # times every event sees every step.  Clients that follow vLLM's
                 # benchmark convention time content-bearing events only.
                 yield _event(chunk(out.text, None, None, entries))
+            if not written and (out.text or out.token_ids):
+                # Resumed after the server wrote the first token's event: engine.first_token -> here
+                # is the first token's delivery (the TTFT split's last part).
+                written = True
+                tracing.instant("http.first_write", cat="server", request_id=rs.request_id)
         yield "data: [DONE]\n\n"
     finally:
         rs.abort()  # a write to a gone client closes this generator; free the slot now, not at GC

@@ -75,11 +75,20 @@ class Plant:
 
 ENGINE = "src/refstack/engine/engine.py"
 
-BLOCKING_CALL = Plant("a blocking call on the event loop", ((
-    "src/refstack/server/openai_routes.py",
-    '    tracing.instant("http.submit", cat="server", request_id=rs.request_id, path=request.url.path)\n',
-    '    tracing.instant("http.submit", cat="server", request_id=rs.request_id, path=request.url.path)\n'
-    "    time.sleep(0.02)  # an audit call, made synchronously on the event loop\n"),))
+def blocking_call(seconds: float) -> Plant:
+    """A synchronous call of ``seconds`` on the event loop, in the handler of every request."""
+    return Plant("a blocking call on the event loop", ((
+        "src/refstack/server/openai_routes.py",
+        '    tracing.instant("http.submit", cat="server", request_id=rs.request_id, path=request.url.path)\n',
+        '    tracing.instant("http.submit", cat="server", request_id=rs.request_id, path=request.url.path)\n'
+        f"    time.sleep({seconds})  # an audit call, made synchronously on the event loop\n"),))
+
+
+BLOCKING_CALL = blocking_call(0.02)
+# For the timeline's planted-bottleneck test: 20 ms a request was about 20% of a loaded
+# machine's window (the whole machine slows, the sleeps do not), at the thread_blocked
+# threshold; 50 ms keeps the loop blocked for well over it.
+LONG_BLOCKING_CALL = blocking_call(0.05)
 
 # The engine holds its inbox lock (made re-entrant) for its whole step, a step that opens with a
 # short window for requests in flight to join it: the lock keeps exactly those requests out.
@@ -103,10 +112,11 @@ PER_TOKEN_WORK = Plant("per-token work that grows with the output", ((
     "src/refstack/engine/deltas.py",
     "    checked = len(req.text)\n",
     "    checked = len(req.text)\n"
-    "    # a repetition guard: the output's 4-grams so far, gathered again for every token\n"
-    "    grams = {tuple(req.output_ids[i:i + 4]) for i in range(len(req.output_ids) - 3)}\n"
-    "    if len(grams) < len(req.output_ids) // 64:\n"
-    '        return "stop"\n'),))
+    "    # a repetition guard: the output's n-grams so far (n = 4 to 10), gathered again for every token\n"
+    "    for n in range(4, 11):\n"
+    "        grams = {tuple(req.output_ids[i:i + n]) for i in range(len(req.output_ids) - n + 1)}\n"
+    "        if len(grams) < len(req.output_ids) // 64:\n"
+    '            return "stop"\n'),))
 
 SYNC_WRITE = Plant("a synchronous write per step", (
     (ENGINE,

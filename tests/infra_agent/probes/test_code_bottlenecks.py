@@ -22,8 +22,8 @@ from infra_agent.vocabulary import FindingKind
 
 from .code_workspace import (
     ALLOCATION_CHURN,
-    BLOCKING_CALL,
     LOCK_HELD,
+    LONG_BLOCKING_CALL,
     PER_TOKEN_WORK,
     SYNC_WRITE,
     Plant,
@@ -41,12 +41,10 @@ def _pyspy_works() -> bool:
         return False
 
 
-# Load-sensitive on a shared 2-core machine (one of the five missed its finding in 2 of 4
-# clean-clone runs under the full suite): run them alone with INFRA_AGENT_TIMELINE_PLANTS=1
-# until their windows are long enough to hold under a parallel suite.
-_PLANTS = pytest.mark.skipif(os.environ.get("INFRA_AGENT_TIMELINE_PLANTS") != "1",
-                             reason="load-sensitive timeline plants: set INFRA_AGENT_TIMELINE_PLANTS=1 to run")
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not _pyspy_works(), reason="py-spy is not installed"), _PLANTS]
+# Each test starts two servers and runs a window on each: on a loaded 2-core machine (the
+# parallel suite, other work) that alone passed the suite's 300 s per test.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
+              pytest.mark.skipif(not _pyspy_works(), reason="py-spy is not installed")]
 
 
 def _measure(tmp_path: Path, plant: Plant, scenario: str, **config: object) -> tuple[Path, Feedback, Feedback]:
@@ -66,6 +64,11 @@ def _named(fb: Feedback, kind: str, function: str) -> Finding:
     return found[0]
 
 
+def _gc_share(fb: Feedback) -> float:
+    """The share of the window the collector stopped the server (``gc_share``)."""
+    return max((m.samples[0] for m in fb.measurements if m.name == "gc_share" and m.samples), default=0.0)
+
+
 def _in_planted_code(f: Finding, planted: Path, plant: Plant, rel: str) -> None:
     """The location is the planted copy's file (the server ran it), at a line the plant wrote."""
     loc = f.location
@@ -76,9 +79,28 @@ def _in_planted_code(f: Finding, planted: Path, plant: Plant, rel: str) -> None:
 
 
 def test_a_blocking_call_on_the_event_loop(tmp_path: Path) -> None:
-    planted, fb, clean = _measure(tmp_path, BLOCKING_CALL, "chat")
+    planted, fb, clean = _measure(tmp_path, LONG_BLOCKING_CALL, "chat")
+    # The loop's stalls (py-spy record at 200 Hz beside the dumps): the sleep is where the
+    # stalled time went, and the loop sat in it during a share of the TTFT or ITL tail.
+    s = _named(fb, FindingKind.LOOP_STALLS, "_respond")
+    _in_planted_code(s, planted, LONG_BLOCKING_CALL, "src/refstack/server/openai_routes.py")
+    assert s.evidence["site"]["kind"] == "sleep" and s.evidence["explains"] in ("ttft", "itl"), s.message
+    assert s.evidence["tail_share"] >= 0.1 and s.evidence["p99_ms"] >= 40.0, s.evidence  # 50 ms sleeps, seen to 5 ms
+    assert not warnings_of(clean, FindingKind.LOOP_STALLS), describe(clean)
+    assert any(f.kind == FindingKind.LOOP_STALLS for f in clean.findings), describe(clean)  # its distribution, as info
+
+
+# The same plant through the dump sampler's thread states.  Load-sensitive: thread_blocked
+# asks for 20% of the window blocked, and the sleeps are fixed while a loaded machine
+# stretches the window (at a load average of 20 to 38 on 2 cores the loop slept 21% of a
+# 30 s window, and the few dumps taken missed it in 3 of 3 runs).  Opt in with
+# INFRA_AGENT_TIMELINE_PLANTS=1 until the finding is measured against the loop's own time.
+@pytest.mark.skipif(os.environ.get("INFRA_AGENT_TIMELINE_PLANTS") != "1",
+                    reason="load-sensitive: set INFRA_AGENT_TIMELINE_PLANTS=1 to run")
+def test_a_blocking_call_parks_the_loop_off_the_gil(tmp_path: Path) -> None:
+    planted, fb, clean = _measure(tmp_path, LONG_BLOCKING_CALL, "chat")
     f = _named(fb, FindingKind.THREAD_BLOCKED, "_respond")
-    _in_planted_code(f, planted, BLOCKING_CALL, "src/refstack/server/openai_routes.py")
+    _in_planted_code(f, planted, LONG_BLOCKING_CALL, "src/refstack/server/openai_routes.py")
     assert f.evidence["role"] == "event loop" and f.evidence["kind"] == "sleep", f.message
     assert not warnings_of(clean, FindingKind.THREAD_BLOCKED), describe(clean)
 
@@ -123,4 +145,10 @@ def test_allocation_churn_that_triggers_collections(tmp_path: Path) -> None:
     sites = f.evidence["sites"]
     assert sites[0]["function"] == "Engine._sample", sites
     assert sites[0]["share"] == max(s["share"] for s in sites), sites
-    assert not warnings_of(clean, FindingKind.GC_PAUSE), describe(clean)
+    # Absent on the clean tree: no collection there is set off by the sampling step, and the
+    # collector stops the clean server for a smaller share of its window than the planted one.  (A single
+    # generation-0 collection that a busy machine stretched past 20 ms made a gc_pause
+    # warning on the clean tree too, located elsewhere: a fixed pause threshold is the load's.)
+    assert not [g for g in warnings_of(clean, FindingKind.GC_PAUSE)
+                if g.location and g.location.function == "Engine._sample"], describe(clean)
+    assert _gc_share(clean) < _gc_share(fb), (_gc_share(clean), _gc_share(fb))
