@@ -1,9 +1,8 @@
 """The engine: a step loop on its own thread, fed and drained thread-safely.
 
-Other threads call ``add_request`` / ``abort`` (both only touch a locked inbox);
-the loop thread ("engine-loop") owns the scheduler, the model and the cache, and
-hands each step's deltas to the request's sink.  ``submit()`` adapts a sink to an
-asyncio consumer; ``generate()`` is the synchronous form for tests and benchmarks.
+Other threads call ``add_request`` / ``abort`` (both only touch a locked inbox); the loop
+thread ("engine-loop") owns the scheduler, the model and the cache, and hands each step's
+deltas to the request's sink.  ``submit()`` adapts a sink to an asyncio consumer.
 """
 
 from __future__ import annotations
@@ -369,8 +368,7 @@ class Engine:
             aborts, self._aborts = self._aborts, []
         for req in new:
             self.scheduler.add(req)
-            # The engine sees the request (http.submit -> here: admission, the TTFT split's middle part).
-            tracing.instant("engine.admit", cat="engine", request_id=req.request_id)
+            tracing.instant("engine.admit", cat="engine", request_id=req.request_id)  # end of admission (TTFT split)
         for rid in aborts:
             target = self._find(rid)
             if target is not None:
