@@ -59,6 +59,16 @@ print("INFRA_AGENT_DEFAULTS " + json.dumps({"version": vllm.__version__, "max_nu
                                             "max_num_batched_tokens": tokens.get(ctx)}))
 """
 
+# vLLM's own benchmark client (what `vllm bench serve` runs), without the CLI's metadata lookup.
+_BENCH = """
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser(prog="vllm bench serve")
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+"""
+
 
 @dataclass(frozen=True)
 class VllmBuild:
@@ -152,6 +162,15 @@ def help_command(env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The command (and environment) that prints every ``vllm serve`` option of the build installed."""
     argv, env, _ = resolve_launch(["vllm", "serve", "--help=all"], env)
     return argv, env
+
+
+def bench_serve_command(env: dict[str, str], args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``vllm bench serve ARGS`` as the build installed can run it (the same client code, no CLI)."""
+    python = interpreter(env)
+    if python is None:
+        raise RuntimeError("no Python on PATH to run vLLM's benchmark client")
+    _, env, _ = resolve_launch(["vllm", "serve", "x"], env)
+    return [python, "-c", _BENCH, *args], env
 
 
 def batch_defaults(env: dict[str, str], timeout_s: float = 600.0) -> dict[str, object]:
