@@ -17,9 +17,26 @@ from pathlib import Path
 
 import pytest
 
-from .vllm_live import MARKS, ROOT, scrape, server_mean_ms, tiny_model, vllm_env  # noqa: F401 (fixtures)
+from .vllm_live import (
+    MARKS,
+    ROOT,
+    make_tiny_model,
+    scrape,
+    server_mean_ms,
+    set_vllm_env,
+)
 
 pytestmark = MARKS
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory)
+
+
+@pytest.fixture
+def vllm_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    return set_vllm_env(monkeypatch)
 
 
 def test_vllm_example_workspace_end_to_end(tmp_path: Path, tiny_model: Path, vllm_env: dict[str, str]) -> None:
@@ -85,9 +102,9 @@ def _our_bench(url: str, model: Path, seed: int, out: Path) -> dict:
 
 
 def test_bench_parity_with_vllms_own_client(tmp_path: Path, tiny_model: Path, vllm_env: dict[str, str]) -> None:
-    from infra_agent.target.server import ServerProcess
     from tune_vllm import make_workspace
 
+    from infra_agent.target.server import ServerProcess
     from infra_agent.workspace import load_workspace
 
     ws = load_workspace(make_workspace(tmp_path / "ws", tiny_model, max_num_seqs=16, max_num_batched_tokens=2048))

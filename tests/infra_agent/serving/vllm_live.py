@@ -28,15 +28,14 @@ MARKS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def make_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama, written once per test module (its ``tiny_model`` fixture)."""
     from tune_vllm import make_model
 
     return make_model(tmp_path_factory.mktemp("model") / "tiny-llama")
 
 
-@pytest.fixture
-def vllm_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def set_vllm_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """This interpreter's vLLM first on PATH, a 1 GiB KV cache and no core binding, for every launch."""
     from tune_vllm import vllm_env as env
 
