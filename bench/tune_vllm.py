@@ -31,11 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -169,18 +171,22 @@ def run_loop(ws: Path, args: argparse.Namespace) -> dict[str, Any]:
     return {"run": run.id, "status": run.status, "message": run.message, "wall_s": wall, "e2e_runs": runs,
             "launches": launches, "experiments": sum(e.role == "experiment" for e in exps), "fixed": fixed,
             "outside_typical": outside, "best_knobs": dict(accepted[-1].knobs) if accepted else None,
-            "launch_s": _launch_seconds(ws),
+            "launch_s": _launch_seconds(ws), "exp_wall_s": sum(e.cost.wall_s for e in exps),
             "trail": [(e.id, e.role, e.change.knobs, e.status, e.verdict.outcome if e.verdict else None,
                        e.cost.e2e_runs, e.cost.launches, e.accepted) for e in exps]}
 
 
 def _launch_seconds(ws: Path) -> list[float]:
-    """Seconds from each server log's creation to its 'Application startup complete' line."""
+    """Seconds from each launch (its log's name: ``NAME-YYYYmmdd-HHMMSS-PORT.log``) to vLLM's
+    "Application startup complete" (its records carry ``MM-DD HH:MM:SS``), for every server log."""
     out = []
     for log in (ws / ".infra-agent").rglob("*.log"):
-        text = log.read_text(errors="replace")
-        if "startup complete" in text.lower():
-            out.append(log.stat().st_mtime - log.stat().st_ctime)
+        stamp = re.search(r"-(\d{8}-\d{6})-\d+\.log$", log.name)
+        ready = re.search(r" (\d\d-\d\d \d\d:\d\d:\d\d) .*Application startup complete", log.read_text(errors="replace"))
+        if stamp and ready:
+            start = datetime.strptime(stamp.group(1), "%Y%m%d-%H%M%S")
+            end = datetime.strptime(f"{start.year}-{ready.group(1)}", "%Y-%m-%d %H:%M:%S")
+            out.append((end - start).total_seconds())
     return out
 
 
@@ -233,7 +239,9 @@ def main() -> int:
             print("  ", t, flush=True)
         if args.start == "misset" and loop["fixed"]:
             result["confirm"] = confirm(ws, loop["fixed"]["knobs"], model, args.confirm_rounds, work)
-        window = 2 * 60.0  # a window of this load at the mis-set baseline, at most; replaced when measured
+        # One window of the load: the experiments' wall time less their launches, per e2e run.
+        launch = statistics.median(loop["launch_s"]) if loop["launch_s"] else 0.0
+        window = max(loop["exp_wall_s"] - launch * loop["launches"], 0.0) / max(loop["e2e_runs"], 1)
         if args.grid != "off":
             result["grid"] = grid(ws, model, args.grid, loop, window)
         if args.out:

