@@ -149,7 +149,9 @@ def run_loop(ws: Path, args: argparse.Namespace) -> dict[str, Any]:
     from infra_agent.workspace import load_workspace
 
     opts = RunOptions(proposer="search", seed=args.seed, budget_runs=args.budget_runs, pairs=args.pairs,
-                      confirm=False, probe_timeout_s=1800, process_noise="off", reuse_servers="auto")
+                      confirm=False, probe_timeout_s=1800, process_noise="off", reuse_servers="auto",
+                      # a shared machine: windows are not re-run for other jobs' CPU; the intervals carry it
+                      max_foreign_cpu=args.max_foreign_cpu)
     start = time.monotonic()
     run = start_run(ws, opts, progress=args.verbose)
     wall = time.monotonic() - start
@@ -218,6 +220,8 @@ def main() -> int:
     ap.add_argument("--confirm-rounds", type=int, default=4, help="ABAB rounds of vLLM's client on the winner")
     ap.add_argument("--grid", choices=["estimate", "run", "off"], default="estimate")
     ap.add_argument("--out", type=Path, default=None, help="write the raw results here (JSON)")
+    ap.add_argument("--max-foreign-cpu", type=float, default=None,
+                    help="re-run a window when other processes used more cores than this (default: never)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     os.environ.update(vllm_env())
