@@ -70,8 +70,11 @@ def make_model(dest: Path) -> Path:
 
 
 def make_workspace(dest: Path, model: Path, *, max_num_seqs: int, max_num_batched_tokens: int,
-                   constraints: bool = True, gate_ms: float = GATE_MS) -> Path:
-    """The example workspace on the tiny model, as a git repository (the loop commits its changes)."""
+                   constraints: bool = True, gate_ms: float = GATE_MS, **load: Any) -> Path:
+    """The example workspace on the tiny model, as a git repository (the loop commits its changes).
+
+    ``load`` overrides the scenario's fields (``num_requests``, ``max_concurrency``) and its
+    dataset's (``input_len``, ``output_len``): a loaded machine needs a smaller window."""
     spec = yaml.safe_load(EXAMPLE.read_text())
     # The tiny model is float32: served as such (the CPU here has no bf16 dot product), so
     # kv_cache_dtype=auto is float32, not one of the other choices; the bf16 alias goes.
@@ -89,7 +92,9 @@ def make_workspace(dest: Path, model: Path, *, max_num_seqs: int, max_num_batche
     knobs["kv_cache_dtype"]["choices"] = ["auto", "bfloat16"]  # what the CPU build stores a cache in
     if not constraints:
         spec.pop("constraints", None)
-    spec["scenarios"] = {"short-chat": {**LOAD, "tokenizer": f"hf:{model}"}}
+    dataset = {**LOAD["dataset"], **{k: v for k, v in load.items() if k in ("input_len", "output_len")}}
+    scenario = {**LOAD, **{k: v for k, v in load.items() if k not in dataset}, "dataset": dataset}
+    spec["scenarios"] = {"short-chat": {**scenario, "tokenizer": f"hf:{model}"}}
     spec["criteria"] = [{"name": "chat-p90-ttft", "metric": "p90_ttft_ms", "scenario": "short-chat",
                          "op": "<=", "value": gate_ms}]
     dest.mkdir(parents=True)
@@ -102,14 +107,14 @@ def make_workspace(dest: Path, model: Path, *, max_num_seqs: int, max_num_batche
     return dest
 
 
-def vllm_client(url: str, model: Path, seed: int, out: Path, env: dict[str, str]) -> dict[str, Any]:
-    """One run of vLLM's own client on the load; its result JSON."""
+def vllm_client(url: str, model: Path, seed: int, out: Path, env: dict[str, str], sc: Any) -> dict[str, Any]:
+    """One run of vLLM's own client on the scenario ``sc``'s load; its result JSON."""
     from infra_agent.target import vllm_build
 
     args = ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", url, "--model", "served",
-            "--tokenizer", str(model), "--dataset-name", "random", "--random-input-len", str(LOAD["dataset"]["input_len"]),
-            "--random-output-len", str(LOAD["dataset"]["output_len"]), "--num-prompts", str(LOAD["num_requests"]),
-            "--max-concurrency", str(LOAD["max_concurrency"]), "--request-rate", "inf", "--ignore-eos",
+            "--tokenizer", str(model), "--dataset-name", "random", "--random-input-len", str(sc.dataset.input_len),
+            "--random-output-len", str(sc.dataset.output_len), "--num-prompts", str(sc.num_requests),
+            "--max-concurrency", str(sc.max_concurrency), "--request-rate", "inf", "--ignore-eos",
             "--temperature", "1.0", "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--metric-percentiles", "50,90", "--ready-check-timeout-sec", "600", "--save-result",
             "--result-dir", str(out.parent), "--result-filename", out.name]
@@ -120,7 +125,7 @@ def vllm_client(url: str, model: Path, seed: int, out: Path, env: dict[str, str]
     return json.loads(out.read_text())
 
 
-def confirm(ws: Path, best: dict[str, Any], model: Path, rounds: int, workdir: Path) -> dict[str, Any]:
+def confirm(ws: Path, best: dict[str, Any], model: Path, rounds: int, workdir: Path, gate_ms: float) -> dict[str, Any]:
     """Baseline and winner, each on a fresh server, measured by vLLM's client in ABAB order."""
     from infra_agent.target.server import ServerProcess
     from infra_agent.workspace import load_workspace
@@ -135,14 +140,15 @@ def confirm(ws: Path, best: dict[str, Any], model: Path, rounds: int, workdir: P
             s.start()
         for r in range(rounds):
             for name in (("baseline", "best") if r % 2 == 0 else ("best", "baseline")):
-                res = vllm_client(servers[name].url, model, r, workdir / f"vllm-{name}-{r}.json", env)
+                res = vllm_client(servers[name].url, model, r, workdir / f"vllm-{name}-{r}.json", env,
+                                  workspace.scenario("short-chat"))
                 p90[name].append(float(res["p90_ttft_ms"]))
     finally:
         for s in servers.values():
             s.stop()
     b, w = statistics.median(p90["baseline"]), statistics.median(p90["best"])
-    return {"baseline_p90_ttft_ms": b, "best_p90_ttft_ms": w, "ratio": w / b, "gate_ms": GATE_MS,
-            "confirmed": w < b and w <= GATE_MS, "rounds": rounds, "launches": 2}
+    return {"baseline_p90_ttft_ms": b, "best_p90_ttft_ms": w, "ratio": w / b, "gate_ms": gate_ms,
+            "confirmed": w < b and w <= gate_ms, "rounds": rounds, "launches": 2}
 
 
 def run_loop(ws: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -222,6 +228,9 @@ def main() -> int:
     ap.add_argument("--confirm-rounds", type=int, default=4, help="ABAB rounds of vLLM's client on the winner")
     ap.add_argument("--grid", choices=["estimate", "run", "off"], default="estimate")
     ap.add_argument("--out", type=Path, default=None, help="write the raw results here (JSON)")
+    ap.add_argument("--gate-ms", type=float, default=GATE_MS, help="the gate: p90 TTFT at most this")
+    ap.add_argument("--num-requests", type=int, default=LOAD["num_requests"], help="requests per window")
+    ap.add_argument("--output-len", type=int, default=LOAD["dataset"]["output_len"], help="tokens per answer")
     ap.add_argument("--max-foreign-cpu", type=float, default=None,
                     help="re-run a window when other processes used more cores than this (default: never)")
     ap.add_argument("--verbose", action="store_true")
@@ -238,13 +247,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tune-vllm-") as tmp:
         work = Path(tmp)
         model = make_model(work / "tiny-llama")
-        ws = make_workspace(work / "ws", model, max_num_seqs=seqs, max_num_batched_tokens=int(defaults["max_num_batched_tokens"]))
+        ws = make_workspace(work / "ws", model, max_num_seqs=seqs, max_num_batched_tokens=int(defaults["max_num_batched_tokens"]),
+                            num_requests=args.num_requests, output_len=args.output_len, gate_ms=args.gate_ms)
         loop = run_loop(ws, args)
         result: dict[str, Any] = {"start": args.start, "defaults": defaults, "loop": loop}
         for t in loop["trail"]:
             print("  ", t, flush=True)
         if args.start == "misset" and loop["fixed"]:
-            result["confirm"] = confirm(ws, loop["fixed"]["knobs"], model, args.confirm_rounds, work)
+            result["confirm"] = confirm(ws, loop["fixed"]["knobs"], model, args.confirm_rounds, work, args.gate_ms)
         # One window of the load: the experiments' wall time less their launches, per e2e run.
         launch = statistics.median(loop["launch_s"]) if loop["launch_s"] else 0.0
         window = max(loop["exp_wall_s"] - launch * loop["launches"], 0.0) / max(loop["e2e_runs"], 1)

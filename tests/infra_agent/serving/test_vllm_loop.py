@@ -45,11 +45,15 @@ def test_a_loop_experiment_reuses_servers_and_a_refusal_quotes_vllm(tmp_path: Pa
     from infra_agent.ledger import Ledger
     from infra_agent.workspace import load_workspace
 
+    # A small window (16 chats of 32 + 16 tokens, 8 at once): a loaded 2-core machine ran
+    # max_num_seqs=2 at 3 tokens/s.
     ws = load_workspace(make_workspace(tmp_path / "ws", tiny_model, max_num_seqs=2, max_num_batched_tokens=2048,
-                                       constraints=False))
+                                       constraints=False, num_requests=16, max_concurrency=8, input_len=32,
+                                       output_len=16))
     steps: list[Step | Exception] = [
-        _step("16 running sequences instead of 2 batch the 16 chats: throughput up", {"max_num_seqs": 16}),
-        _step("a step of 8 tokens keeps decode steps short", {"max_num_batched_tokens": 8}),
+        _step("8 running sequences instead of 2 batch the 8 chats in flight: throughput up", {"max_num_seqs": 8}),
+        # Below the sequence cap whichever side won the first experiment: vLLM refuses it.
+        _step("a step of 4 tokens keeps decode steps short", {"max_num_seqs": 8, "max_num_batched_tokens": 4}),
     ]
     with Ledger.for_workspace(ws.root) as ledger:
         run = new_run(tmp_path, ledger, look_again=False, top_up=False)
@@ -79,7 +83,7 @@ def test_a_loop_experiment_reuses_servers_and_a_refusal_quotes_vllm(tmp_path: Pa
     assert "max_num_batched_tokens" in reason and "max_num_seqs" in reason, reason
     assert reason in refused.verdict.message
 
-    # Launches per configuration: the baseline, max_num_seqs=16, the refused one; never again.
+    # Launches per configuration: the baseline, max_num_seqs=8, the refused one; never again.
     assert sum(e.cost.launches for e in exps) == 3, [(e.id, e.cost.launches) for e in exps]
 
 
