@@ -72,7 +72,10 @@ def test_a_loop_experiment_reuses_servers_and_a_refusal_quotes_vllm(tmp_path: Pa
 
     # Reuse: the baseline's server served the experiment's baseline side; only the candidate launched.
     assert more.status == "done" and more.cost.launches == 1 and more.cost.e2e_runs >= 6, (more.error, more.cost)
-    assert more.verdict is not None and more.verdict.outcome in ("confirmed", "refuted", "inconclusive")
+    # Four times the running sequences under 8 chats in flight: more throughput, whatever the
+    # load does to the interval (3.2x [1.6, 6.3] at load average 25-36).
+    assert more.verdict is not None and more.verdict.outcome in ("supported", "inconclusive"), more.verdict
+    assert more.verdict.effect is not None and more.verdict.effect > 1.0, more.verdict
 
     # vLLM's own reason, not "exit code 1": the last line of its traceback.
     assert refused.verdict is not None and refused.verdict.outcome == "refuted" and not refused.accepted
