@@ -133,7 +133,28 @@ def interpreter(env: dict[str, str]) -> str | None:
 
 
 def probe(python: str, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> VllmBuild | None:
-    """The vLLM build ``python`` has, from package metadata only; None if the probe cannot run."""
+    """The vLLM build ``python`` has, from package metadata only; None if the probe cannot run.
+
+    Asked once per interpreter and search path in a process: screening renders every
+    candidate's launch to compare them (agent/screening.py), and a subprocess per rendering
+    cost minutes of a run on a loaded machine.  A build installed mid-run is seen by the
+    next process."""
+    env = dict(os.environ) if env is None else env
+    key = (python, *(env.get(k) for k in _PATH_VARS))
+    if key in _PROBED:
+        return _PROBED[key]
+    build = _probe(python, env, timeout_s)
+    if build is not None:  # a probe that timed out on a busy machine is asked again next time
+        _PROBED[key] = build
+    return build
+
+
+# What decides which packages an interpreter sees (beside the interpreter): the probe's cache key.
+_PATH_VARS = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "VIRTUAL_ENV", "HOME")
+_PROBED: dict[tuple[str | None, ...], VllmBuild | None] = {}
+
+
+def _probe(python: str, env: dict[str, str], timeout_s: float) -> VllmBuild | None:
     try:
         done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s, env=env)
         data = json.loads(done.stdout.strip().splitlines()[-1])

