@@ -52,8 +52,8 @@ def test_a_loop_experiment_reuses_servers_and_a_refusal_quotes_vllm(tmp_path: Pa
                                        output_len=16))
     steps: list[Step | Exception] = [
         _step("8 running sequences instead of 2 batch the 8 chats in flight: throughput up", {"max_num_seqs": 8}),
-        # Below the sequence cap whichever side won the first experiment: vLLM refuses it.
-        _step("a step of 4 tokens keeps decode steps short", {"max_num_seqs": 8, "max_num_batched_tokens": 4}),
+        # Inside the knobs' domains (a step budget of at least 16) but below the sequence cap: vLLM refuses it.
+        _step("a step of 16 tokens keeps decode steps short", {"max_num_seqs": 32, "max_num_batched_tokens": 16}),
     ]
     with Ledger.for_workspace(ws.root) as ledger:
         run = new_run(tmp_path, ledger, look_again=False, top_up=False)
@@ -86,7 +86,7 @@ def test_a_loop_experiment_reuses_servers_and_a_refusal_quotes_vllm(tmp_path: Pa
     assert "max_num_batched_tokens" in reason and "max_num_seqs" in reason, reason
     assert reason in refused.verdict.message
 
-    # Launches per configuration: the baseline, max_num_seqs=8, the refused one; never again.
+    # Launches per configuration: the baseline, max_num_seqs=8, the refused one (32 / 16); never again.
     assert sum(e.cost.launches for e in exps) == 3, [(e.id, e.cost.launches) for e in exps]
 
 
@@ -112,3 +112,21 @@ def test_the_example_takes_the_builds_defaults(tmp_path: Path, vllm_env: dict[st
     assert (knobs["max_num_seqs"].default, knobs["max_num_batched_tokens"].default) == (
         want["max_num_seqs"], want["max_num_batched_tokens"])
     assert f"vLLM {want['version']}'s own default" in (ws / "infra-agent.yaml").read_text()
+
+
+def test_vllms_refusal_is_its_own_error_line(tmp_path: Path, tiny_model: Path, vllm_env: dict[str, str]) -> None:
+    """One launch vLLM refuses, outside the loop: the start fails with vLLM's line, not the exit code."""
+    from tune_vllm import make_workspace
+
+    from infra_agent.errors import ServerExitedEarly
+    from infra_agent.target.server import ServerProcess
+    from infra_agent.workspace import load_workspace
+
+    ws = load_workspace(make_workspace(tmp_path / "ws", tiny_model, max_num_seqs=32, max_num_batched_tokens=16,
+                                       constraints=False))
+    server = ServerProcess(ws.target, ws.resolve_knobs(), tmp_path / "logs", root=ws.root)
+    with pytest.raises(ServerExitedEarly) as info:
+        server.start()
+    server.stop()
+    reason = info.value.reason or ""
+    assert "max_num_batched_tokens" in reason and "max_num_seqs" in reason and "Traceback" not in reason, reason
