@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra_agent.errors import ConfigError
+from infra_agent.target import vllm_build
 from infra_agent.workspace import template
 from infra_agent.workspace.knobs import MISSING, KnobValue, render_value
 from infra_agent.workspace.models import ServerTargetSpec
@@ -35,6 +36,8 @@ class LaunchPlan:
     ready_url: str
     metrics_url: str | None
     uses_shell: bool
+    # What the launch changed so the installed engine runs (target/vllm_build.py), or None.
+    adapted: str | None = None
 
 
 def needs_shell(command: str) -> bool:
@@ -88,5 +91,7 @@ def plan_launch(
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update({k: template.render(v, values) for k, v in spec.env.items()})
     cwd = root if spec.cwd is None else (root / template.render(spec.cwd, values))
+    # `vllm serve` runs through the module entrypoint where the script cannot (the CPU build).
+    argv, env, adapted = (argv, env, None) if uses_shell else vllm_build.resolve_launch(argv, env)
     metrics = _url(spec.metrics_url, values, host, port) if spec.metrics_url is not None else None
-    return LaunchPlan(argv, env, cwd, _url(spec.ready_url, values, host, port), metrics, uses_shell)
+    return LaunchPlan(argv, env, cwd, _url(spec.ready_url, values, host, port), metrics, uses_shell, adapted)

@@ -271,7 +271,8 @@ class ServerProcess:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self._log_path = self.log_dir / f"{self.name}-{stamp}-{port}.log"
         self._log = ServerLog(self._log_path, self._launch_secrets())
-        self._log.note(self._masked(f"# argv: {self._plan.argv}\n# cwd: {self._plan.cwd}\n"))
+        adapted = f"# adapted to the installed engine: {self._plan.adapted}\n" if self._plan.adapted else ""
+        self._log.note(self._masked(f"{adapted}# argv: {self._plan.argv}\n# cwd: {self._plan.cwd}\n"))
         self._proc, self._stopped = None, False
         try:
             # A pipe, not the file: ServerLog masks what the server prints before it is written.
