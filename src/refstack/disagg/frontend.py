@@ -66,11 +66,15 @@ class _Flight:
 
 
 class _Worker:
-    def __init__(self, ctx: Any, role: str, config: EngineConfig, store_path: str) -> None:
+    """A worker process as the front end's loops see it (conn, proc, send); the encode stage's
+    workers are the same shape with another entry point (``main(key, config, conn, store_path)``)."""
+
+    def __init__(self, ctx: Any, role: str, config: EngineConfig, store_path: str,
+                 main: Callable[..., None] = worker_main, key: Any = None) -> None:
         self.role = role
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=worker_main, args=(role, config, child, store_path), name=f"refstack-{role}",
-                                daemon=True)
+        self.proc = ctx.Process(target=main, args=(role if key is None else key, config, child, store_path),
+                                name=f"refstack-{role}", daemon=True)
         self.proc.start()
         child.close()
         self.lock = threading.Lock()

@@ -17,38 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from refstack.disagg.frontend import DisaggEngine, _Flight
+from refstack.disagg.frontend import DisaggEngine, _Flight, _Worker
 from refstack.encode.handoff import ImageMeta, image_key
 from refstack.encode.mm import MMInput
 from refstack.encode.worker import encode_worker_main
 from refstack.engine import EngineConfig, QueueFullError, RequestStats, SamplingParams
 from refstack.engine.consumers import RequestStream
 from refstack.engine.request import Sink
-
-
-class _EncodeWorker:
-    """An encode worker as the base front end's loops see a worker (conn, proc, send)."""
-
-    def __init__(self, ctx: Any, index: int, config: EngineConfig, store_path: str) -> None:
-        self.role = f"encode{index}"
-        self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=encode_worker_main, args=(index, config, child, store_path),
-                                name=f"refstack-encode{index}", daemon=True)
-        self.proc.start()
-        child.close()
-        self.lock = threading.Lock()
-        self.info: dict[str, Any] = {}
-        self.trace_reply: tuple[threading.Event, list[Any]] | None = None
-
-    def send(self, msg: tuple[Any, ...]) -> None:
-        with self.lock:
-            self.conn.send(msg)
 
 
 @dataclass(slots=True)
@@ -67,13 +47,13 @@ class EPDEngine(DisaggEngine):
                  on_failure: Callable[[str], None] | None = None) -> None:
         self._encoding: dict[str, _Encoding] = {}
         self._times: dict[str, tuple[float, float, float]] = {}
-        self.encoders: list[_EncodeWorker] = []
+        self.encoders: list[_Worker] = []
         super().__init__(config, observer=observer, on_failure=on_failure)
 
     def _start_more_workers(self, ctx: Any) -> None:
         """The encode workers, started with the prefill and decode workers (the base waits for all)."""
         for i in range(self.config.encode_workers):
-            w = _EncodeWorker(ctx, i, self.config, self.store_path)
+            w = _Worker(ctx, f"encode{i}", self.config, self.store_path, main=encode_worker_main, key=i)
             self.encoders.append(w)
             self.workers[w.role] = w  # type: ignore[assignment]  # read, watched, traced, stopped as the others
 
