@@ -18,6 +18,8 @@ from infra_agent.agent.executors.cleanup import marked_pids
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("load-sensitive")  # see pyproject.toml: one at a time
+@pytest.mark.timeout(600)  # about 2 minutes alone; beside the rest of the suite on 2 cores, up to 5
 def test_demo_fixes_the_failing_gates_from_the_findings(tmp_path: Path) -> None:
     workdir = tmp_path / "ws"
     proc = subprocess.run(
@@ -36,7 +38,11 @@ def test_demo_fixes_the_failing_gates_from_the_findings(tmp_path: Path) -> None:
     assert before == {"chat-throughput": "fail", "chat-p90-ttft": "fail", "lm-head-tp-agreement": "fail"}, run["gates_before"]
     assert after == {"chat-throughput": "pass", "chat-p90-ttft": "pass", "lm-head-tp-agreement": "pass"}, run["gates_after"]
     assert sorted(out["fixed"]) == ["chat-p90-ttft", "chat-throughput", "lm-head-tp-agreement"]
-    assert run["status"] == "done" and run["message"] == "every gate passes"
+    # The loop stops as soon as the accepted path's table passes ("every gate passes"); on a
+    # loaded machine a gate of that path can stay inconclusive until the confirmation's pairs
+    # decide it, and the loop stops when the playbook has nothing left ("...; every gate
+    # passes").  Either way the conclusion says so only from the final, measured table.
+    assert run["status"] == "done" and run["message"].endswith("every gate passes"), run["message"]
     exps = {e["id"]: e for e in out["experiments"]}
     accepted = [e for e in exps.values() if e["accepted"] and e["role"] == "experiment"]
     # Case study A as a kernel-tier experiment (no deployment), then the scheduler

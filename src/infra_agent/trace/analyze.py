@@ -11,7 +11,7 @@ findings.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -20,6 +20,7 @@ from infra_agent.trace.code_sites import growth_site, phase_site
 from infra_agent.trace.critical import CriticalPath, critical_paths
 from infra_agent.trace.gc_pauses import GC_SPAN, GCPauses, gc_pauses
 from infra_agent.trace.gil import (
+    Holder,
     WaitReport,
     holder_shares,
     holder_timeline,
@@ -127,6 +128,39 @@ def _innermost(spans: list[Span], pieces: list[Interval]) -> dict[str, float]:
     return out
 
 
+def _span_by_stack(spans: list[Span], thread: str, holders: list[Holder]) -> dict[str, object] | None:
+    """The holder thread's spans named after the functions its sampled stacks held the GIL in
+    (``_combine`` -> ``ep.combine``), when those make most of the holding.
+
+    Why before the clock: a dump's time is known only to within the dump (0.1-0.5 s, longer
+    on a loaded machine), while per-layer spans last milliseconds and alternate, so a sample
+    placed by its time falls in whichever span takes the most wall time (on a loaded box the
+    compute-bound mixer, not the EP section the stack was in).  The stack is exact."""
+    mine = [s for s in spans if s.thread == thread]
+    if not mine:
+        return None
+    dur: dict[str, float] = defaultdict(float)
+    first: dict[str, float] = {}
+    cats: dict[str, str | None] = {}
+    for s in sorted(mine, key=lambda s: s.start_us):
+        dur[s.name] += s.end_us - s.start_us
+        first.setdefault(s.name, s.start_us)
+        cats[s.name] = s.cat
+    count = Counter(s.name for s in mine)
+    share: dict[str, float] = defaultdict(float)
+    for h in holders:
+        if h.thread != thread:
+            continue
+        named = [n for n in dur if n.rsplit(".", 1)[-1] == h.function.strip("_")]
+        if named:  # the innermost of the spans named so (ep.combine inside moe.combine): the shortest
+            share[min(named, key=lambda n: dur[n] / count[n])] += h.share
+    if not share or sum(share.values()) < 0.5:
+        return None
+    top = max(share, key=lambda n: share[n])
+    names = sorted((n for n in share if n == top or (cats[top] and cats[n] == cats[top])), key=lambda n: first[n])
+    return {"thread": thread, "span": "|".join(names), "share_of_wait": sum(share[n] for n in names), "by": "stack"}
+
+
 def _holder_span(spans: list[Span], thread: str, waiting: list[Interval],
                  held: list[Interval] | None = None) -> dict[str, object] | None:
     """The holder thread's spans during ``waiting``.
@@ -150,7 +184,8 @@ def _holder_span(spans: list[Span], thread: str, waiting: list[Interval],
                 first.setdefault(s.name, s.start_us)
             names = sorted((n for n in inner if n == top or (cats.get(top) and cats.get(n) == cats.get(top))),
                            key=lambda n: first[n])
-            return {"thread": thread, "span": "|".join(names), "share_of_wait": sum(inner[n] for n in names) / waited}
+            return {"thread": thread, "span": "|".join(names), "share_of_wait": sum(inner[n] for n in names) / waited,
+                    "by": "clock"}
     by_name: dict[str, list[Interval]] = defaultdict(list)
     for s in mine:
         by_name[s.name].append((s.start_us, s.end_us))
@@ -161,7 +196,7 @@ def _holder_span(spans: list[Span], thread: str, waiting: list[Interval],
     if cover[names[0]] <= 0:
         return None
     both = total(intersect(merge(iv for n in names for iv in merged[n]), waiting))
-    return {"thread": thread, "span": "|".join(names), "share_of_wait": both / waited}
+    return {"thread": thread, "span": "|".join(names), "share_of_wait": both / waited, "by": "clock"}
 
 
 def _while_sampled(timeline: Timeline, spans: list[Span]) -> list[Span]:
@@ -241,7 +276,7 @@ def analyze(timeline: Timeline, by: str = "cat", expect_overlap: list[tuple[str,
                             merge((s.start_us, s.end_us) for s in spans if s.thread == w.thread
                                   and (s.name if by == "name" else (s.cat or s.name)) == w.group))
         held = [(g.start_us, g.end_us) for g in segments if g.thread == top_thread]
-        found = _holder_span(spans, top_thread, waiting, held)
+        found = _span_by_stack(spans, top_thread, w.holders) or _holder_span(spans, top_thread, waiting, held)
         if found:
             holder_spans[f"{w.group}@{w.thread}"] = found
     expected = []

@@ -23,7 +23,8 @@ from .loop_workspace import git
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kv-transfer" / "infra-agent.yaml"
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("py-spy") is None, reason="the finding needs py-spy")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("load-sensitive"),
+              pytest.mark.skipif(shutil.which("py-spy") is None, reason="the finding needs py-spy")]
 
 
 def _workspace(dest: Path) -> Path:

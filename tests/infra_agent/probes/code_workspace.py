@@ -84,11 +84,25 @@ def blocking_call(seconds: float) -> Plant:
         f"    time.sleep({seconds})  # an audit call, made synchronously on the event loop\n"),))
 
 
-BLOCKING_CALL = blocking_call(0.02)
 # For the timeline's planted-bottleneck test: 20 ms a request was about 20% of a loaded
 # machine's window (the whole machine slows, the sleeps do not), at the thread_blocked
 # threshold; 50 ms keeps the loop blocked for well over it.
 LONG_BLOCKING_CALL = blocking_call(0.05)
+
+# The regression the loop and MCP tests fix: a check that holds the GIL on the event loop for
+# each request (a backtracking pattern; ``re`` keeps the GIL while it matches), so the engine's
+# thread stalls with the loop.  Its cost is CPU work and scales with the machine, as the
+# engine's does: the fix's effect is about the same ratio on a fast box, a slow one or a
+# loaded one.  A sleep would not do: it releases the GIL and only adds up to an effect where
+# its 128 x 20 ms outlast the engine's own work (on one 2-core AVX2 box they did not: 1.04x).
+AUDIT_CALL = "re.match(r'(a+)+b', 'a' * 19)"
+AUDIT_CHECK = Plant("a GIL-holding check on the event loop", (
+    ("src/refstack/server/openai_routes.py",
+     '    tracing.instant("http.submit", cat="server", request_id=rs.request_id, path=request.url.path)\n',
+     '    tracing.instant("http.submit", cat="server", request_id=rs.request_id, path=request.url.path)\n'
+     f"    {AUDIT_CALL}  # an audit check of each request, made synchronously on the event loop\n"),
+    ("src/refstack/server/openai_routes.py", "import time\n", "import re\nimport time\n"),
+))
 
 # The engine holds its inbox lock (made re-entrant) for its whole step, a step that opens with a
 # short window for requests in flight to join it: the lock keeps exactly those requests out.
@@ -156,20 +170,20 @@ HANDLER = "src/refstack/server/openai_routes.py"
 
 
 def fix_diff(ws: Path) -> str:
-    """The diff that takes ``BLOCKING_CALL``'s call out of a tree that holds it (made in the tree, then undone)."""
+    """The diff that takes ``AUDIT_CHECK``'s call out of a tree that holds it (made in the tree, then undone)."""
     path = ws / HANDLER
     planted = path.read_text()
-    sleep = BLOCKING_CALL.edits[0][2].splitlines(keepends=True)[-1]
-    path.write_text(planted.replace(sleep, ""))
+    call = AUDIT_CHECK.edits[0][2].splitlines(keepends=True)[-1]
+    path.write_text(planted.replace(call, ""))
     diff = git(ws, "diff")
     path.write_text(planted)
     return diff
 
 
 def regressed_workspace(dest: Path) -> tuple[Path, str]:
-    """A code workspace whose committed tree holds ``BLOCKING_CALL``, and the diff that fixes it."""
+    """A code workspace whose committed tree holds ``AUDIT_CHECK``, and the diff that fixes it."""
     ws = code_workspace(dest)
-    BLOCKING_CALL.apply(ws)
+    AUDIT_CHECK.apply(ws)
     git(ws, "commit", "-qam", "audit each request (synchronously)")
     return ws, fix_diff(ws)
 

@@ -38,6 +38,7 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kv-transfer"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("load-sensitive"),  # see pyproject.toml: one at a time
     pytest.mark.skipif(shutil.which("py-spy") is None, reason="the attribution needs py-spy"),
     pytest.mark.skipif(importlib.util.find_spec("refstack.disagg") is None, reason="no refstack.disagg"),
 ]

@@ -60,9 +60,9 @@ def test_a_sleeping_owner_in_the_ep_section_is_the_holder_inside_ep_spans(tmp_pa
     kv = next(w for w in report.waits if w.thread == "kv-transfer")
     assert kv.waiting_share == 1.0
     assert kv.holder_threads == {"engine-loop[7]": 0.6}  # the 6 ms of EP in a 10 ms window
-    # the innermost spans while it held the GIL, not the engine.step or moe.* around them
+    # the spans named after the functions it held the GIL in (ep.*, not the moe.* around them)
     assert report.holder_spans["kv@kv-transfer"] == {"thread": "engine-loop[7]", "span": "ep.dispatch|ep.combine",
-                                                     "share_of_wait": 0.6}
+                                                     "share_of_wait": 0.6, "by": "stack"}
     assert report.expected[0].holders_during_b[0]["thread"] == "engine-loop[7]"
     fb = timeline_feedback(report, knob_hints={"ep.dispatch": "ep_release_gil", "ep.combine": "ep_release_gil"})
     gil = next(f for f in fb.findings if f.kind == FindingKind.GIL_CONTENTION)
@@ -84,3 +84,36 @@ def test_without_an_owner_in_the_ep_section_there_is_no_gil_finding(tmp_path: Pa
     report = analyze(tl, expect_overlap=[("kv.transfer", "ep.dispatch|ep.combine")])
     fb = timeline_feedback(report, knob_hints={"ep.dispatch": "ep_release_gil"})
     assert not [f for f in fb.findings if f.kind == FindingKind.GIL_CONTENTION]
+
+
+def test_dumps_timed_into_the_mixer_still_name_the_ep_section_their_stacks_were_in(tmp_path: Path) -> None:
+    """A loaded machine: each dump's time is off by more than a layer, so every sample lands
+    in a ``kda`` mixer span, while its stack says ``_dispatch`` / ``_combine``.  The stack
+    names the span; the clock alone would have said ``kda``."""
+    spans = _spans()
+    for s, e in ((0, 1000), (4000, 6000), (9100, 10000)):  # the mixer between the MoE blocks
+        spans["traceEvents"].append({"ph": "X", "name": "kda", "cat": "kda", "pid": PREFILL, "tid": ENGINE, "ts": s,
+                                     "dur": e - s})
+    dumps = tmp_path / "gil.jsonl"
+    _dumps(dumps)
+    shifted = []
+    for i, line in enumerate(dumps.read_text().splitlines()):
+        doc = json.loads(line)
+        in_ep = any(th["owns_gil"] for th in doc["threads"])
+        doc["ts_unix_ns"] = ORIGIN_NS + (4500 + 50 * (i % 20)) * 1000  # all inside the kda span at 4-6 ms
+        for th in doc["threads"]:
+            th["owns_gil"] = th["thread_name"] == "engine-loop" and in_ep
+        shifted.append(json.dumps(doc))
+    dumps.write_text("\n".join(shifted) + "\n")
+    tl = load_timeline([write(tmp_path / "spans.json", spans)], pyspy=dumps)
+    report = analyze(tl)
+    found = report.holder_spans["kv@kv-transfer"]
+    assert (found["span"], found["by"]) == ("ep.dispatch|ep.combine", "stack"), found
+    # a holder whose function names no span keeps the clock's answer
+    for doc in (shifted := [json.loads(line) for line in shifted]):
+        for th in doc["threads"]:
+            th["frames"] = [{"name": "gemm", "filename": "cpu_kernels.py", "line": 164}]
+    dumps.write_text("\n".join(json.dumps(d) for d in shifted) + "\n")
+    report = analyze(load_timeline([write(tmp_path / "spans.json", spans)], pyspy=dumps))
+    found = report.holder_spans["kv@kv-transfer"]
+    assert (found["span"], found["by"]) == ("kda", "clock"), found

@@ -69,7 +69,7 @@ def test_gil_attribution_exact(tmp_path: Path) -> None:
     kv_time = next(t for t in report.threads if t.thread == "kv-transfer")
     assert (kv_time.busy_us, kv_time.waiting_us) == (8000, 4000)
     assert report.holder_spans["kv_transfer@kv-transfer"] == {"thread": "MainThread", "span": "ep.dispatch|ep.combine",
-                                                              "share_of_wait": 1.0}
+                                                              "share_of_wait": 1.0, "by": "stack"}
     exp = report.expected[0]
     assert (exp.a_us, exp.b_us, exp.both_us) == (8000, 4000, 4000)
     assert exp.holders_during_b[0]["thread"] == "MainThread"

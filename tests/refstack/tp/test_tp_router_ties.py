@@ -12,6 +12,11 @@ from refstack.model.tokenizer import ByteTokenizer
 # router's 2nd and 3rd logits were 3e-8 apart (-0.035731047 and -0.035731077), and the TP
 # run's residual stream, a few ulps away, put expert 1 where one rank had put expert 5.
 NEAR_TIE_SEED = 774536173
+# How close that call comes depends on the CPU's kernels (the order of a matmul's sums):
+# 3e-8 where it flipped, 1.8e-7 on an AVX2-only one.  Either way it is tens of ulps at
+# that logit, and well below seed 0's closest call (6.6e-6, the next test): a near tie
+# the margin must catch, not one it catches only because the margin errs wide.
+CLOSE_CALL = 1e-6
 
 
 def _prompts_only(agreement: ModuleType) -> list[PromptLogprobs]:
@@ -29,7 +34,7 @@ def test_the_near_tie_of_the_seed_that_flipped_is_found(agreement: ModuleType) -
     echo = _prompts_only(agreement)
     ties = agreement.router_ties(NEAR_TIE_SEED, "fp32", echo, [[] for _ in echo])
     assert ties.first == [None] * 6 + [93] + [None] * 3, ties.describe()
-    assert ties.min_gap < 1e-7, ties.describe()
+    assert ties.min_gap < CLOSE_CALL, ties.describe()
     assert ties.prompts == 1 and ties.prompt_len[6] == len(echo[6].tokens) + 1
 
 
@@ -39,7 +44,7 @@ def test_the_margin_also_flags_gaps_tp_does_not_close(agreement: ModuleType) -> 
     echo = _prompts_only(agreement)
     ties = agreement.router_ties(0, "fp32", echo, [[] for _ in echo])
     assert ties.first == [None] * 5 + [319] + [None] * 4, ties.describe()
-    assert 1e-6 < ties.min_gap < agreement.ROUTER_TIE
+    assert CLOSE_CALL < ties.min_gap < agreement.ROUTER_TIE
 
 
 def _echo(tops: list[dict[str, float]]) -> PromptLogprobs:
