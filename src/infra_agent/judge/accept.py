@@ -88,9 +88,9 @@ def judge(workspace: Any, exp: Experiment, ex: Runs, plan: Design, best_gates: d
     # Latencies and throughput count only what was served, and served as asked.
     served = lost <= 0 and miscut <= 0
     accepted = outcome == "supported" and not broken and not undecided and served
-    if outcome != "supported":
-        why = f"not accepted: the hypothesis is {outcome} ({hyp_gate.message})"
-    elif lost > 0:
+    # What was served comes first: a side that served less has numbers for other work, whatever
+    # they say, and a "more pairs" reading of an inconclusive verdict would only measure it again.
+    if lost > 0:
         # Latency and throughput count only requests that succeeded: a change that makes
         # requests fail (a queue cap, a crash under load) can look faster while serving less.
         why = (f"not accepted: {lost} more request(s) failed than on the baseline side; latencies of failed "
@@ -100,6 +100,8 @@ def judge(workspace: Any, exp: Experiment, ex: Runs, plan: Design, best_gates: d
         # a different job: the speed is not the system's.
         why = (f"not accepted: {miscut} more answer(s) than on the baseline side were not the length the request "
                "fixed (max_tokens with ignore_eos); the candidate's numbers are for less (or other) work")
+    elif outcome != "supported":
+        why = f"not accepted: the hypothesis is {outcome} ({hyp_gate.message})"
     elif broken:
         why = "not accepted: it breaks " + ", ".join(f"{g.name} ({g.message})" for g in broken)
     elif undecided:

@@ -31,11 +31,11 @@ def _workspace(dest: Path) -> Path:
     spec = yaml.safe_load(EXAMPLE.read_text())
     spec["scenarios"]["prefill"]["num_requests"] = 16
     spec["checks"][0]["config"].update(compare_pairs=1, repeats=1, lead_s=0.3)
-    # Half the example's modelled EP link (0.02 Gbps, calibrated on a 2-core box), so the GIL hold
-    # the finding detects stands clear of its 50% thresholds on any host: at 0.02 on a 16-core GPU
-    # host the transfer thread waited only 53-68% of its sampled time (80-97% on the 2-core box),
-    # and this reduced run's one window fell under in 3 of 7 suite runs there (docs/performance.md).
-    spec["knobs"]["ep_link_gbps"]["default"] = 0.01
+    # A quarter of the example's modelled EP link (0.02 Gbps), for the reason and the figures in
+    # tests/infra_agent/probes/test_case_b.py: the modelled link does not slow with the machine's
+    # load, so on a loaded box a faster one leaves the EP section's GIL hold under the finding's
+    # 50% thresholds (at 0.01 it did in the suite on a 2-core box).
+    spec["knobs"]["ep_link_gbps"]["default"] = 0.005
     dest.mkdir(parents=True)
     (dest / "infra-agent.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     (dest / ".gitignore").write_text(".infra-agent/\n")

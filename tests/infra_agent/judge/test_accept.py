@@ -36,3 +36,27 @@ def test_failed_requests_block_acceptance_even_when_latency_improves(tmp_path: P
     assert v.outcome == "supported" and not v.accepted and "15 more request(s) failed" in v.message
     fine = Execution(status="done", baseline={"chat": base}, candidate={"chat": [_run(330), _run(340), _run(335)]})
     assert judge(ws, exp, fine, plan, {}).accepted
+
+
+def test_answers_of_the_wrong_length_are_named_whatever_the_numbers_decided(tmp_path: Path) -> None:
+    """Correctness before speed: a side that answered fewer tokens than asked is refused for
+    that, also where its latencies alone are inconclusive (a 'more pairs' reading would only
+    measure the shorter answers again)."""
+    ws = load_workspace(make_workspace(tmp_path / "ws", criteria=[]))
+    exp = Experiment(id="e1", run_id="r", seq=1, parent="e0",
+                     hypothesis=Hypothesis(statement="a faster sampler cuts TTFT", metric="p90_ttft_ms",
+                                           direction="lower", min_effect=0.2, scenario="chat"))
+    plan = Plan(probe=ProbeCall(name="serving", tier=Tier.e2e), mode="ab", scenarios=["chat"])
+
+    def short(ttft: float) -> Feedback:
+        fb = _run(ttft)
+        fb.findings.append(Finding(kind="wrong_answer_length", severity="error", message="8 of 16 short",
+                                   evidence={"short": 8, "long": 0, "checked": 16}))
+        return fb
+
+    base = [_run(1000), _run(1010), _run(990)]
+    # Spread wide enough that the interval straddles the 0.8 target: inconclusive by the numbers.
+    noisy = Execution(status="done", baseline={"chat": base}, candidate={"chat": [short(500), short(1100), short(700)]})
+    v = judge(ws, exp, noisy, plan, {})
+    assert v.outcome == "inconclusive" and not v.accepted, v
+    assert "24 more answer(s)" in v.message and "not the length the request fixed" in v.message, v.message

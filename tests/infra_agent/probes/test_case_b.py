@@ -51,11 +51,14 @@ def _run(tmp_path: Path, release: bool) -> Feedback:
     check = next(c for c in data["checks"] if c["name"] == "kv-transfer-prefill-ratio")
     data["checks"] = []
     data["scenarios"]["prefill"]["num_requests"] = 16
-    # Half the example's modelled EP link (0.02 Gbps, calibrated on a 2-core box), so the GIL hold
-    # this test attributes stands clear of the finding's 50% thresholds on any host: at 0.02 on a
-    # 16-core GPU host the transfer thread waited only 53-68% of its sampled time (80-97% on the
-    # 2-core box) and one reduced window could fall under (docs/performance.md, the H200 suite).
-    data["knobs"]["ep_link_gbps"]["default"] = 0.01
+    # A quarter of the example's modelled EP link (0.02 Gbps, calibrated on a quiet 2-core box), so
+    # the GIL hold this test attributes stands clear of the finding's 50% thresholds on any host
+    # and under load.  The link's time is modelled and fixed while the machine's work slows with
+    # its load, so a loaded box shrinks the EP section's share: at 0.02 on a 16-core GPU host the
+    # transfer thread waited only 53-68% of its sampled time; at 0.01 beside two busy loops on
+    # the 2-core box the EP holder held 51% of the wait, and beside the rest of the suite under
+    # 50%; at 0.005 beside three busy loops, 98% waited and 77% of it held by the EP section.
+    data["knobs"]["ep_link_gbps"]["default"] = 0.005
     root = tmp_path / f"ws-{release}"
     root.mkdir(parents=True)
     (root / "infra-agent.yaml").write_text(yaml.safe_dump(data, sort_keys=False))

@@ -56,9 +56,11 @@ def tried(tmp_path_factory: pytest.TempPathFactory) -> Tried:
 def test_answers_shorter_than_asked_are_refused_by_the_judge(tried: Tried) -> None:
     exp = tried.only()
     assert exp.verdict is not None, (exp.status, exp.error)
-    # It ran and its latencies did fall: the cheat "worked" on the numbers, and only the
-    # answer-length rule stands between it and an accepted change.
-    assert exp.verdict.outcome == "supported", exp.verdict.message
+    # It ran and its latencies did fall: the cheat "worked" on the numbers (supported on a quiet
+    # machine; beside the rest of the suite one pair's interval can straddle the 0.83 target,
+    # the estimate still well under 1), and the answer-length rule is what refuses it, ahead of
+    # whatever the numbers decided.
+    assert exp.verdict.effect is not None and exp.verdict.effect < 0.9, exp.verdict
     assert not exp.accepted and exp.commit is None, exp.verdict.message
     assert "not the length the request fixed" in exp.verdict.message, exp.verdict.message
 
