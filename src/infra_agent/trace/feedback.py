@@ -85,19 +85,27 @@ def _gil_contention(report: TimelineReport, hints: dict[str, str]) -> list[Findi
             overlap = p.share_of_a if p else None
         knob = _knob(hints, top.where, top.function, span or "")
         during = f" inside {span}" if span else ""
+        idle = w.idle_holders.get(top.thread, 0.0)
         msg = (f"{w.group} (thread {w.thread}) waited {_pct(w.waiting_share)} of its sampled time "
                f"({w.waiting_us / 1e3:.1f} ms); meanwhile the GIL holder was {top.thread} at {top.where} ({top.function})"
-               f"{during} in {_pct(top.share)} of it")
+               f"{during} in {_pct(top.share)} of it"
+               + (f"; {top.thread} held it while idle (a native call that sleeps or blocks without releasing "
+                  f"it) in {_pct(idle)} of the wait" if idle > 0 else ""))
         out.append(Finding(
             kind=FindingKind.GIL_CONTENTION, severity="warning", message=msg,
             location=Location(file=file, line=line, thread=top.thread, span=span, knob=knob, component="runtime"),
             evidence={"waiting_thread": w.thread, "waiting_group": w.group, "waiting_us": w.waiting_us,
                       "waiting_share": w.waiting_share, "holder_share": top.share, "holder_thread_share": thread_share,
+                      "holder_idle_share": idle,
                       "intervals": w.intervals, **({"overlap_share": overlap} if overlap is not None else {})},
             next_question=(f"Does the call at {top.where} release the GIL while it runs native code? "
                            + (f"Try knob {knob}." if knob else f"Release it there (Py_BEGIN_ALLOW_THREADS / a knob "
                               f"that releases it) so {w.thread} can run during {span or top.function}.")),
         ))
+    # Holding the GIL while idle first: that holder gives it up at no cost to itself, while one
+    # that runs Python in it needs it (two threads that wait on each other on a loaded machine
+    # give two findings of about the same size; the idle holder's is the one to fix first).
+    out.sort(key=lambda f: -f.evidence["holder_idle_share"] / max(f.evidence["holder_thread_share"], 1e-9))
     return out
 
 

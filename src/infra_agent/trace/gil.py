@@ -44,6 +44,7 @@ class HolderSegment:
     thread: str
     where: str  # file:line of the innermost frame ("?" when the stack was empty)
     function: str
+    idle: bool = False  # a dump's owner that py-spy called idle: it keeps the GIL without running
 
 
 @dataclass
@@ -71,6 +72,9 @@ class WaitReport:
     holders: list[Holder] = field(default_factory=list)  # by thread and frame, largest first
     holder_threads: dict[str, float] = field(default_factory=dict)  # thread -> share
     longest: list[dict[str, object]] = field(default_factory=list)  # a few longest intervals, each attributed
+    # thread -> share of the wait it held the GIL while idle (a native call that sleeps or blocks
+    # and keeps the GIL): holding that costs the holder nothing to give up
+    idle_holders: dict[str, float] = field(default_factory=dict)
 
     @property
     def waiting_share(self) -> float:
@@ -80,7 +84,7 @@ class WaitReport:
         return {"group": self.group, "thread": self.thread, "span_us": self.span_us, "waiting_us": self.waiting_us,
                 "waiting_share": self.waiting_share, "intervals": self.intervals,
                 "holders": [h.to_dict() for h in self.holders], "holder_threads": self.holder_threads,
-                "longest": self.longest}
+                "longest": self.longest, "idle_holders": self.idle_holders}
 
 
 def _snapshot_timeline(samples: list[Sample], window: Interval) -> list[HolderSegment]:
@@ -99,7 +103,8 @@ def _snapshot_timeline(samples: list[Sample], window: Interval) -> list[HolderSe
         s = holder.get(t)
         if s is not None and hi > lo:
             leaf = s.leaf
-            out.append(HolderSegment(lo, hi, s.thread, leaf.where() if leaf else "?", leaf.name if leaf else "?"))
+            out.append(HolderSegment(lo, hi, s.thread, leaf.where() if leaf else "?", leaf.name if leaf else "?",
+                                     idle=s.idle))
     return out
 
 
@@ -178,7 +183,10 @@ def waiting_analysis(timeline: Timeline, by: str = "cat", min_wait_us: float = 0
             top, _ = _holders(one, e - s, top=1)
             longest.append({"start_us": s, "end_us": e, "dur_us": e - s,
                             "holder": top[0].to_dict() if top else None})
-        reports.append(WaitReport(group, thread, total(sampled), waited, len(waiting), holders, by_thread, longest))
+        idle = attribute(waiting, [g for g in segments if g.idle], exclude=thread)
+        _, idle_by_thread = _holders(idle, waited)
+        reports.append(WaitReport(group, thread, total(sampled), waited, len(waiting), holders, by_thread, longest,
+                                  idle_by_thread))
     reports.sort(key=lambda r: -r.waiting_us)
     return reports, {t: merge(v) for t, v in per_thread.items()}
 

@@ -117,3 +117,41 @@ def test_dumps_timed_into_the_mixer_still_name_the_ep_section_their_stacks_were_
     report = analyze(load_timeline([write(tmp_path / "spans.json", spans)], pyspy=dumps))
     found = report.holder_spans["kv@kv-transfer"]
     assert (found["span"], found["by"]) == ("kda", "clock"), found
+
+
+def test_an_owner_idle_in_the_gil_ranks_ahead_of_one_running_python_in_it(tmp_path: Path) -> None:
+    """Two threads that wait on each other (case B on a loaded machine): the transfer thread on
+    the engine's idle GIL hold in the EP section, and the engine, for longer, on the transfer
+    thread's per-page Python work.  The idle hold is the one to fix first: its finding leads
+    and says the holder was idle."""
+    spans = _spans()
+    spans["traceEvents"].append({"ph": "X", "name": "kda", "cat": "kda", "pid": PREFILL, "tid": ENGINE,
+                                 "ts": 0, "dur": 10000})
+    # 20 dumps, 0.5 ms apart: the engine owns the GIL (idle) in 7, the transfer thread (running
+    # Python) in 8, nobody in 5.  The transfer thread waits 6 ms (the engine's share 58%), the
+    # engine 6.5 ms (the transfer thread's share 62%).
+    engine_holds = {2, 3, 4, 5, 6, 7, 12}
+    kv_holds = {8, 9, 10, 11, 13, 14, 15, 16}
+    lines = []
+    for i, ts in enumerate(range(250, 10000, 500)):
+        lines.append(json.dumps({"ts_unix_ns": ORIGIN_NS + ts * 1000, "threads": [
+            {"thread_name": "engine-loop", "os_thread_id": ENGINE, "owns_gil": i in engine_holds, "active": False,
+             "frames": [{"name": "_dispatch", "filename": "cpu_kernels.py", "line": 435}]},
+            {"thread_name": "kv-transfer", "os_thread_id": KV, "owns_gil": i in kv_holds, "active": i in kv_holds,
+             "frames": [{"name": "pack_pages", "filename": "pages.py", "line": 91}]},
+        ]}))
+    dumps = tmp_path / "gil.jsonl"
+    dumps.write_text("\n".join(lines) + "\n")
+    report = analyze(load_timeline([write(tmp_path / "spans.json", spans)], pyspy=dumps))
+    fb = timeline_feedback(report)
+    gil = [f for f in fb.findings if f.kind == FindingKind.GIL_CONTENTION]
+    assert gil[0].evidence["waiting_thread"] == "kv-transfer", [f.message for f in gil]
+    engine = [f for f in gil if f.evidence["waiting_thread"] == "engine-loop[7]"]
+    assert engine and len(gil) == 1 + len(engine), [f.message for f in gil]
+    # the engine's wait is the longer one
+    assert engine[0].evidence["waiting_us"] > gil[0].evidence["waiting_us"]
+    # all of its holding was idle: 3.5 ms of the 6 ms wait
+    ev = gil[0].evidence
+    assert abs(ev["holder_idle_share"] - 3.5 / 6) < 1e-9 and ev["holder_idle_share"] == ev["holder_thread_share"], ev
+    assert "held it while idle" in gil[0].message
+    assert all(f.evidence["holder_idle_share"] == 0.0 and "idle" not in f.message for f in engine)
