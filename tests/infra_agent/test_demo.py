@@ -18,7 +18,6 @@ from infra_agent.agent.executors.cleanup import marked_pids
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("load-sensitive")  # see pyproject.toml: one at a time
 @pytest.mark.timeout(600)  # about 2 minutes alone; beside the rest of the suite on 2 cores, up to 5
 def test_demo_fixes_the_failing_gates_from_the_findings(tmp_path: Path) -> None:
     workdir = tmp_path / "ws"

@@ -34,7 +34,6 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kv-transfer" / "in
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.environ.get("INFRA_AGENT_CASE_B") != "1",
                                                  reason="load-sensitive: set INFRA_AGENT_CASE_B=1 to run (see the module docstring)"),
-              pytest.mark.xdist_group("load-sensitive"),
               pytest.mark.skipif(shutil.which("py-spy") is None, reason="the finding needs py-spy")]
 
 

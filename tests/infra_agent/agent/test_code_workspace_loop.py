@@ -24,8 +24,8 @@ from ..probes.code_workspace import (
     regressed_workspace,
 )
 
-# one at a time (see pyproject.toml); about 1.5 minutes alone, up to 5 beside the rest of the suite
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("load-sensitive"), pytest.mark.timeout(600)]
+# about 1.5 minutes alone, up to 5 beside the rest of the suite
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 def test_the_llm_proposer_fixes_a_blocking_call_measured_from_the_worktree(tmp_path: Path) -> None:
     ws, diff = regressed_workspace(tmp_path / "ws")

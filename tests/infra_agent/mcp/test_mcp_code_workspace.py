@@ -25,8 +25,8 @@ from ..probes.code_workspace import (
     regressed_workspace,
 )
 
-# one at a time (see pyproject.toml); about 1.5 minutes alone, up to 5 beside the rest of the suite
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("load-sensitive"), pytest.mark.timeout(600)]
+# about 1.5 minutes alone, up to 5 beside the rest of the suite
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _text(res: object) -> str:

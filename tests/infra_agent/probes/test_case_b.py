@@ -48,7 +48,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("INFRA_AGENT_CASE_B") != "1",
                      reason="load-sensitive: set INFRA_AGENT_CASE_B=1 to run (see the module docstring)"),
-    pytest.mark.xdist_group("load-sensitive"),  # see pyproject.toml: one at a time
     pytest.mark.skipif(shutil.which("py-spy") is None, reason="the attribution needs py-spy"),
     pytest.mark.skipif(importlib.util.find_spec("refstack.disagg") is None, reason="no refstack.disagg"),
 ]
