@@ -127,7 +127,7 @@ def test_case_b_first_releases_the_gil_in_the_ep_section_then_enlarges_the_trans
     prop = RulesProposer()
     ep, pages = _gil("comm", "engine-loop", "ep.dispatch|ep.combine"), _gil("kv_transfer", "kv-transfer", "kv.transfer")
     # The held baseline: the transfer thread waits on the EP section (findings of equal
-    # severity are taken in the probe's order, the larger wait first).
+    # severity are taken in the probe's order: an idle GIL holder first, then the larger wait).
     step = prop.propose(_state(ws, [ep, pages]))
     assert step is not None and step.change.knobs == {"ep_release_gil": True}
     # With the GIL released, what is left is the engine waiting on the transfer thread's own Python.
