@@ -128,6 +128,18 @@ def _innermost(spans: list[Span], pieces: list[Interval]) -> dict[str, float]:
     return out
 
 
+def _with_its_category(mine: list[Span], amount: dict[str, float]) -> list[str]:
+    """The top span name by ``amount`` and the others of its category (``ep.dispatch|ep.combine``),
+    in the order they first start."""
+    cats = {s.name: s.cat for s in mine}
+    first: dict[str, float] = {}
+    for s in sorted(mine, key=lambda s: s.start_us):
+        first.setdefault(s.name, s.start_us)
+    top = max(amount, key=lambda n: amount[n])
+    return sorted((n for n in amount if n == top or (cats.get(top) and cats.get(n) == cats.get(top))),
+                  key=lambda n: first[n])
+
+
 def _span_by_stack(spans: list[Span], thread: str, holders: list[Holder]) -> dict[str, object] | None:
     """The holder thread's spans named after the functions its sampled stacks held the GIL in
     (``_combine`` -> ``ep.combine``), when those make most of the holding.
@@ -140,12 +152,8 @@ def _span_by_stack(spans: list[Span], thread: str, holders: list[Holder]) -> dic
     if not mine:
         return None
     dur: dict[str, float] = defaultdict(float)
-    first: dict[str, float] = {}
-    cats: dict[str, str | None] = {}
-    for s in sorted(mine, key=lambda s: s.start_us):
+    for s in mine:
         dur[s.name] += s.end_us - s.start_us
-        first.setdefault(s.name, s.start_us)
-        cats[s.name] = s.cat
     count = Counter(s.name for s in mine)
     share: dict[str, float] = defaultdict(float)
     for h in holders:
@@ -156,8 +164,7 @@ def _span_by_stack(spans: list[Span], thread: str, holders: list[Holder]) -> dic
             share[min(named, key=lambda n: dur[n] / count[n])] += h.share
     if not share or sum(share.values()) < 0.5:
         return None
-    top = max(share, key=lambda n: share[n])
-    names = sorted((n for n in share if n == top or (cats[top] and cats[n] == cats[top])), key=lambda n: first[n])
+    names = _with_its_category(mine, share)
     return {"thread": thread, "span": "|".join(names), "share_of_wait": sum(share[n] for n in names), "by": "stack"}
 
 
@@ -177,13 +184,7 @@ def _holder_span(spans: list[Span], thread: str, waiting: list[Interval],
         pieces = intersect(merge(held), waiting)
         inner = _innermost(mine, pieces)
         if inner:
-            cats = {s.name: s.cat for s in mine}
-            top = max(inner, key=lambda n: inner[n])
-            first: dict[str, float] = {}
-            for s in sorted(mine, key=lambda s: s.start_us):
-                first.setdefault(s.name, s.start_us)
-            names = sorted((n for n in inner if n == top or (cats.get(top) and cats.get(n) == cats.get(top))),
-                           key=lambda n: first[n])
+            names = _with_its_category(mine, inner)
             return {"thread": thread, "span": "|".join(names), "share_of_wait": sum(inner[n] for n in names) / waited,
                     "by": "clock"}
     by_name: dict[str, list[Interval]] = defaultdict(list)

@@ -168,6 +168,7 @@ def waiting_analysis(timeline: Timeline, by: str = "cat", min_wait_us: float = 0
     not_holding = {t: subtract([window], merge(holding.get(t, []))) for t in seen}
     reports: list[WaitReport] = []
     per_thread: dict[str, list[Interval]] = defaultdict(list)
+    idle_segments = [g for g in segments if g.idle]
     for (group, thread), ivs in sorted(merged_by_group(spans, by).items()):
         sampled = intersect(ivs, [window])
         if not sampled:
@@ -183,7 +184,7 @@ def waiting_analysis(timeline: Timeline, by: str = "cat", min_wait_us: float = 0
             top, _ = _holders(one, e - s, top=1)
             longest.append({"start_us": s, "end_us": e, "dur_us": e - s,
                             "holder": top[0].to_dict() if top else None})
-        idle = attribute(waiting, [g for g in segments if g.idle], exclude=thread)
+        idle = attribute(waiting, idle_segments, exclude=thread)
         _, idle_by_thread = _holders(idle, waited)
         reports.append(WaitReport(group, thread, total(sampled), waited, len(waiting), holders, by_thread, longest,
                                   idle_by_thread))

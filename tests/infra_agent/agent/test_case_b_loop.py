@@ -7,12 +7,8 @@ knob), never from a script.  Whether the experiment is accepted depends on a thr
 verdict that a loaded 2-core box cannot settle with these few windows, so that is
 reported, not asserted (docs/performance.md, "Case study B").
 
-Opt-in (``INFRA_AGENT_CASE_B=1``): beside the rest of the suite on a 2-core box the GIL shares
-this finding reads sit at its 50% threshold.  The EP link's time is modelled and fixed, the
-machine's work slows with its load, and about half of the transfer thread's GIL-free time has
-no owner at all (its own I/O, or no CPU): in a clean-clone suite run the loop test's window read
-63% waited, 49.9% of it held by the EP section; alone on the box the finding clears both
-thresholds (docs/performance.md, "The test suite on a 2-core AVX2 machine").
+Opt-in (``INFRA_AGENT_CASE_B=1``), for the reason given in tests/infra_agent/probes/test_case_b.py:
+beside the rest of the suite the finding's GIL shares sit at its 50% threshold.
 """
 
 from __future__ import annotations
