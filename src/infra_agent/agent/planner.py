@@ -48,6 +48,12 @@ class Plan:
     result_metrics: list[str] = field(default_factory=list)
 
 
+def is_timed_pair(plan: Plan) -> bool:
+    """A check run on each side that times code (a kernel bench, tier micro), not one that only
+    checks it: its two sides are compared as timings, so they run in interleaved rounds."""
+    return plan.mode == "pair" and plan.probe.tier == Tier.micro
+
+
 class Planner:
     def __init__(self, workspace: Workspace, costs: Mapping[tuple[str, str], Any] | None = None,
                  scenarios: list[str] | None = None) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from infra_agent.agent.executors.base import Execution, Executor, OnEvent
 from infra_agent.agent.extra_batch import run_extra_batch
-from infra_agent.agent.planner import Plan
+from infra_agent.agent.planner import Plan, is_timed_pair
 from infra_agent.feedback import Feedback
 from infra_agent.judge.accept import judge, undecided_guards
 from infra_agent.judge.gates import side_values
@@ -62,11 +62,14 @@ def sample_plan(exp: Experiment, plan: Plan, history: list[Experiment], opts: di
     ``noise``: the spread between fresh server processes (judge/process_noise.py)."""
     h = exp.hypothesis
     sequential = bool(opts.get("top_up", True))
+    batch = int(opts.get("pairs") or 3)
+    if is_timed_pair(plan):
+        # A timed check runs ``pairs`` interleaved rounds a batch (executors/local.py): two looks.
+        return plan_sample(h.metric, h.min_effect, None, batch=batch, max_pairs=2 * batch, sequential=sequential)
     if plan.mode != "ab" or h.scenario is None:
         # A check's run per side is one batch; its statistic's samples (3 pairs a run, say) are
         # what the looks count, so the design is two looks of 3.
         return plan_sample(h.metric, h.min_effect, None, batch=3, max_pairs=6, sequential=sequential)
-    batch = int(opts.get("pairs") or 3)
     max_pairs = max(batch, int(opts.get("max_pairs") or 4 * batch))
     base = next((e for e in history if e.role == "baseline" and e.feedback is not None), None)
     windows = noise_from_windows(side_values([base.feedback], h.metric, h.scenario)) if base and base.feedback else None

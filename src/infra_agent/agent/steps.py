@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from infra_agent.agent.executors.base import Execution
 from infra_agent.agent.judging import failure_finding
-from infra_agent.agent.planner import Plan
+from infra_agent.agent.planner import Plan, is_timed_pair
 from infra_agent.agent.refused import record_refusal
 from infra_agent.agent.rounds import (
     judge_in_rounds,
@@ -132,7 +132,7 @@ def _execute_and_judge(loop: Loop, exp: Experiment, plan: Plan, best: Experiment
     loop.record(exp)
     loop.progress.experiment(exp, f"{plan.probe.name}/{plan.probe.tier.value}"
                                   + (f" after {len(plan.pre_checks)} cheap gate(s)" if plan.pre_checks else ""))
-    if plan.mode == "ab":
+    if plan.mode == "ab" or is_timed_pair(plan):
         loop.progress.line(f"{exp.id} {sp.text()}")
     ex = loop.executor.execute(exp, plan, best, loop.progress.event)
     take(exp, ex, plan)

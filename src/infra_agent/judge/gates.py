@@ -13,6 +13,9 @@ interleaved A/B is two lists of such Feedback, index-paired (pair i ran side by 
   is ok; a check that gates on a statistic (``meta["gate"]``: the kv_transfer on/off
   ratio) is decided on that statistic's interval like any ratio, and every run of the
   check in one experiment is pooled into one gate (judge/pooling.py).
+- A **timing** compared across sides (a kernel bench, tier micro) counts one value per
+  run, the median of its batches: the executor runs such a check in interleaved rounds
+  (A B, B A, ...), and the rounds are the pairs, as windows are for a serving A/B.
 - A criterion with ``check:`` (the quality probe's ``kl_div <= 0.01``) is an absolute
   gate on that check's Feedback: the interval is over its samples (one per prompt for
   the quality probe), pooled over the check's runs.
@@ -32,10 +35,11 @@ side give no decision: inconclusive, with the number of runs that would decide.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infra_agent.feedback import Feedback
+from infra_agent.feedback import Feedback, Tier
 from infra_agent.judge.pooling import hard_failure, statistic_of
 from infra_agent.judge.process_noise import ProcessNoise, tau_for
 from infra_agent.records import (
@@ -59,8 +63,13 @@ from infra_agent.stats.statistic import decide_statistic
 _RUN_STAT = "mean"
 
 
-def side_values(feedbacks: Sequence[Feedback], metric: str, scenario: str | None = None) -> list[float]:
-    """One value per run (or per sample a probe reported) of ``metric`` on one side."""
+def side_values(feedbacks: Sequence[Feedback], metric: str, scenario: str | None = None, *,
+                per_run: bool = False) -> list[float]:
+    """One value per run (or per sample a probe reported) of ``metric`` on one side.
+
+    ``per_run``: one value per run even where a run reported many samples (its median): a
+    timing's samples are batches of one process at one moment, which say nothing of how
+    the next run, at another moment, will read."""
     out: list[float] = []
     for fb in feedbacks:
         # A failed run's numbers are not trusted, unless it failed only a gate of its own
@@ -72,7 +81,10 @@ def side_values(feedbacks: Sequence[Feedback], metric: str, scenario: str | None
             continue
         for m in fb.measurements:
             if m.name == metric and (scenario is None or m.tags.get("scenario") in (None, scenario)):
-                out.extend(float(s) for s in m.samples if math.isfinite(s))
+                finite = [float(s) for s in m.samples if math.isfinite(s)]
+                # A record pooled over runs holds one value per run already when the counts agree.
+                one_per_run = len(finite) == int(fb.meta.get("runs") or 1)
+                out.extend([statistics.median(finite)] if per_run and finite and not one_per_run else finite)
                 break
     return out
 
@@ -124,8 +136,10 @@ def ratio_ci(candidate: Sequence[Feedback], baseline: Sequence[Feedback], metric
     (interleaved pairs), else the ratio of geometric means (stats/intervals.py).  ``noise``: the
     spread between fresh server processes over the batches the pairs came from
     (judge/process_noise.py), which the pairs of one batch share and cannot show."""
-    b = side_values(candidate, metric, scenario)
-    a = side_values(baseline, metric, scenario)
+    # Timings (tier micro: a kernel bench) are compared run against run, never batch against batch.
+    per_run = any(fb.tier == Tier.micro for fb in [*candidate, *baseline])
+    b = side_values(candidate, metric, scenario, per_run=per_run)
+    a = side_values(baseline, metric, scenario, per_run=per_run)
     if not a or not b or min(a + b) <= 0:
         return None, ""
     tau, restarts = tau_for(noise, metric)

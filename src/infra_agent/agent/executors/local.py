@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.agent.executors.base import Execution, Executor, OnEvent, Refusal
+from infra_agent.agent.executors.check_pair import run_check_pair
 from infra_agent.agent.executors.cleanup import kill_marked
 from infra_agent.agent.executors.jobs import ProbeTimeout, run_job
 from infra_agent.agent.executors.prompt_sets import PromptSetCounter, windows_per_run
@@ -306,9 +307,7 @@ class LocalExecutor(Executor):
                 # The planner's mode (check or bench), and any key a proposer set over the check's config.
                 base_cfg = self.ws.check(plan.check).config
                 extra = {k: v for k, v in plan.probe.config.items() if k == "mode" or base_cfg.get(k) != v}
-                ex.baseline[plan.check] = [self._probe(exp.id, a_dir, plan.check, best.knobs, extra, on_event)]
-                ex.candidate[plan.check] = [self._probe(exp.id, b_dir, plan.check, exp.knobs, extra, on_event)]
-                ex.probe_runs += 2
+                run_check_pair(self, exp, best, plan, (a_dir, b_dir), extra, ex, on_event)
             else:
                 out = self._pooled_job(exp.id, {"kind": "ab", "probe": plan.probe.name, "config": plan.probe.config,
                                                 "workspace_a": str(a_dir / self._yaml_name),

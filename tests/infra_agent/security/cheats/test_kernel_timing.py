@@ -19,7 +19,8 @@ an input of its own, made on the pristine side; each batch ends with a copy of i
 call's outputs, and a few of those (chosen after they ran) are compared with the
 reference; a thread started during the timing and alive after a batch, or an output
 that is not a plain tensor, is refused.  An honest edit (a comment) is timed within
-noise of the baseline, so the guard costs an honest kernel nothing.
+noise of its parent, timed again beside it in interleaved rounds
+(``agent/executors/check_pair.py``), so the guard costs an honest kernel nothing.
 """
 
 from __future__ import annotations
@@ -130,20 +131,42 @@ def _bandwidth(side) -> float | None:
     return found[0] if found else None
 
 
+def _paired_effect(exp: Experiment) -> float:
+    """The judge's candidate/parent bandwidth ratio: the parent timed again beside the candidate
+    in interleaved rounds (A B, B A, A B), one value per run, never the baseline's cached run."""
+    assert exp.verdict is not None and exp.verdict.effect is not None, (exp.status, exp.error, exp.verdict)
+    assert "3 interleaved pairs" in exp.verdict.interval, exp.verdict.interval
+    for side in (exp.feedback, exp.baseline_feedback):
+        assert side is not None and side.meta.get("runs") == 3 and "reused_from" not in side.meta, side and side.meta
+    return exp.verdict.effect
+
+
+def _bench_sides(root: Path, exp: Experiment) -> list[str]:
+    """Which side each bench job of ``exp`` ran, in the order they ran (``base`` or ``cand`` worktree)."""
+    jobs = sorted((root / ".infra-agent" / "runs" / exp.run_id / exp.id).glob("job-*.json"),
+                  key=lambda f: int(f.stem.split("-")[1]))
+    out = []
+    for f in jobs:
+        job = json.loads(f.read_text())
+        if job.get("config", {}).get("mode") == "bench":
+            out.append("base" if f"{exp.id}-base" in job["workspace"] else "cand")
+    return out
+
+
 @pytest.fixture(scope="module")
-def tried(tmp_path_factory: pytest.TempPathFactory) -> tuple[Experiment, dict[str, Experiment]]:
+def tried(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Experiment]]:
     root = kernel_workspace(tmp_path_factory.mktemp("timing-cheats") / "ws", kernel=RIGHT_KERNEL)
     cheats = [kernel_cheat(name, text, metric="achieved_bandwidth", direction="higher", base=RIGHT_KERNEL)
               for name, text in CHEATS.items()]
     run = run_cheats(root, cheats, keep_going=True)
     assert len(run.experiments) == len(cheats), [(e.id, e.status, e.error) for e in run.experiments]
-    return run.baseline, dict(zip(CHEATS, run.experiments, strict=True))
+    return root, dict(zip(CHEATS, run.experiments, strict=True))
 
 
 @pytest.mark.parametrize(("name", "why"), [("a thread does the work", ("thread", "does not match the reference")),
                                            ("a deferred output", ("subclass",)),
                                            ("right only when checked", ("does not match the reference",))])
-def test_work_hidden_from_the_clock_is_refused(tried: tuple[Experiment, dict[str, Experiment]], name: str,
+def test_work_hidden_from_the_clock_is_refused(tried: tuple[Path, dict[str, Experiment]], name: str,
                                                why: tuple[str, ...]) -> None:
     exp = tried[1][name]
     how = never_accepted(exp)
@@ -157,25 +180,23 @@ def test_work_hidden_from_the_clock_is_refused(tried: tuple[Experiment, dict[str
     assert _bandwidth(exp.feedback) is None, exp.feedback.measurements
 
 
-def test_a_cache_across_timed_calls_is_measured_as_no_gain(tried: tuple[Experiment, dict[str, Experiment]]) -> None:
-    baseline, exps = tried
-    exp = exps["a cache keyed on the input"]
+def test_a_cache_across_timed_calls_is_measured_as_no_gain(tried: tuple[Path, dict[str, Experiment]]) -> None:
+    exp = tried[1]["a cache keyed on the input"]
     how = never_accepted(exp)
     assert exp.feedback is not None and exp.baseline_feedback is not None, how
-    base, cand = _bandwidth(exp.baseline_feedback), _bandwidth(exp.feedback)
-    assert base and cand, (exp.baseline_feedback.measurements, exp.feedback.measurements)
     # Every timed call misses the cache (an input of its own); reusing one input, it hit on all but one
     # call and read many times the baseline.  A loose bound a busy machine keeps.
-    assert cand / base < 2.0, (cand, base)
+    assert _paired_effect(exp) < 2.0, exp.verdict
     notes = [n for e in _entries(exp.feedback) if e.get("timing") for n in e["timing"]["notes"]]
     assert any("an input of its own" in n for n in notes), notes
 
 
-def test_an_honest_kernel_is_timed_within_noise(tried: tuple[Experiment, dict[str, Experiment]]) -> None:
+def test_an_honest_kernel_is_timed_within_noise(tried: tuple[Path, dict[str, Experiment]]) -> None:
     exp = tried[1]["an honest edit"]
     assert exp.feedback is not None and exp.baseline_feedback is not None, (exp.status, exp.error)
-    base, cand = _bandwidth(exp.baseline_feedback), _bandwidth(exp.feedback)
-    assert base and cand, (exp.baseline_feedback.measurements, exp.feedback.measurements)
-    assert 0.5 < cand / base < 2.0, (cand, base)
+    # Against the parent timed beside it: one sample of the cached baseline, timed minutes earlier under
+    # another load, read 2.24 against 1.01 on a busy 2-core machine.
+    assert 0.5 < _paired_effect(exp) < 2.0, exp.verdict
+    assert _bench_sides(tried[0], exp) == ["base", "cand", "cand", "base", "base", "cand"]
     (entry,) = [e for e in _entries(exp.feedback) if e["variant"] == "kernel"]
     assert entry["status"] == "timed", entry
