@@ -275,6 +275,9 @@ def start_run(workspace: str | Path, opts: RunOptions, console: Console | None =
     from infra_agent.ledger import Ledger
 
     ws = load_workspace(workspace)
+    if opts.playbook:
+        # Recorded as an absolute path: a `resume` from another directory reads (and protects) the same file.
+        opts = opts.model_copy(update={"playbook": str(Path(opts.playbook).expanduser().resolve())})
     proposer = preflight(ws, opts)
     _exclude_from_git(ws.root)
     run = RunRecord(id=new_run_id(), workspace=str(ws.root), proposer=opts.proposer, started_at=time.time(),

@@ -55,3 +55,26 @@ def test_the_playbook_inside_the_workspace_is_protected(tmp_path: Path) -> None:
     assert not any(e.accepted for e in exps if PLAYBOOK in (e.change.diff or "")), [(e.id, e.status) for e in exps]
     assert (root / PLAYBOOK).read_text() == RULES
     assert git(root, "log", "--format=%H", f"{head}..HEAD", "--", PLAYBOOK).strip() == ""
+
+
+def test_a_relative_playbook_is_recorded_as_the_file_it_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--playbook tuning.yaml`` given from inside ``playbooks/``: the run records the file's absolute
+    path, so a ``resume`` from any other directory reads and protects that file, not one of the same
+    name under its own working directory (the path used to be recorded as given)."""
+    root = kernel_workspace(tmp_path / "ws")
+    (root / "playbooks").mkdir()
+    (root / PLAYBOOK).write_text(RULES)
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "a playbook inside the workspace")
+    monkeypatch.chdir(root / "playbooks")
+    run = start_run(root, RunOptions(proposer="rules", playbook="tuning.yaml", budget_runs=1, confirm=False,
+                                     top_up=False, look_again=False), progress=False)
+    assert run.options["playbook"] == str((root / PLAYBOOK).resolve()), run.options
+    monkeypatch.chdir(tmp_path)
+    from infra_agent.agent.runner import preflight
+    from infra_agent.workspace import load_workspace
+
+    ws = load_workspace(root)
+    recorded = RunOptions.model_validate({k: v for k, v in run.options.items() if k in RunOptions.model_fields})
+    preflight(ws, recorded)  # what `resume` does first, from another directory
+    assert PLAYBOOK in ws.protected, ws.protected
