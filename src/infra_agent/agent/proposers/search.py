@@ -16,7 +16,9 @@ workspace's ``constraints``, oversubscribes the machine or launches the same thi
 best (knob ``aliases``, an identical rendered launch) is never proposed: it counts as a
 repeat.  From each best configuration the attributed knobs are first moved one at a
 time (x2, /2, the next choice: local moves); TPE samples them jointly once local moves
-stop paying (each tried, or ``LOCAL_MISSES`` in a row without improvement).
+stop paying (each tried, or ``LOCAL_MISSES`` in a row without improvement).  Where no
+finding points at any knob, every knob gets its local move before TPE: a joint draw of
+six knobs from a healthy default answers no single question.
 
 Attribution (:func:`~infra_agent.agent.proposers.attribution.rank_knobs`) decides the
 order in which knobs join the search space.  The space starts with the ``top_k``
@@ -46,7 +48,11 @@ from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.proposers.search_knobs import SearchKnobs
 from infra_agent.agent.proposers.search_objective import Objective, objective_for
 from infra_agent.agent.proposers.search_ranges import KnobRange
-from infra_agent.agent.proposers.search_space import StagedSpace, untried_points
+from infra_agent.agent.proposers.search_space import (
+    LOCAL_MISSES,
+    StagedSpace,
+    untried_points,
+)
 from infra_agent.agent.proposers.search_step import Stage, search_step
 from infra_agent.agent.proposers.search_trials import PendingTrial, TrialBook
 from infra_agent.records import Change, Experiment, GateResult, Step
@@ -261,14 +267,20 @@ class SearchProposer:
                     tried_changes: set[str]) -> tuple[Trial, dict[str, Any], bool] | None:
         """The next local move from the best (one attributed knob x2, /2 or to the next choice),
         while they pay; None once TPE should sample the active knobs jointly."""
-        attributed = self._attributed(active)
+        movable = self._attributed(active)
+        allowed = LOCAL_MISSES
+        if not movable and not self.blind and not any(s.score > 0 for s in self._space.ranking or []):
+            # No finding points at a knob (a configuration with no bottleneck to name): each knob
+            # is moved alone first, so every experiment answers one question (does this knob
+            # matter here?), and TPE samples jointly only after each has had its move.
+            movable, allowed = list(active), max(LOCAL_MISSES, len(active))
         book = self._book
         assert book.objective is not None
-        if not attributed or self._space.local_moves_over(book.records, book.objective, best_id) is not None:
+        if not movable or self._space.local_moves_over(book.records, book.objective, best_id, allowed) is not None:
             return None
         moved = self._space.moved_before(book.records, best_id)
         ranges = self._knobs.ranges
-        per_knob = [[(k, v) for v in ranges[k].local_moves(base.get(k))] for k in attributed if k not in moved]
+        per_knob = [[(k, v) for v in ranges[k].local_moves(base.get(k))] for k in movable if k not in moved]
         # Breadth first: each knob's first move (x2, the next choice), then each one's second.
         for rank in range(2):
             for moves in per_knob:

@@ -158,9 +158,10 @@ class StagedSpace:
             stale = 0 if improved else stale + 1
         return stale
 
-    def local_moves_over(self, records: list[TrialRecord], objective: Objective, best_id: str) -> str | None:
+    def local_moves_over(self, records: list[TrialRecord], objective: Objective, best_id: str,
+                         allowed: int = LOCAL_MISSES) -> str | None:
         """Why this stage's local moves from ``best_id`` stop paying (None while they may go on):
-        TPE already sampled from it, or ``LOCAL_MISSES`` local moves in a row did not improve."""
+        TPE already sampled from it, or ``allowed`` local moves in a row did not improve."""
         mine = [(r, imp) for r, imp in self._in_stage(records, objective) if r.parent == best_id]
         if any(not r.local for r, _ in mine):
             return "TPE sampled from it"
@@ -169,7 +170,7 @@ class StagedSpace:
             if improved:
                 break
             misses += 1
-        return f"{misses} local moves in a row without improving the best" if misses >= LOCAL_MISSES else None
+        return f"{misses} local moves in a row without improving the best" if misses >= allowed else None
 
     def moved_before(self, records: list[TrialRecord], best_id: str) -> set[str]:
         """Knobs already moved locally from ``best_id`` in earlier stages: a widened stage moves

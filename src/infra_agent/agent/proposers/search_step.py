@@ -56,7 +56,7 @@ def why(active: tuple[str, ...], stage: Stage) -> str:
             for p in s.explain().split(", "):
                 parts.setdefault(p, None)
     if not parts:
-        return f"no finding points at a knob: searching all {len(active)} knobs"
+        return f"no finding points at a knob: searching all {len(active)} knobs, each moved alone first"
     text = "ranked by attribution: " + ", ".join(parts)
     if stage.number > 0:
         text += f"; widened to {len(active)} knobs"
