@@ -91,7 +91,10 @@ class RunProgress:
             txt = f"  {ev.get('scenario')} pair {int(ev.get('pair', 0)) + 1} side {str(ev.get('side')).upper()}: " + \
                   (f"{thr:.1f} tok/s" if isinstance(thr, (int, float)) else ("ok" if ev.get("ok") else f"failed: {ev.get('error')}"))
         elif kind == "start":
-            txt = f"  starting server {str(ev.get('side')).upper()}"
+            side = str(ev.get("side")).upper()
+            # A kept server (executors/server_pool.py) is attached, not started: say which, since
+            # launches are what a slow-starting engine makes expensive.
+            txt = f"  server {side}: kept up, attached" if ev.get("kept") else f"  starting server {side}"
         elif kind == "probe":
             txt = f"  probe {ev.get('probe')}: {'ok' if ev.get('ok') else 'FAILED ' + str(ev.get('error'))[:200]}"
         else:

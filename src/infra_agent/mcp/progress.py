@@ -41,7 +41,8 @@ def describe_event(ev: Mapping[str, Any]) -> str:
     """One worker event (``start``, ``run``, ``probe``) as a line of progress."""
     kind = ev.get("event")
     if kind == "start":
-        return f"starting server {str(ev.get('side', '')).upper()}"
+        side = str(ev.get("side", "")).upper()
+        return f"server {side}: kept up, attached" if ev.get("kept") else f"starting server {side}"
     if kind == "run":
         thr = ev.get("output_throughput")
         res = f"{thr:.1f} tok/s" if isinstance(thr, (int, float)) else ("ok" if ev.get("ok") else f"failed: {ev.get('error')}")

@@ -109,7 +109,7 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
     with ExitStack() as stack:
         targets = {}
         for side in ("a", "b"):
-            _event(event="start", side=side)
+            _event(event="start", side=side, kept=side in (job.get("attach") or {}))
             try:
                 targets[side] = stack.enter_context(_target(job, side, ws[side], knobs[side]))
             except ServerExitedEarly as exc:
@@ -151,7 +151,7 @@ def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
     limit = _limit(job)
     discarded: list[dict[str, Any]] = []
     sets = _Sets(job, len(job["scenarios"]) * int(job["repeats"]), 1)
-    _event(event="start", side="b")
+    _event(event="start", side="b", kept="b" in (job.get("attach") or {}))
     with _target(job, "b", ws, knobs) as target:
         for s, scenario in enumerate(job["scenarios"]):
             for i in range(int(job["repeats"])):
