@@ -1,0 +1,87 @@
+"""Configurations of the vLLM example against its defaults, measured by vLLM's own client.
+
+    python bench/vllm_confirm.py [--rounds 6] [--config NAME:knob=value,knob=value ...]
+
+The workspace is ``bench/tune_vllm.py``'s (the tiny random Llama, the build's defaults of
+128 sequences and 2048 batched tokens).  Every configuration gets a fresh server; then each
+round runs ``vllm bench serve`` once against each, in rotated order (forward, backward, ...),
+and each configuration's output throughput is compared with the defaults' as the geometric
+mean of its per-round ratios with a 95% t-interval.  By default the two configurations that
+``tune_vllm.py --start defaults --grid run`` singled out on 2026-12-07: the loop's best
+(``max_num_batched_tokens`` 8269, bf16 KV cache) and the grid's top point (16 / 512).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tune_vllm import make_model, make_workspace, vllm_client, vllm_env  # noqa: E402
+
+DEFAULT_CONFIGS = ["loop_best:max_num_batched_tokens=8269,kv_cache_dtype=bfloat16",
+                   "grid_top:max_num_seqs=16,max_num_batched_tokens=512"]
+
+
+def _config(text: str) -> tuple[str, dict[str, object]]:
+    name, _, body = text.partition(":")
+    knobs: dict[str, object] = {}
+    for item in filter(None, body.split(",")):
+        k, _, v = item.partition("=")
+        knobs[k] = int(v) if v.lstrip("-").isdigit() else v
+    return name, knobs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--config", action="append", default=None, help="NAME:knob=value,... (repeatable)")
+    args = ap.parse_args()
+    os.environ.update(vllm_env())
+    from infra_agent.target.server import ServerProcess
+    from infra_agent.workspace import load_workspace
+
+    print(f"start {time.strftime('%H:%M:%S', time.gmtime())} UTC; loadavg {Path('/proc/loadavg').read_text().strip()}",
+          flush=True)
+    sides = {"defaults": {}, **dict(_config(c) for c in (args.config or DEFAULT_CONFIGS))}
+    with tempfile.TemporaryDirectory(prefix="vllm-confirm-") as tmp:
+        work = Path(tmp)
+        model = make_model(work / "tiny-llama")
+        ws = load_workspace(make_workspace(work / "ws", model, max_num_seqs=128, max_num_batched_tokens=2048))
+        env = vllm_env()
+        servers = {n: ServerProcess(ws.target, ws.resolve_knobs(k), work / "logs", root=ws.root, name=n)
+                   for n, k in sides.items()}
+        got: dict[str, list[float]] = {n: [] for n in sides}
+        try:
+            for s in servers.values():
+                s.start()
+            names = list(sides)
+            for r in range(args.rounds):
+                for n in (names if r % 2 == 0 else names[::-1]):
+                    res = vllm_client(servers[n].url, model, 100 + r, work / f"v-{n}-{r}.json", env,
+                                      ws.scenario("short-chat"))
+                    got[n].append(float(res["output_throughput"]))
+                    print(f"round {r} {n}: {got[n][-1]:.1f} tok/s", flush=True)
+        finally:
+            for s in servers.values():
+                s.stop()
+    for n in names[1:]:
+        logs = [math.log(b / a) for a, b in zip(got["defaults"], got[n], strict=True)]
+        m, sd, k = statistics.mean(logs), statistics.stdev(logs), len(logs)
+        half = stats.t.ppf(0.975, k - 1) * sd / math.sqrt(k)
+        print(f"{n} / defaults, output throughput: {math.exp(m):.3f} [{math.exp(m - half):.3f}, "
+              f"{math.exp(m + half):.3f}] (95% t-interval over {k} rounds)")
+    print(f"end {time.strftime('%H:%M:%S', time.gmtime())} UTC; loadavg {Path('/proc/loadavg').read_text().strip()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
