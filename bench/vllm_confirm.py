@@ -2,8 +2,8 @@
 
     python bench/vllm_confirm.py [--rounds 6] [--config NAME:knob=value,knob=value ...]
 
-The workspace is ``bench/tune_vllm.py``'s (the tiny random Llama, the build's defaults of
-128 sequences and 2048 batched tokens).  Every configuration gets a fresh server; then each
+The workspace is ``bench/tune_vllm.py``'s (the tiny random Llama, the build's defaults, read
+as ``tune_vllm.py`` reads them: 128 sequences and 2048 batched tokens on the CPU build).  Every configuration gets a fresh server; then each
 round runs ``vllm bench serve`` once against each, in rotated order (forward, backward, ...),
 and each configuration's output throughput is compared with the defaults' as the geometric
 mean of its per-round ratios with a 95% t-interval.  By default the two configurations that
@@ -36,16 +36,27 @@ def _config(text: str) -> tuple[str, dict[str, object]]:
     knobs: dict[str, object] = {}
     for item in filter(None, body.split(",")):
         k, _, v = item.partition("=")
-        knobs[k] = int(v) if v.lstrip("-").isdigit() else v
+        try:
+            knobs[k] = int(v)
+        except ValueError:
+            try:
+                knobs[k] = float(v)
+            except ValueError:
+                knobs[k] = v
+    if not name or name == "defaults":
+        raise SystemExit(f"--config {text!r}: give it a name other than 'defaults' (the side it is compared with)")
     return name, knobs
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=6, help="at least 2: the interval needs a spread")
     ap.add_argument("--config", action="append", default=None, help="NAME:knob=value,... (repeatable)")
     args = ap.parse_args()
+    if args.rounds < 2:
+        ap.error("--rounds must be at least 2")
     os.environ.update(vllm_env())
+    from infra_agent.target import vllm_build
     from infra_agent.target.server import ServerProcess
     from infra_agent.workspace import load_workspace
 
@@ -55,7 +66,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="vllm-confirm-") as tmp:
         work = Path(tmp)
         model = make_model(work / "tiny-llama")
-        ws = load_workspace(make_workspace(work / "ws", model, max_num_seqs=128, max_num_batched_tokens=2048))
+        # The build's own defaults, as tune_vllm.py reads them (128 and 2048 on the CPU build).
+        defaults = vllm_build.batch_defaults(dict(os.environ))
+        ws = load_workspace(make_workspace(work / "ws", model, max_num_seqs=int(defaults["max_num_seqs"]),
+                                           max_num_batched_tokens=int(defaults["max_num_batched_tokens"])))
         env = vllm_env()
         servers = {n: ServerProcess(ws.target, ws.resolve_knobs(k), work / "logs", root=ws.root, name=n)
                    for n, k in sides.items()}

@@ -97,13 +97,14 @@ def test_reuse_only_where_the_spread_is_known_to_be_nil(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_run_launches_each_configuration_once(tmp_path: Path) -> None:
+def test_a_run_launches_each_configuration_once(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     from infra_agent.agent.runner import RunOptions, start_run
     from infra_agent.ledger import Ledger
 
     ws = _workspace(tmp_path / "ws")
     opts = RunOptions(proposer="rules", budget_runs=2, pairs=3, process_noise="off", probe_timeout_s=300)
-    run = start_run(ws, opts, progress=False)
+    run = start_run(ws, opts, progress=True)
+    progress = capfd.readouterr().err
     with Ledger.for_workspace(ws) as ledger:
         exps = ledger.experiments(run.id)
     base, tried = exps[0], [e for e in exps if e.role == "experiment"]
@@ -120,6 +121,9 @@ def test_a_run_launches_each_configuration_once(tmp_path: Path) -> None:
         assert confirm[0].cost.launches <= (0 if len(tried) == 1 else 1), (len(tried), confirm[0].cost)
     launches = sum(e.cost.launches for e in exps)
     assert launches <= len(exps), [(e.id, e.cost.launches) for e in exps]
+    # The progress says which: a line per launch, and "kept up" for a server an earlier job started.
+    assert progress.count("starting server") == launches, progress[-4000:]
+    assert "server A: kept up, attached" in progress, progress[-4000:]
     assert not _servers_in(ws), "a kept server outlived the run"
 
 

@@ -10,7 +10,10 @@ bandwidth of its own baseline, timed earlier, for an edit that changed only a co
 So a timed check runs ``pairs`` rounds of fresh runs, parent and candidate back to back
 in A B, B A, A B order, and the judge takes one value per run (judge/gates.py), paired
 by round, as it pairs a serving A/B's windows.  A candidate run that fails (refused
-while timed, wrong outputs) ends the rounds: more timing would not change the verdict.
+while timed, wrong outputs) ends the rounds and is all that is kept of them, with its
+round's parent: the verdict rests on that failure, and a few good rounds before it must
+not read as a promising, undecided experiment that earns more batches.  A round whose
+parent run failed is dropped whole, so the rounds kept stay paired.
 """
 
 from __future__ import annotations
@@ -34,20 +37,30 @@ def run_check_pair(executor: Any, exp: Experiment, best: Experiment, plan: Plan,
     sides = {"a": (dirs[0], best.knobs, ex.baseline), "b": (dirs[1], exp.knobs, ex.candidate)}
     fresh = executor.fresh
     executor.fresh = fresh or rounds > 1  # a timed parent is run again beside its candidate, not taken from the cache
+    kept: list[dict[str, Feedback]] = []
     try:
         for r in range(rounds):
             ran: dict[str, Feedback] = {}
             for side in pair_order(r, "abba"):
-                ws_dir, knobs, out = sides[side]
+                ws_dir, knobs, _ = sides[side]
                 ran[side] = executor._probe(exp.id, ws_dir, plan.check, knobs, extra, on_event)
-                out.setdefault(plan.check, []).append(ran[side])
                 ex.probe_runs += 1
                 if side == "b" and not ran[side].ok:
                     break
-            if len(ran) < 2 or not all(fb.ok for fb in ran.values()):
+            if "b" in ran and not ran["b"].ok:
+                if "a" not in ran and kept:  # B A order: the parent of the round before stands beside it
+                    ran = {"a": kept[-1]["a"], **ran}
+                kept = [ran]
+                break
+            if all(fb.ok for fb in ran.values()) or r == 0:
+                kept.append(ran)  # round 0 always: a check that fails on both sides is the verdict
+            if not all(fb.ok for fb in ran.values()):
                 break
     finally:
         executor.fresh = fresh
+    for ran in kept:
+        for side, fb in sorted(ran.items()):
+            sides[side][2].setdefault(plan.check, []).append(fb)
 
 
 __all__ = ["run_check_pair"]

@@ -220,7 +220,9 @@ class LocalExecutor(Executor):
                 return out, keys, {**dataclasses.asdict(Refusal.of(exc)), "error": str(exc)}
             finally:
                 self.launched += self.pool.launches - before
-            out[side] = ServerPool.attach_info(server)
+            # Started for this job (a configuration's first use) or kept from an earlier one: the
+            # worker's progress says which.
+            out[side] = {**ServerPool.attach_info(server), "launched": self.pool.launches > before}
         return out, keys, None
 
     def _pooled_job(self, exp_id: str, job: dict[str, Any], sides: dict[str, tuple[Path, dict[str, Any]]],

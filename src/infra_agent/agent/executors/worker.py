@@ -109,7 +109,7 @@ def run_ab_job(job: dict[str, Any]) -> dict[str, Any]:
     with ExitStack() as stack:
         targets = {}
         for side in ("a", "b"):
-            _event(event="start", side=side, kept=side in (job.get("attach") or {}))
+            _event(event="start", side=side, kept=_kept(job, side))
             try:
                 targets[side] = stack.enter_context(_target(job, side, ws[side], knobs[side]))
             except ServerExitedEarly as exc:
@@ -151,7 +151,7 @@ def run_repeat_job(job: dict[str, Any]) -> dict[str, Any]:
     limit = _limit(job)
     discarded: list[dict[str, Any]] = []
     sets = _Sets(job, len(job["scenarios"]) * int(job["repeats"]), 1)
-    _event(event="start", side="b", kept="b" in (job.get("attach") or {}))
+    _event(event="start", side="b", kept=_kept(job, "b"))
     with _target(job, "b", ws, knobs) as target:
         for s, scenario in enumerate(job["scenarios"]):
             for i in range(int(job["repeats"])):
@@ -184,6 +184,12 @@ class _Sets:
 
     def used(self) -> dict[str, int]:
         return {"prompt_sets_used": self.end - self.first}
+
+
+def _kept(job: dict[str, Any], side: str) -> bool:
+    """The side's server was kept up from an earlier job (not started by the loop for this one)."""
+    info = (job.get("attach") or {}).get(side)
+    return info is not None and not info.get("launched", False)
 
 
 def _target(job: dict[str, Any], side: str, ws: Any, knobs: dict[str, Any]) -> Any:

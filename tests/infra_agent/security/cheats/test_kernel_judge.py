@@ -241,10 +241,10 @@ def test_the_judge_measures_the_kernels_own_error(judged: dict[str, Judged], nam
 
 def test_a_slowed_clock_does_not_win_a_bench(tmp_path: Path) -> None:
     # The kernel is correct on both sides, so the bench times it; the gate passes at the
-    # baseline, so the run is told to go on.  A kernel bench gives one achieved_bandwidth
-    # figure per side and the judge needs three, so the claim cannot be supported on that
-    # alone; what shows the guard is the measurement: timed by the judge's clock, the
-    # candidate is not the 6-10x "faster" its slowed clock read before.
+    # baseline, so the run is told to go on.  The parent and the candidate are timed in
+    # interleaved rounds (one achieved_bandwidth figure per run); what shows the guard is the
+    # measurement: timed by the judge's clock, the candidate is not the 6-10x "faster" its
+    # slowed clock read before, and the claim is not supported.
     root = kernel_workspace(tmp_path / "ws", kernel=RIGHT_KERNEL)
     cheat = kernel_cheat("slow the clock", SLOW_CLOCK, metric="achieved_bandwidth", direction="higher",
                          base=RIGHT_KERNEL)
