@@ -52,6 +52,7 @@ def test_the_timeline_names_each_thread_of_a_live_vllm(tmp_path: Path, tiny_mode
     assert fb.ok, fb.error
     if any(f.kind == FindingKind.SAMPLER_UNAVAILABLE for f in fb.findings):
         pytest.skip("py-spy could not attach here")
+    assert "timeline" in fb.meta, (fb.meta, [(f.kind, f.message[:200]) for f in fb.findings])
     timeline = fb.meta["timeline"]
     states = timeline["report"]["thread_states"]
     picked = timeline["sampled_process"]
