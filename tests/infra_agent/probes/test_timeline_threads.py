@@ -92,3 +92,19 @@ def test_a_server_without_spans_is_analysed_from_py_spy_alone(tmp_path: Path) ->
     assert loops[0]["shares"].get("idle", 0.0) > 0 and not [f for f in fb.findings if f.kind == FindingKind.THREAD_BLOCKED]
     assert {"thread_blocked_share", "output_throughput"} <= {m.name for m in fb.measurements}
     assert any(a.path.endswith(".jsonl") for a in fb.artifacts)
+
+
+@pytest.mark.slow
+def test_a_window_shorter_than_the_lead_in_says_why_it_has_no_thread_states(tmp_path: Path) -> None:
+    """No spans and no samples (the load ended inside ``lead_s``, before py-spy started): the probe
+    used to return with neither thread states nor a reason; it says which of them it lacks."""
+    root = tmp_path / "plain"
+    root.mkdir()
+    (root / "infra-agent.yaml").write_text(PLAIN_YAML.replace("num_requests: 48", "num_requests: 2"))
+    fb = TimelineProbe().execute({"lead_s": 30, "sample_process": "server", "trace_path": "/no-such-trace",
+                                  "loop_stalls": False},
+                                 ProbeContext(workdir=tmp_path / "out", workspace=load_workspace(root), progress=False))
+    assert fb.ok, fb.error
+    assert "timeline" not in fb.meta
+    (why,) = [f for f in fb.findings if f.kind == FindingKind.SAMPLER_UNAVAILABLE]
+    assert "lead_s" in why.message and "lead_s" in (why.next_question or ""), why

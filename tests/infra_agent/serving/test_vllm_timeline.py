@@ -46,13 +46,16 @@ def test_the_timeline_names_each_thread_of_a_live_vllm(tmp_path: Path, tiny_mode
 
     set_vllm_env(monkeypatch)
     ws = make_workspace(tmp_path / "ws", tiny_model, max_num_seqs=8, max_num_batched_tokens=2048,
-                        num_requests=24, output_len=32)
+                        num_requests=64, output_len=32)
     fb = TimelineProbe().execute({"lead_s": 2.0, "sample_process": process, "loop_stalls": process == "server"},
                                  ProbeContext(workdir=tmp_path / "out", workspace=load_workspace(ws), progress=False))
     assert fb.ok, fb.error
-    if any(f.kind == FindingKind.SAMPLER_UNAVAILABLE for f in fb.findings):
+    unavailable = [f.message for f in fb.findings if f.kind == FindingKind.SAMPLER_UNAVAILABLE]
+    if any("ptrace" in m or "ermission" in m for m in unavailable):
         pytest.skip("py-spy could not attach here")
-    assert "timeline" in fb.meta, (fb.meta, [(f.kind, f.message[:200]) for f in fb.findings])
+    # Once the window (24 requests then) ended inside the 2 s lead-in, before sampling began, and the
+    # probe returned no thread states and no reason; it now says why, and the window is longer.
+    assert "timeline" in fb.meta, (unavailable, [(f.kind, f.message[:200]) for f in fb.findings])
     timeline = fb.meta["timeline"]
     states = timeline["report"]["thread_states"]
     picked = timeline["sampled_process"]
