@@ -34,6 +34,9 @@ class PySpyResult:
     start_unix_ns: int | None
     warning: str | None = None
     log: list[str] = field(default_factory=list)
+    # How well ``start_unix_ns`` is known: py-spy's own zero lies between its launch and the moment
+    # its "Sampling process" line was read, which on a loaded machine can be a few hundred ms apart.
+    start_uncertainty_ns: int | None = None
 
 
 def _first_line(text: str) -> str:
@@ -55,6 +58,7 @@ class PySpyRecorder:
         self.executable = executable
         self.proc: subprocess.Popen[str] | None = None
         self.start_unix_ns: int | None = None
+        self.launch_unix_ns: int | None = None
         self.log: list[str] = []
         self._reader: threading.Thread | None = None
         self._error: str | None = None
@@ -67,6 +71,7 @@ class PySpyRecorder:
         cmd = [exe, "record", "--format", "chrometrace", "-r", str(self.rate), "-o", str(self.out),
                "--pid", str(self.pid), *(["--gil"] if self.gil else []), *(["--idle"] if self.idle else []),
                *(["--nonblocking"] if self.nonblocking else [])]
+        self.launch_unix_ns = time.time_ns()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         started = threading.Event()
 
@@ -102,7 +107,9 @@ class PySpyRecorder:
             self._error = f"{PTRACE_HINT}; py-spy wrote no file (exit {rc}): {' | '.join(self.log[-3:])}"
         if self._error is not None:
             return PySpyResult(None, None, f"py-spy unavailable, spans only: {self._error}", self.log)
-        return PySpyResult(self.out, self.start_unix_ns, None, self.log)
+        uncertainty = (self.start_unix_ns - self.launch_unix_ns
+                       if self.start_unix_ns is not None and self.launch_unix_ns is not None else None)
+        return PySpyResult(self.out, self.start_unix_ns, None, self.log, uncertainty)
 
 
 class PySpyDumpSampler:

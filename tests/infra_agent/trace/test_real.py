@@ -140,9 +140,14 @@ def test_real_pyspy_chrometrace_loads_on_the_span_clock(tmp_path: Path) -> None:
     # only when a thread's stack changes, so a thread may have none on a loaded machine)
     threads = {s.thread for s in tl.samples}
     assert "MainThread" in threads and threads <= {"MainThread", "kv-transfer"}
-    # the samples fall inside the span window (one clock)
+    # the samples fall inside the span window (one clock), to within what py-spy's zero is known:
+    # it lies between py-spy's launch and the moment its first line was read, which a loaded
+    # machine stretched past 50 ms (a clean-clone suite run failed here with the fixed 50 ms)
+    assert res.start_uncertainty_ns is not None and res.start_uncertainty_ns >= 0
+    slack_us = max(50_000, res.start_uncertainty_ns / 1e3)
     lo, hi = tl.window()
-    assert all(lo - 50_000 <= s.ts_us <= hi + 50_000 for s in tl.samples)
+    outside = [s.ts_us for s in tl.samples if not lo - slack_us <= s.ts_us <= hi + slack_us]
+    assert not outside, (lo, hi, slack_us, outside[:5])
 
 
 def test_pyspy_refused_degrades_to_spans_only(tmp_path: Path) -> None:
