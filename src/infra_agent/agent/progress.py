@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console, Group
@@ -33,6 +34,13 @@ def gate_table(gates: list[GateResult], title: str = "gates") -> Table:
             val += f" [{g.low:.4g}, {g.high:.4g}]"
         t.add_row(g.name, g.gate, Text(g.outcome, style=_COLOUR.get(g.outcome, "")), val, g.measured_in or "-")
     return t
+
+
+def server_start_text(ev: Mapping[str, Any]) -> str:
+    """A worker's ``start`` event: a kept server (executors/server_pool.py) is attached, not started;
+    say which, since launches are what a slow-starting engine makes expensive."""
+    side = str(ev.get("side", "")).upper()
+    return f"server {side}: kept up, attached" if ev.get("kept") else f"starting server {side}"
 
 
 class RunProgress:
@@ -91,10 +99,7 @@ class RunProgress:
             txt = f"  {ev.get('scenario')} pair {int(ev.get('pair', 0)) + 1} side {str(ev.get('side')).upper()}: " + \
                   (f"{thr:.1f} tok/s" if isinstance(thr, (int, float)) else ("ok" if ev.get("ok") else f"failed: {ev.get('error')}"))
         elif kind == "start":
-            side = str(ev.get("side")).upper()
-            # A kept server (executors/server_pool.py) is attached, not started: say which, since
-            # launches are what a slow-starting engine makes expensive.
-            txt = f"  server {side}: kept up, attached" if ev.get("kept") else f"  starting server {side}"
+            txt = f"  {server_start_text(ev)}"
         elif kind == "probe":
             txt = f"  probe {ev.get('probe')}: {'ok' if ev.get('ok') else 'FAILED ' + str(ev.get('error'))[:200]}"
         else:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from infra_agent.agent.progress import RunProgress
+from infra_agent.agent.progress import RunProgress, server_start_text
 from infra_agent.records import Experiment
 
 if TYPE_CHECKING:
@@ -41,8 +41,7 @@ def describe_event(ev: Mapping[str, Any]) -> str:
     """One worker event (``start``, ``run``, ``probe``) as a line of progress."""
     kind = ev.get("event")
     if kind == "start":
-        side = str(ev.get("side", "")).upper()
-        return f"server {side}: kept up, attached" if ev.get("kept") else f"starting server {side}"
+        return server_start_text(ev)
     if kind == "run":
         thr = ev.get("output_throughput")
         res = f"{thr:.1f} tok/s" if isinstance(thr, (int, float)) else ("ok" if ev.get("ok") else f"failed: {ev.get('error')}")

@@ -213,12 +213,10 @@ class TimelineProbe(Probe):
             if sampler_res is None or sampler_res.path is None:
                 # Nothing to analyse, and the reason must not be lost with it (a window shorter than
                 # lead_s, py-spy refused): without it the Feedback would hold no thread states and no why.
+                from infra_agent.trace.feedback import sampler_unavailable
+
                 why = (sampler_res.warning if sampler_res is not None else None) or "py-spy did not sample the window"
-                fb.findings.append(Finding(
-                    kind=FindingKind.SAMPLER_UNAVAILABLE, severity="warning", message=why,
-                    next_question=("Send more requests (the scenario's num_requests) or lower lead_s, so that "
-                                   "sampling starts while the load runs." if "lead_s" in why else
-                                   "Run with ptrace allowed (root or CAP_SYS_PTRACE) to sample the server's threads.")))
+                fb.findings.append(sampler_unavailable(why))
                 return
         else:
             spans_path = ctx.workdir / f"spans-{name}.json"

@@ -142,10 +142,16 @@ def _unobserved(report: TimelineReport) -> list[Finding]:
                            next_question="Instrument the other threads (transfer, communication) with spans to see "
                                          "whether they overlap the main loop."))
     if report.samples == 0 and any("py-spy" in w for w in report.warnings):
-        out.append(Finding(kind=FindingKind.SAMPLER_UNAVAILABLE, severity="warning",
-                           message=next(w for w in report.warnings if "py-spy" in w),
-                           next_question="Run with ptrace allowed (root or CAP_SYS_PTRACE) to attribute waits to GIL holders."))
+        out.append(sampler_unavailable(next(w for w in report.warnings if "py-spy" in w)))
     return out
+
+
+def sampler_unavailable(warning: str) -> Finding:
+    """py-spy sampled nothing: the sampler's own reason, and what would let it sample."""
+    question = ("Send more requests (the scenario's num_requests) or lower lead_s, so that sampling starts while "
+                "the load runs." if "lead_s" in warning else
+                "Run with ptrace allowed (root or CAP_SYS_PTRACE) to attribute waits to GIL holders.")
+    return Finding(kind=FindingKind.SAMPLER_UNAVAILABLE, severity="warning", message=warning, next_question=question)
 
 
 def _thread_idle(report: TimelineReport) -> list[Finding]:

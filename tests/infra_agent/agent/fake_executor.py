@@ -27,6 +27,17 @@ def serving(values: list[float], scenario: str = "chat", metric: str = "output_t
             for v in values]
 
 
+class Lines(RunProgress):
+    """The run's progress lines, kept instead of printed."""
+
+    def __init__(self) -> None:
+        super().__init__(None, enabled=False)
+        self.lines: list[str] = []
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
+
+
 class FakeExecutor(Executor):
     name = "fake"
 

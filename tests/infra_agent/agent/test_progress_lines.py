@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-from infra_agent.agent.progress import RunProgress
 from infra_agent.mcp.progress import describe_event
 
-
-class Lines(RunProgress):
-    def __init__(self) -> None:
-        super().__init__(None, enabled=False)
-        self.lines: list[str] = []
-
-    def line(self, text: str) -> None:
-        self.lines.append(text)
+from .fake_executor import Lines
 
 
 def test_a_kept_server_is_said_attached_and_a_launch_is_said_started() -> None:

@@ -8,11 +8,18 @@ from typing import Any
 
 from infra_agent.agent.executors.base import Execution, OnEvent
 from infra_agent.agent.planner import Plan
-from infra_agent.agent.progress import RunProgress
 from infra_agent.ledger import Ledger
 from infra_agent.records import Change, Experiment, Hypothesis, Step
 
-from .fake_executor import FakeExecutor, Script, loop_for, new_run, serving, workspace
+from .fake_executor import (
+    FakeExecutor,
+    Lines,
+    Script,
+    loop_for,
+    new_run,
+    serving,
+    workspace,
+)
 
 GATE = [{"name": "chat-throughput", "metric": "output_throughput", "scenario": "chat", "op": ">=", "value": 1e6}]
 
@@ -42,15 +49,6 @@ class Batches(FakeExecutor):
 def _step() -> Step:
     return Step(hypothesis=Hypothesis(statement="more slots", metric="output_throughput", direction="higher",
                                       min_effect=0.05, scenario="chat"), change=Change(knobs={"max_running": 16}))
-
-
-class Lines(RunProgress):
-    def __init__(self) -> None:
-        super().__init__(None, enabled=False)
-        self.lines: list[str] = []
-
-    def line(self, text: str) -> None:
-        self.lines.append(text)
 
 
 def _run(tmp_path: Path, fake: Batches, steps: list[Any], taus: dict[str, float] | None = None,
