@@ -133,27 +133,37 @@ def vllm_client(url: str, model: Path, seed: int, out: Path, env: dict[str, str]
     return json.loads(out.read_text())
 
 
-def confirm(ws: Path, best: dict[str, Any], model: Path, rounds: int, workdir: Path, gate_ms: float) -> dict[str, Any]:
-    """Baseline and winner, each on a fresh server, measured by vLLM's client in ABAB order."""
+def rotated_rounds(ws: Path, sides: dict[str, dict[str, Any]], model: Path, rounds: int, workdir: Path,
+                   metric: str, seed: int = 0, say: bool = False) -> dict[str, list[float]]:
+    """Every configuration of ``sides`` on a fresh server; then ``rounds`` rounds of vLLM's client
+    against each, in rotated order (forward, backward, ...): ``metric`` per side and round."""
     from infra_agent.target.server import ServerProcess
     from infra_agent.workspace import load_workspace
 
     workspace, env = load_workspace(ws), vllm_env()
-    p90: dict[str, list[float]] = {"baseline": [], "best": []}
     servers = {name: ServerProcess(workspace.target, workspace.resolve_knobs(knobs), workdir / "confirm-logs",
-                                   root=workspace.root, name=name)
-               for name, knobs in (("baseline", {}), ("best", best))}
+                                   root=workspace.root, name=name) for name, knobs in sides.items()}
+    got: dict[str, list[float]] = {name: [] for name in sides}
     try:
         for s in servers.values():
             s.start()
+        names = list(sides)
         for r in range(rounds):
-            for name in (("baseline", "best") if r % 2 == 0 else ("best", "baseline")):
-                res = vllm_client(servers[name].url, model, r, workdir / f"vllm-{name}-{r}.json", env,
+            for name in (names if r % 2 == 0 else names[::-1]):
+                res = vllm_client(servers[name].url, model, seed + r, workdir / f"vllm-{name}-{r}.json", env,
                                   workspace.scenario("short-chat"))
-                p90[name].append(float(res["p90_ttft_ms"]))
+                got[name].append(float(res[metric]))
+                if say:
+                    print(f"round {r} {name}: {metric} {got[name][-1]:.1f}", flush=True)
     finally:
         for s in servers.values():
             s.stop()
+    return got
+
+
+def confirm(ws: Path, best: dict[str, Any], model: Path, rounds: int, workdir: Path, gate_ms: float) -> dict[str, Any]:
+    """Baseline and winner, each on a fresh server, measured by vLLM's client in A B, B A order."""
+    p90 = rotated_rounds(ws, {"baseline": {}, "best": best}, model, rounds, workdir, "p90_ttft_ms")
     b, w = statistics.median(p90["baseline"]), statistics.median(p90["best"])
     return {"baseline_p90_ttft_ms": b, "best_p90_ttft_ms": w, "ratio": w / b, "gate_ms": gate_ms,
             "confirmed": w < b and w <= gate_ms, "rounds": rounds, "launches": 2}

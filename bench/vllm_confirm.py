@@ -25,7 +25,7 @@ from pathlib import Path
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tune_vllm import make_model, make_workspace, vllm_client, vllm_env  # noqa: E402
+from tune_vllm import make_model, make_workspace, rotated_rounds, vllm_env  # noqa: E402
 
 DEFAULT_CONFIGS = ["loop_best:max_num_batched_tokens=8269,kv_cache_dtype=bfloat16",
                    "grid_top:max_num_seqs=16,max_num_batched_tokens=512"]
@@ -57,8 +57,6 @@ def main() -> int:
         ap.error("--rounds must be at least 2")
     os.environ.update(vllm_env())
     from infra_agent.target import vllm_build
-    from infra_agent.target.server import ServerProcess
-    from infra_agent.workspace import load_workspace
 
     print(f"start {time.strftime('%H:%M:%S', time.gmtime())} UTC; loadavg {Path('/proc/loadavg').read_text().strip()}",
           flush=True)
@@ -68,25 +66,10 @@ def main() -> int:
         model = make_model(work / "tiny-llama")
         # The build's own defaults, as tune_vllm.py reads them (128 and 2048 on the CPU build).
         defaults = vllm_build.batch_defaults(dict(os.environ))
-        ws = load_workspace(make_workspace(work / "ws", model, max_num_seqs=int(defaults["max_num_seqs"]),
-                                           max_num_batched_tokens=int(defaults["max_num_batched_tokens"])))
-        env = vllm_env()
-        servers = {n: ServerProcess(ws.target, ws.resolve_knobs(k), work / "logs", root=ws.root, name=n)
-                   for n, k in sides.items()}
-        got: dict[str, list[float]] = {n: [] for n in sides}
-        try:
-            for s in servers.values():
-                s.start()
-            names = list(sides)
-            for r in range(args.rounds):
-                for n in (names if r % 2 == 0 else names[::-1]):
-                    res = vllm_client(servers[n].url, model, 100 + r, work / f"v-{n}-{r}.json", env,
-                                      ws.scenario("short-chat"))
-                    got[n].append(float(res["output_throughput"]))
-                    print(f"round {r} {n}: {got[n][-1]:.1f} tok/s", flush=True)
-        finally:
-            for s in servers.values():
-                s.stop()
+        ws = make_workspace(work / "ws", model, max_num_seqs=int(defaults["max_num_seqs"]),
+                            max_num_batched_tokens=int(defaults["max_num_batched_tokens"]))
+        got = rotated_rounds(ws, sides, model, args.rounds, work, "output_throughput", seed=100, say=True)
+    names = list(sides)
     for n in names[1:]:
         logs = [math.log(b / a) for a, b in zip(got["defaults"], got[n], strict=True)]
         m, sd, k = statistics.mean(logs), statistics.stdev(logs), len(logs)
