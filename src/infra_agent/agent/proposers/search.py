@@ -1,8 +1,9 @@
 """The ``search`` proposer: Optuna's TPE over the knob space, guided by attribution.
 
-The objective is the metric of the first failing criterion gate of the best
-configuration (``output_throughput>=300 @chat``: maximise ``output_throughput`` in
-scenario ``chat``), else the workspace's first criterion.  Every trial is one
+The objective is the statistic of the first failing gate of the best configuration
+(``output_throughput>=300 @chat``: maximise ``output_throughput`` in scenario ``chat``; a
+check's ``kv_transfer_prefill_ratio>=0.95``: maximise that ratio, every trial running the
+check on both sides), else the workspace's first criterion.  Every trial is one
 experiment: ``propose`` asks Optuna for a trial and returns it as a ``Step``;
 ``observe`` tells the trial the candidate's score, or marks it failed.  The score is what
 the judge measures (:class:`~infra_agent.agent.proposers.search_objective.PairedScores`):
@@ -202,8 +203,10 @@ class SearchProposer:
         if self._book.objective is None:
             own = [e for e in history if e.proposer == self.name and e.parent is not None]
             if own:
-                h = own[-1].hypothesis
-                self._book.objective = Objective(h.metric, h.direction, h.scenario, source="restored")
+                h, probe = own[-1].hypothesis, own[-1].probe
+                # The search names a check as its probe only for an objective from that check.
+                check = probe.check if probe is not None and probe.reason == "named by the proposer" else None
+                self._book.objective = Objective(h.metric, h.direction, h.scenario, source="restored", check=check)
         self._book.backlog.extend(history)
         self._book.flush()
 
@@ -220,8 +223,9 @@ class SearchProposer:
         objective = self._book.objective
         assert objective is not None
         for g in gates:
-            spec = g.spec if g.kind in ("absolute", "relative") else None
-            if spec and spec.metric == objective.metric and spec.scenario == objective.scenario:
+            spec = g.spec if g.kind in ("absolute", "relative", "check") else None
+            if spec and spec.metric == objective.metric and spec.scenario == objective.scenario \
+                    and (g.kind == "check") == (objective.check is not None):
                 return g.outcome == "pass"
         return False
 

@@ -36,6 +36,9 @@ class Objective:
     direction: Direction
     scenario: str | None = None
     source: str = field(default="", compare=False)  # the gate or criterion it came from
+    # The workspace check whose statistic this is (``kv_transfer_prefill_ratio`` of check
+    # ``kv-transfer-prefill-ratio``): every trial runs that check on both sides (plan mode pair).
+    check: str | None = None
 
     def better(self, a: float, b: float, margin: float = 0.0) -> bool:
         """``a`` beats ``b`` by more than ``margin`` (relative to ``|b|``)."""
@@ -51,12 +54,22 @@ def _direction(metric: str, op: str | None) -> Direction:
 
 
 def objective_for(workspace: Any, gates: Iterable[GateResult]) -> Objective | None:
-    """The first failing criterion gate's metric; else the first criterion; else output throughput."""
+    """The first failing gate's statistic; else the first criterion; else output throughput.
+
+    A failing gate is a criterion (``p90_ttft_ms <= 400 @chat``) or a check that gates on a
+    statistic (``kv_transfer_prefill_ratio >= 0.95`` of check ``kv-transfer-prefill-ratio``):
+    the search optimises what fails, not a guard beside it that the right change barely moves.
+    A check that failed without a statistic (a crash, a correctness error) gives no number to
+    optimise and is skipped."""
     for g in gates:
-        if g.outcome == "fail" and g.kind in ("absolute", "relative"):
-            spec = g.spec
-            if spec is not None:
-                return Objective(spec.metric, _direction(spec.metric, spec.op), spec.scenario, source=g.gate)
+        spec = g.spec
+        if g.outcome != "fail" or spec is None:
+            continue
+        if g.kind in ("absolute", "relative"):
+            return Objective(spec.metric, _direction(spec.metric, spec.op), spec.scenario, source=g.gate)
+        if g.kind == "check" and spec.check and any(c.name == spec.check for c in workspace.checks):
+            return Objective(spec.metric, "higher" if spec.op in (">=", ">") else "lower", None, source=g.gate,
+                             check=spec.check)
     for c in workspace.criteria:
         return Objective(c.metric, _direction(c.metric, c.op), c.scenario, source=f"criterion {c.name}")
     if workspace.scenarios:
@@ -191,14 +204,17 @@ class PairedScores:
     def take(self, exp: Experiment) -> float | None:
         if exp.status != "done":
             return None
-        metric, scenario = self.objective.metric, self.objective.scenario
-        reading = metric_value(exp.feedback, metric, scenario)
+        metric, scenario, check = self.objective.metric, self.objective.scenario, self.objective.check
+        # A check's statistic is read from the check's own run: the baseline's and any
+        # experiment's cheap gates (``exp.checks``); a trial of the check ran it on both sides.
+        reading = metric_value(exp.checks.get(check) if check else exp.feedback, metric, scenario)
         if exp.parent is None:
             self._scores[exp.id] = 1.0
             if self.scale is None and reading is not None and reading > 0:
                 self.scale = reading
             return reading
-        ratio = paired_ratio(exp.feedback, exp.baseline_feedback, metric, scenario)
+        on_both_sides = check is None or (exp.probe is not None and exp.probe.check == check)
+        ratio = paired_ratio(exp.feedback, exp.baseline_feedback, metric, scenario) if on_both_sides else None
         parent = self._scores.get(exp.parent)
         if ratio is not None and parent is not None:
             self._scores[exp.id] = parent * ratio

@@ -84,13 +84,16 @@ def search_step(workspace: Any, objective: Objective, values: Mapping[str, Any],
     how = f"local move {trial_number} (one knob from the best, before TPE)" if local else f"TPE trial {trial_number}"
     rationale = (f"{how} ({where}{widened}); objective {obj.metric} ({obj.direction} is better, scored against the "
                  f"interleaved parent) from {obj.source or 'the ledger'}; "
+                 + (f"measured by check {obj.check!r} on both sides; " if obj.check else "")
                  + (f"sampled in {sampled}; " if sampled else "")
                  + "knobs outside the space stay at the best configuration's values")
     # A local move's description names its stage: the change alone (one knob) does not say
     # which stage it was searched in, and a restored run continues in that stage.
     description = f"{LOCAL_MOVE}{assignment} (stage: {', '.join(active)})" if local else f"search: {assignment}"
+    # An objective from a check's statistic is measured by that check on both sides (plan mode
+    # pair), whatever components the moved knob names: it is the number the trial is scored on.
     return Step(hypothesis=hypothesis, change=Change(knobs=dict(values), diff=None, description=description),
-                probe=None, rationale=rationale)
+                probe=obj.check, rationale=rationale)
 
 
 __all__ = ["LOCAL_MOVE", "Stage", "local_stage", "search_step", "show", "why"]
