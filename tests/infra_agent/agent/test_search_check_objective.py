@@ -94,6 +94,8 @@ def test_a_failing_check_with_a_statistic_is_the_objective(ws: Workspace) -> Non
     crashed = GateResult(name=CHECK, gate=f"check {CHECK} (timeline/trace)", kind="check", outcome="fail")
     assert objective_for(ws, [GUARD, crashed]) == Objective("total_token_throughput", "higher", "prefill")
     assert objective_for(ws, [GUARD, check_gate("pass", 0.97)]) == Objective("total_token_throughput", "higher", "prefill")
+    # Inconclusive is not passing: the baseline's check on a busy box, 0.82 [0.67, 1.01].
+    assert objective_for(ws, [GUARD, check_gate("inconclusive", 0.82)]) == Objective(RATIO, "higher", None, check=CHECK)
 
 
 def test_every_trial_runs_the_check_on_both_sides(ws: Workspace) -> None:
