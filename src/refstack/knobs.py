@@ -60,6 +60,9 @@ class Knob:
     typical: tuple[float, float] | None = None
     resource: str | None = None  # "threads" (or "memory_gib" / "memory_mib")
     per_process: int = 1
+    # Meant to change what the model answers (its weights, a precision, a quantisation):
+    # the listing says so, and a harness need not hold a change of it to the same greedy text.
+    changes_outputs: bool = False
 
     def __post_init__(self) -> None:
         if self.typical is not None:
@@ -136,12 +139,15 @@ class Knob:
         return value
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "flag": self.flag, "type": self.type, "domain": self.domain(),
-                "default": self.default, "components": list(self.components), "help": self.help}
+        out = {"name": self.name, "flag": self.flag, "type": self.type, "domain": self.domain(),
+               "default": self.default, "components": list(self.components), "help": self.help}
+        if self.changes_outputs:
+            out["changes_outputs"] = True
+        return out
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("preset", "choice", "tiny", ("model",), "Model size preset (seeded random weights).", choices=PRESETS),
+    Knob("preset", "choice", "tiny", ("model",), "Model size preset (seeded random weights).", choices=PRESETS, changes_outputs=True),
     Knob("host", "str", "127.0.0.1", ("server",), "Address to bind; loopback by default."),
     Knob("port", "int", 0, ("server",), "TCP port; 0 takes a free port (the URL is printed).", min=0, max=65535),
     Knob("max_running", "int", 32, ("engine.scheduler",),
@@ -161,14 +167,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("max_seq_len", "int", 0, ("engine.cache", "model"),
          "Context length (prompt + completion); 0 takes the preset's.", min=0, max=65536),
     Knob("seed", "int", 0, ("model", "engine.sampler"),
-         "Seeds the model weights and the sampling of requests without a seed.", min=0, max=2**31 - 1),
+         "Seeds the model weights and the sampling of requests without a seed.", min=0, max=2**31 - 1, changes_outputs=True),
     Knob("lm_head_precision", "choice", "fp32", ("model.lm_head",),
-         "Arithmetic precision of the LM head GEMM (passed into HybridConfig).", choices=LM_HEAD_PRECISIONS),
+         "Arithmetic precision of the LM head GEMM (passed into HybridConfig).", choices=LM_HEAD_PRECISIONS, changes_outputs=True),
     Knob("dtype", "choice", "auto", ("model.linear", "model.moe", "model.kda", "model.attention"),
          "Operand type of the model's GEMMs (projections, experts): float32, or bfloat16 (weights rounded to bf16, "
          "each GEMM's input rows rounded to bf16, fp32 accumulation; the residual stream, norms, router, KDA state, "
          "attention, KV cache and LM head stay fp32).  'auto': bfloat16 when the native kernels run on a CPU with a "
-         "bf16 dot product (AVX512_BF16), float32 otherwise; GET /debug/engine shows the choice.", choices=DTYPES),
+         "bf16 dot product (AVX512_BF16), float32 otherwise; GET /debug/engine shows the choice.", choices=DTYPES, changes_outputs=True),
     Knob("torch_threads", "int", 0, ("runtime",),
          "torch intra-op threads for the engine; 0 keeps torch's default.", min=0, max=1024, resource="threads"),
     Knob("cpu_kernels", "choice", "auto", ("model.linear", "model.norm", "model.moe", "model.kda", "model.attention"),
@@ -190,14 +196,14 @@ KNOBS: tuple[Knob, ...] = (
          "Weight/activation quantisation of the Linears of attention, the KDA projections and the experts: 'none', "
          "or 'w8a8' (int8 weights per output channel, int8 activations per token after SmoothQuant smoothing "
          "calibrated on a seeded prompt set at load).  The router, norms, KDA recurrence and LM head stay in "
-         "higher precision.", choices=QUANTIZATIONS),
+         "higher precision.", choices=QUANTIZATIONS, changes_outputs=True),
     Knob("kv_cache_dtype", "choice", "auto", ("engine.cache", "model.attention"),
          "Storage type of the attention KV cache: 'auto' (fp32, the model's), 'fp32', 'bf16', 'fp8_e4m3' or "
          "'int8' (both with a scale per (layer, head)).  Bytes per token and the sequences that fit are shown at "
-         "startup and in GET /debug/engine.", choices=KV_CACHE_DTYPES),
+         "startup and in GET /debug/engine.", choices=KV_CACHE_DTYPES, changes_outputs=True),
     Knob("kv_cache_dtype_layers", "str", "", ("engine.cache", "model.attention"),
          "Per-layer override of --kv-cache-dtype (a mixed cache): 'LAYER:DTYPE,...', e.g. '1:bf16,3:int8'; "
-         "LAYER is the model's layer index and must be an attention layer (1 and 3 in tiny)."),
+         "LAYER is the model's layer index and must be an attention layer (1 and 3 in tiny).", changes_outputs=True),
     Knob("kda_state_dtype", "choice", "fp32", ("engine.cache", "model.kda"),
          "Storage type of the KDA recurrent state: 'fp32' or 'bf16' (half the state bytes; the recurrence "
          "re-rounds it every step, so its error compounds: see docs/refstack.md).", choices=KDA_STATE_DTYPES),

@@ -83,7 +83,7 @@ def sample_plan(exp: Experiment, plan: Plan, history: list[Experiment], opts: di
 def why_undecided(workspace: Workspace, exp: Experiment, held: dict[str, GateResult]) -> str | None:
     """Why another batch could decide what this look left open (None: nothing to settle)."""
     v = exp.verdict
-    if v is None:
+    if v is None or not v.served:
         return None
     if v.outcome == "inconclusive" and v.low is not None:
         return f"the hypothesis is undecided ({v.message})"

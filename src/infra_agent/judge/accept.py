@@ -25,6 +25,7 @@ from infra_agent.judge.gates import (
     holds_on_itself,
     hypothesis_outcome,
 )
+from infra_agent.judge.greedy_text import text_change
 from infra_agent.judge.pooling import pool_runs
 from infra_agent.judge.process_noise import ProcessNoise
 from infra_agent.records import Experiment, GateResult, Verdict
@@ -85,8 +86,11 @@ def judge(workspace: Any, exp: Experiment, ex: Runs, plan: Design, best_gates: d
     undecided = [g for g in guards if g.outcome in ("inconclusive", "error")]
     lost = failed_requests(ex.candidate) - failed_requests(ex.baseline)
     miscut = wrong_lengths(ex.candidate) - wrong_lengths(ex.baseline)
-    # Latencies and throughput count only what was served, and served as asked.
-    served = lost <= 0 and miscut <= 0
+    text = text_change(workspace, exp.change, ex.candidate, ex.baseline)
+    retold = text is not None and bool(text.changed)
+    # Latencies and throughput count only what was served, and served as asked: the same
+    # number of tokens, and (where the change claims to keep the numbers) the same text.
+    served = lost <= 0 and miscut <= 0 and not retold
     accepted = outcome == "supported" and not broken and not undecided and served
     # What was served comes first: a side that served less has numbers for other work, whatever
     # they say, and a "more pairs" reading of an inconclusive verdict would only measure it again.
@@ -100,6 +104,12 @@ def judge(workspace: Any, exp: Experiment, ex: Runs, plan: Design, best_gates: d
         # a different job: the speed is not the system's.
         why = (f"not accepted: {miscut} more answer(s) than on the baseline side were not the length the request "
                "fixed (max_tokens with ignore_eos); the candidate's numbers are for less (or other) work")
+    elif retold:
+        assert text is not None
+        # A faster server that answers other text (other weights, skipped layers, a cheaper
+        # model) is faster at a different job, whatever the numbers say.
+        why = (f"not accepted: {text.text()}; the change claims to keep the model's numbers (a knob meant to "
+               "change them is declared changes_outputs: true)")
     elif outcome != "supported":
         why = f"not accepted: the hypothesis is {outcome} ({hyp_gate.message})"
     elif broken:
@@ -111,7 +121,8 @@ def judge(workspace: Any, exp: Experiment, ex: Runs, plan: Design, best_gates: d
         why = f"accepted: {hyp_gate.message}"
     return Verdict(outcome=outcome, effect=hyp_gate.value, low=hyp_gate.low, high=hyp_gate.high,
                    interval=hyp_gate.interval, gates=[hyp_gate, *gates], accepted=accepted,
-                   held=outcome == "supported" and not broken and bool(undecided) and served, message=why)
+                   held=outcome == "supported" and not broken and bool(undecided) and served, served=served,
+                   message=why)
 
 
 def undecided_guards(workspace: Any, verdict: Verdict, best_gates: dict[str, GateResult]) -> list[GateResult]:

@@ -39,6 +39,7 @@ from infra_agent.probes.serving_telemetry import (
     WindowWatch,
     add_telemetry,
 )
+from infra_agent.serving.greedy_text import DEFAULT_TOKENS, answers_for
 from infra_agent.serving.metrics import request_samples
 from infra_agent.serving.runner import default_log_dir, run_on_target
 from infra_agent.target import open_target
@@ -141,6 +142,9 @@ class ServingConfig(ProbeConfig):
     repeats: int = Field(1, ge=1, le=100, description="measured windows per scenario; throughput samples are per window")
     percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
     queue_share: float = Field(0.5, gt=0, le=1, description="queue/TTFT share above which queueing is reported")
+    greedy_tokens: int = Field(DEFAULT_TOKENS, ge=0, le=256,
+                               description="greedy tokens per prompt of the fixed probe set asked once per server (the "
+                                           "judge holds a change to its parent's text); 0: not asked")
     result_metrics: list[str] | None = Field(
         None, description="result keys reported once per window (what criteria name, e.g. p99_ttft_ms); "
                           "default: total_token_throughput and the median and p99 of ttft, tpot and e2el")
@@ -191,6 +195,9 @@ class ServingProbe(Probe):
                 if target.log_path:
                     fb.artifacts.append(Artifact(kind="log", path=str(target.log_path), description="server log"))
                 own = target_processes(target)
+                if cfg.greedy_tokens:
+                    # The answers behind the speed, once per server (serving/greedy_text.py).
+                    fb.meta["greedy"] = answers_for(target, cfg.greedy_tokens)
                 for name, sc in plan:
                     runs: list[dict[str, Any]] = []
                     try:

@@ -108,6 +108,12 @@ class TimelineProbe(Probe):
                 self._compare(cfg, ctx, fb, name, sc, knobs)
             else:
                 with self._open(cfg, ctx, knobs) as (target, values):
+                    if cfg.greedy_tokens:
+                        # The answers behind the speed, once per server, before the trace is
+                        # reset (serving/greedy_text.py): an A/B of this probe is held to them too.
+                        from infra_agent.serving.greedy_text import answers_for
+
+                        fb.meta["greedy"] = answers_for(target, cfg.greedy_tokens)
                     self._traced(cfg, ctx, fb, name, sc, target, values)
         except InfraAgentError as exc:
             fb.ok, fb.error = False, fb.error or str(exc)

@@ -27,6 +27,9 @@ class TimelineConfig(ProbeConfig):
     scenarios: list[str] | None = Field(None, description="workspace scenarios; the first one is traced (default: the first declared)")
     scenario: Scenario | None = Field(None, description="an inline scenario, run as 'inline'")
     knobs: dict[str, Any] = Field(default_factory=dict, description="knob overrides on top of the context's knobs")
+    greedy_tokens: int = Field(12, ge=0, le=256,
+                               description="greedy tokens per prompt of the fixed probe set asked once per server before "
+                                           "a traced window (the judge holds a change to its parent's text); 0: not asked")
     trace_knobs: dict[str, Any] = Field(default_factory=lambda: {"trace": True, "trace_level": "layer"},
                                         description="knobs that turn tracing on when this probe launches the target "
                                                     "(only those the workspace declares are applied); trace_level "

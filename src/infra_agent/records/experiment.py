@@ -110,6 +110,10 @@ class Verdict(_Model):
     accepted: bool = False
     # Supported, but a guard was left undecided: promising, not accepted (judge/accept.py).
     held: bool = False
+    # False: the candidate did not serve what was asked (failed requests, answers of the wrong
+    # length, other greedy text): its numbers are for other work, and more pairs would only
+    # measure that again.
+    served: bool = True
     message: str = ""
 
     @property
@@ -180,7 +184,7 @@ class Experiment(_Model):
         is not refuted: an interval that straddles the line with its estimate on the side the
         hypothesis predicts, or a supported hypothesis whose guard was left undecided."""
         v = self.verdict
-        if self.role != "experiment" or self.status != "done" or v is None or v.accepted:
+        if self.role != "experiment" or self.status != "done" or v is None or v.accepted or not v.served:
             return False
         if v.held:
             return True

@@ -61,6 +61,8 @@ def knob_entry(item: dict[str, Any]) -> dict[str, Any]:
             value = domain.get(key, item.get(key))
             if value is not None:
                 entry[key] = list(value) if key == "typical" else value
+    if item.get("changes_outputs") is True:
+        entry["changes_outputs"] = True
     if item.get("default") is not None:
         entry["default"] = item["default"]
     entry["components"] = list(item.get("components") or [])

@@ -101,6 +101,9 @@ class Knob(BaseModel):
     resource: Resource | None = None
     per_process: int | None = Field(None, ge=1)  # processes of the launch that take the value each
     aliases: dict[KnobValue, KnobValue] = Field(default_factory=dict)
+    # The knob is meant to change what the model answers (a precision, a quantisation, the
+    # weights' seed): a change of it is not held to the parent's greedy text (judge/greedy_text.py).
+    changes_outputs: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> Knob:
