@@ -19,6 +19,7 @@ from infra_agent.vocabulary import FindingKind
 
 WAIT_SHARE_MIN = 0.5  # a group waited at least half its sampled time ...
 HOLDER_SHARE_MIN = 0.5  # ... and one other thread held the GIL for at least half of that
+GIL_WAIT_SHARE_MIN = 0.2  # with dump snapshots: it waited for the GIL itself at least this share
 WAIT_US_MIN = 1000.0
 EXPECT_SHARE_MIN = 0.2
 STEP_OVERHEAD_MIN = 0.2
@@ -72,9 +73,16 @@ def _gil_contention(report: TimelineReport, hints: dict[str, str]) -> list[Findi
     for w in report.waits:
         if w.waiting_share < WAIT_SHARE_MIN or w.waiting_us < WAIT_US_MIN or not w.holders:
             continue
-        top = w.holders[0]
+        top, decisive = w.holders[0], None
+        if w.gil_wait_us is not None:
+            # Snapshots tell the wait for the GIL from the thread's own I/O, locks or a missing CPU (held by
+            # no one): the holder's share of the wait for the GIL alone, which a loaded machine does not dilute.
+            if w.gil_wait_us < WAIT_US_MIN or w.gil_wait_us < GIL_WAIT_SHARE_MIN * w.span_us or not w.gil_wait_holders:
+                continue
+            holder = next(iter(w.gil_wait_holders))  # the largest share first
+            top, decisive = next((h for h in w.holders if h.thread == holder), top), w.gil_wait_holders[holder]
         thread_share = w.holder_threads.get(top.thread, 0.0)
-        if thread_share < HOLDER_SHARE_MIN:
+        if (thread_share if decisive is None else decisive) < HOLDER_SHARE_MIN:
             continue
         file, line = _split_where(top.where)
         hs = report.holder_spans.get(f"{w.group}@{w.thread}") or {}
@@ -89,6 +97,8 @@ def _gil_contention(report: TimelineReport, hints: dict[str, str]) -> list[Findi
         msg = (f"{w.group} (thread {w.thread}) waited {_pct(w.waiting_share)} of its sampled time "
                f"({w.waiting_us / 1e3:.1f} ms); meanwhile the GIL holder was {top.thread} at {top.where} ({top.function})"
                f"{during} in {_pct(top.share)} of it"
+               + (f"; it waited for the GIL itself in {_pct(w.gil_wait_us / w.span_us)} of its time, {top.thread} "
+                  f"owning it in {_pct(decisive)} of that" if decisive is not None and w.span_us else "")
                + (f"; {top.thread} held it while idle (a native call that sleeps or blocks without releasing "
                   f"it) in {_pct(idle)} of the wait" if idle > 0 else ""))
         out.append(Finding(
@@ -96,7 +106,7 @@ def _gil_contention(report: TimelineReport, hints: dict[str, str]) -> list[Findi
             location=Location(file=file, line=line, thread=top.thread, span=span, knob=knob, component="runtime"),
             evidence={"waiting_thread": w.thread, "waiting_group": w.group, "waiting_us": w.waiting_us,
                       "waiting_share": w.waiting_share, "holder_share": top.share, "holder_thread_share": thread_share,
-                      "holder_idle_share": idle,
+                      "holder_idle_share": idle, "gil_wait_us": w.gil_wait_us, "holder_gil_wait_share": decisive,
                       "intervals": w.intervals, **({"overlap_share": overlap} if overlap is not None else {})},
             next_question=(f"Does the call at {top.where} release the GIL while it runs native code? "
                            + (f"Try knob {knob}." if knob else f"Release it there (Py_BEGIN_ALLOW_THREADS / a knob "

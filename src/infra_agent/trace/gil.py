@@ -75,6 +75,11 @@ class WaitReport:
     # thread -> share of the wait it held the GIL while idle (a native call that sleeps or blocks
     # and keeps the GIL): holding that costs the holder nothing to give up
     idle_holders: dict[str, float] = field(default_factory=dict)
+    # From dump snapshots: the part of the wait spent waiting *for the GIL* (not in its own I/O,
+    # a lock, or without a CPU), and thread -> share of that part it owned the GIL; None without
+    # snapshots (a --gil recording keeps only the holder's samples)
+    gil_wait_us: float | None = None
+    gil_wait_holders: dict[str, float] = field(default_factory=dict)
 
     @property
     def waiting_share(self) -> float:
@@ -84,7 +89,8 @@ class WaitReport:
         return {"group": self.group, "thread": self.thread, "span_us": self.span_us, "waiting_us": self.waiting_us,
                 "waiting_share": self.waiting_share, "intervals": self.intervals,
                 "holders": [h.to_dict() for h in self.holders], "holder_threads": self.holder_threads,
-                "longest": self.longest, "idle_holders": self.idle_holders}
+                "longest": self.longest, "idle_holders": self.idle_holders, "gil_wait_us": self.gil_wait_us,
+                "gil_wait_holders": self.gil_wait_holders}
 
 
 def _snapshot_timeline(samples: list[Sample], window: Interval) -> list[HolderSegment]:
@@ -158,8 +164,12 @@ def waiting_analysis(timeline: Timeline, by: str = "cat", min_wait_us: float = 0
     """
     if not timeline.samples or timeline.sampled_window is None:
         return [], {}
+    from infra_agent.trace.thread_states import gil_wait_intervals
+
     window = timeline.sampled_window
     segments = holder_timeline(timeline.samples, window)
+    snapshots = all(s.snapshot for s in timeline.samples)
+    gil_waits = gil_wait_intervals(timeline) if snapshots else {}
     seen = {s.thread for s in timeline.samples}
     spans = [s for s in timeline.span_sources() if s.thread in seen and (threads is None or s.thread in threads)]
     holding: dict[str, list[Interval]] = defaultdict(list)
@@ -186,8 +196,13 @@ def waiting_analysis(timeline: Timeline, by: str = "cat", min_wait_us: float = 0
                             "holder": top[0].to_dict() if top else None})
         idle = attribute(waiting, idle_segments, exclude=thread)
         _, idle_by_thread = _holders(idle, waited)
-        reports.append(WaitReport(group, thread, total(sampled), waited, len(waiting), holders, by_thread, longest,
-                                  idle_by_thread))
+        report = WaitReport(group, thread, total(sampled), waited, len(waiting), holders, by_thread, longest,
+                            idle_by_thread)
+        if snapshots:
+            for_gil = intersect(waiting, merge(gil_waits.get(thread, [])))
+            report.gil_wait_us = total(for_gil)
+            _, report.gil_wait_holders = _holders(attribute(for_gil, segments, exclude=thread), report.gil_wait_us)
+        reports.append(report)
     reports.sort(key=lambda r: -r.waiting_us)
     return reports, {t: merge(v) for t, v in per_thread.items()}
 

@@ -277,6 +277,34 @@ def thread_states(timeline: Timeline, read_line: ReadLine | None = None, top: in
     return ThreadStatesReport(len(times), _per_thread(seen, per_label, sites, loops, top))
 
 
+def gil_wait_intervals(timeline: Timeline, read_line: ReadLine | None = None) -> dict[str, list[tuple[float, float]]]:
+    """Per thread, the stretches of the sampled window it spent waiting *for the GIL* (state
+    ``gil_wait``: parked in no blocking call while another thread owned it), from dump snapshots
+    (each standing for the time up to the midpoints with its neighbours); {} without snapshots."""
+    snaps = [s for s in timeline.samples if s.snapshot]
+    if not snaps or timeline.sampled_window is None:
+        return {}
+    read = read_line or _fresh_lines()
+    by_ts: dict[float, list[Sample]] = defaultdict(list)
+    for s in snaps:
+        by_ts[s.ts_us].append(s)
+    times = sorted(by_ts)
+    loops = {s.thread for s in snaps if runs_event_loop(s.frames)}
+    start, end = timeline.sampled_window
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for i, ts in enumerate(times):
+        group = by_ts[ts]
+        owner = next((s for s in group if s.holds_gil), None)
+        lo = start if i == 0 else (times[i - 1] + ts) / 2
+        hi = end if i + 1 == len(times) else (ts + times[i + 1]) / 2
+        if owner is None or hi <= lo:
+            continue
+        for s in group:
+            if s.thread != owner.thread and classify(s, owner, s.thread in loops, read).state == GIL_WAIT:
+                out[s.thread].append((lo, hi))
+    return dict(out)
+
+
 def _source(read: ReadLine, file: str) -> str:
     """A whole file through ``read`` (line by line: "" past its end)."""
     lines, n = [], 1

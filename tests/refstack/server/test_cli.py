@@ -29,8 +29,12 @@ def test_knobs_json_lists_every_knob_with_its_domain() -> None:
     listed = {k["name"]: k for k in json.loads(r.stdout)}
     assert REQUIRED <= set(listed)
     for k in listed.values():
-        assert set(k) == {"name", "flag", "type", "domain", "default", "components", "help"}
-        assert k["components"] and k["help"]
+        # changes_outputs only where true: a knob meant to change what the model answers
+        assert set(k) - {"changes_outputs"} == {"name", "flag", "type", "domain", "default", "components", "help"}
+        assert k["components"] and k["help"] and k.get("changes_outputs", True) is True
+    changing = {name for name, k in listed.items() if k.get("changes_outputs")}
+    assert {"seed", "lm_head_precision", "dtype", "quantization", "kv_cache_dtype"} <= changing
+    assert not changing & {"max_running", "max_batch_tokens", "torch_threads", "cpu_kernels", "step_delay_ms"}
     assert listed["lm_head_precision"]["domain"] == {"choices": ["fp32", "tf32", "3xtf32", "bf16"]}
     assert listed["dtype"]["domain"] == {"choices": ["auto", "float32", "bfloat16"]} and listed["dtype"]["default"] == "auto"
     assert listed["step_delay_ms"]["domain"]["min"] == 0.0 and "calibration" in listed["step_delay_ms"]["help"].lower()
