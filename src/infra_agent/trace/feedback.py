@@ -19,7 +19,7 @@ from infra_agent.vocabulary import FindingKind
 
 WAIT_SHARE_MIN = 0.5  # a group waited at least half its sampled time ...
 HOLDER_SHARE_MIN = 0.5  # ... and one other thread held the GIL for at least half of that
-GIL_WAIT_SHARE_MIN = 0.2  # with dump snapshots: it waited for the GIL itself at least this share
+GIL_WAIT_SHARE_MIN = 0.15  # with dump snapshots: or it waited for the GIL itself this share, one holder half
 WAIT_US_MIN = 1000.0
 EXPECT_SHARE_MIN = 0.2
 STEP_OVERHEAD_MIN = 0.2
@@ -74,15 +74,13 @@ def _gil_contention(report: TimelineReport, hints: dict[str, str]) -> list[Findi
         if w.waiting_share < WAIT_SHARE_MIN or w.waiting_us < WAIT_US_MIN or not w.holders:
             continue
         top, decisive = w.holders[0], None
-        if w.gil_wait_us is not None:
+        if w.gil_wait_us is not None and w.gil_wait_holders and w.gil_wait_us >= max(WAIT_US_MIN, GIL_WAIT_SHARE_MIN * w.span_us):
             # Snapshots tell the wait for the GIL from the thread's own I/O, locks or a missing CPU (held by
             # no one): the holder's share of the wait for the GIL alone, which a loaded machine does not dilute.
-            if w.gil_wait_us < WAIT_US_MIN or w.gil_wait_us < GIL_WAIT_SHARE_MIN * w.span_us or not w.gil_wait_holders:
-                continue
             holder = next(iter(w.gil_wait_holders))  # the largest share first
             top, decisive = next((h for h in w.holders if h.thread == holder), top), w.gil_wait_holders[holder]
         thread_share = w.holder_threads.get(top.thread, 0.0)
-        if (thread_share if decisive is None else decisive) < HOLDER_SHARE_MIN:
+        if max(thread_share, decisive or 0.0) < HOLDER_SHARE_MIN:
             continue
         file, line = _split_where(top.where)
         hs = report.holder_spans.get(f"{w.group}@{w.thread}") or {}
