@@ -28,6 +28,9 @@ from infra_agent.records import ProbeCall, Step
 from infra_agent.vocabulary import related
 from infra_agent.workspace.models import CheckSpec, Workspace
 
+# ProbeCall.reason of a probe the proposer named (Step.probe), not one the planner chose: a run
+# killed before the start re-runs it (agent/steps.py), a resumed search restores its check objective.
+NAMED = "named by the proposer"
 _TIME_METRICS = ("median_s", "time_s", "latency", "gflops", "bandwidth")
 
 
@@ -116,7 +119,7 @@ class Planner:
         if step.probe == "serving":
             cls: type[Probe] = get_probe(step.probe)
             call = ProbeCall(name=step.probe, config=step.probe_config, tier=cls.tier(cls.parse_config(step.probe_config)),
-                             reason="named by the proposer")
+                             reason=NAMED)
             plan = Plan(call, "ab")
         else:
             # Any other probe runs once per side as a workspace check: the check's config, with
@@ -126,7 +129,7 @@ class Planner:
             cls = get_probe(check.probe)
             raw = {**check.render(self._defaults()), **step.probe_config}
             tier = cls.tier(cls.parse_config(raw, where=f"probe config named by the proposer for check {check.name!r}"))
-            call = ProbeCall(name=check.probe, config=dict(step.probe_config), tier=tier, reason="named by the proposer",
+            call = ProbeCall(name=check.probe, config=dict(step.probe_config), tier=tier, reason=NAMED,
                              check=check.name)
             plan = Plan(call, "pair", check=check.name)
         self._finish(plan, step, [])

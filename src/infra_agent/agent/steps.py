@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from infra_agent.agent.executors.base import Execution
 from infra_agent.agent.judging import failure_finding
-from infra_agent.agent.planner import Plan, is_timed_pair
+from infra_agent.agent.planner import NAMED, Plan, is_timed_pair
 from infra_agent.agent.refused import record_refusal
 from infra_agent.agent.rounds import (
     judge_in_rounds,
@@ -36,9 +36,6 @@ from infra_agent.vocabulary import FindingKind
 
 if TYPE_CHECKING:
     from infra_agent.agent.loop import Loop
-
-# ``ProbeCall.reason`` of a probe the proposer named: a run killed before the start re-runs it.
-NAMED = "named by the proposer"
 
 
 def take_step(loop: Loop, step: Step, best: Experiment) -> Experiment:

@@ -35,9 +35,10 @@ def _position(top: Any, chosen: str) -> dict[str, Any]:
     """One generated token: its text and the gap (nats) between the best and second-best logprob."""
     if not isinstance(top, dict) or not top:
         return {"token": chosen, "gap": None}
-    values = sorted((float(v) for v in top.values() if isinstance(v, (int, float)) and math.isfinite(v)), reverse=True)
-    return {"token": chosen, "gap": values[0] - values[1] if len(values) >= 2 else None,
-            "second": next((k for k, v in sorted(top.items(), key=lambda kv: -float(kv[1])) if k != chosen), None)}
+    ranked = sorted(((str(k), float(v)) for k, v in top.items() if isinstance(v, (int, float)) and math.isfinite(v)),
+                    key=lambda kv: -kv[1])
+    return {"token": chosen, "gap": ranked[0][1] - ranked[1][1] if len(ranked) >= 2 else None,
+            "second": next((k for k, _ in ranked if k != chosen), None)}
 
 
 def greedy_answers(url: str, model: str | None, headers: dict[str, str] | None = None,

@@ -34,7 +34,7 @@ from infra_agent.trace.intervals import (
     subtract,
     total,
 )
-from infra_agent.trace.model import Sample, Timeline
+from infra_agent.trace.model import Sample, Timeline, snapshot_bounds
 
 
 @dataclass(frozen=True)
@@ -103,9 +103,7 @@ def _snapshot_timeline(samples: list[Sample], window: Interval) -> list[HolderSe
     times = sorted({s.ts_us for s in samples})
     holder = {s.ts_us: s for s in samples if s.holds_gil}
     out: list[HolderSegment] = []
-    for i, t in enumerate(times):
-        lo = window[0] if i == 0 else (times[i - 1] + t) / 2
-        hi = window[1] if i + 1 == len(times) else (t + times[i + 1]) / 2
+    for t, (lo, hi) in zip(times, snapshot_bounds(times, window), strict=True):
         s = holder.get(t)
         if s is not None and hi > lo:
             leaf = s.leaf

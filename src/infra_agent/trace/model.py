@@ -132,11 +132,17 @@ class Timeline:
         return [s for s in self.spans if s.source == SOURCE_KINETO and s.cat in GPU_CATS]
 
 
-def snapshot_weights(times: list[float], window: tuple[float, float]) -> list[float]:
-    """The time each snapshot stands for: up to the midpoints with its neighbours, clipped to ``window``."""
+def snapshot_bounds(times: list[float], window: tuple[float, float]) -> list[tuple[float, float]]:
+    """The stretch each snapshot stands for: up to the midpoints with its neighbours, the window's
+    ends for the first and the last (empty when a snapshot lies outside the window: lo >= hi)."""
     out = []
     for i, t in enumerate(times):
         lo = window[0] if i == 0 else (times[i - 1] + t) / 2
         hi = window[1] if i + 1 == len(times) else (t + times[i + 1]) / 2
-        out.append(max(hi - lo, 0.0))
+        out.append((lo, hi))
     return out
+
+
+def snapshot_weights(times: list[float], window: tuple[float, float]) -> list[float]:
+    """The time each snapshot stands for (:func:`snapshot_bounds`), clipped to ``window``."""
+    return [max(hi - lo, 0.0) for lo, hi in snapshot_bounds(times, window)]

@@ -45,7 +45,13 @@ from infra_agent.trace.blocking_calls import (
     runs_event_loop,
 )
 from infra_agent.trace.lock_holders import LockBlocks
-from infra_agent.trace.model import Sample, Span, Timeline, snapshot_weights
+from infra_agent.trace.model import (
+    Sample,
+    Span,
+    Timeline,
+    snapshot_bounds,
+    snapshot_weights,
+)
 
 RUNNING, NATIVE, GIL_WAIT, BLOCKED, IDLE = "running", "native", "gil_wait", "blocked", "idle"
 STATE_TEXT = {RUNNING: "running with the GIL", NATIVE: "running off the GIL", GIL_WAIT: "waiting for the GIL",
@@ -234,19 +240,27 @@ class _Acc:
 SiteKey = tuple[str, str, str, str, "str | None"]  # thread, label, function, where, waits_in
 
 
-def thread_states(timeline: Timeline, read_line: ReadLine | None = None, top: int = 3) -> ThreadStatesReport:
-    """Every dump-sampled thread's states over the sampled window (see the module docstring)."""
+def _snapshots(timeline: Timeline) -> tuple[dict[float, list[Sample]], list[float], set[str]] | None:
+    """The dump snapshots by time (every thread at each), their times in order, and the threads
+    that run an event loop; None without snapshots or a sampled window."""
     snaps = [s for s in timeline.samples if s.snapshot]
     if not snaps or timeline.sampled_window is None:
-        note = ("thread states need py-spy dump snapshots (every thread at each sample); a chrometrace recording "
-                "keeps only the GIL holder") if timeline.samples else None
-        return ThreadStatesReport(0, [], note)
-    read = read_line or _fresh_lines()
+        return None
     by_ts: dict[float, list[Sample]] = defaultdict(list)
     for s in snaps:
         by_ts[s.ts_us].append(s)
-    times = sorted(by_ts)
-    loops = {s.thread for s in snaps if runs_event_loop(s.frames)}
+    return by_ts, sorted(by_ts), {s.thread for s in snaps if runs_event_loop(s.frames)}
+
+
+def thread_states(timeline: Timeline, read_line: ReadLine | None = None, top: int = 3) -> ThreadStatesReport:
+    """Every dump-sampled thread's states over the sampled window (see the module docstring)."""
+    grouped = _snapshots(timeline)
+    if grouped is None:
+        note = ("thread states need py-spy dump snapshots (every thread at each sample); a chrometrace recording "
+                "keeps only the GIL holder") if timeline.samples else None
+        return ThreadStatesReport(0, [], note)
+    by_ts, times, loops = grouped
+    read = read_line or _fresh_lines()
     spans = _SpanIndex(timeline.span_sources())
     seen: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # thread -> [samples, µs]
     per_label: dict[tuple[str, str], float] = defaultdict(float)
@@ -281,22 +295,15 @@ def gil_wait_intervals(timeline: Timeline, read_line: ReadLine | None = None) ->
     """Per thread, the stretches of the sampled window it spent waiting *for the GIL* (state
     ``gil_wait``: parked in no blocking call while another thread owned it), from dump snapshots
     (each standing for the time up to the midpoints with its neighbours); {} without snapshots."""
-    snaps = [s for s in timeline.samples if s.snapshot]
-    if not snaps or timeline.sampled_window is None:
+    grouped = _snapshots(timeline)
+    if grouped is None or timeline.sampled_window is None:
         return {}
+    by_ts, times, loops = grouped
     read = read_line or _fresh_lines()
-    by_ts: dict[float, list[Sample]] = defaultdict(list)
-    for s in snaps:
-        by_ts[s.ts_us].append(s)
-    times = sorted(by_ts)
-    loops = {s.thread for s in snaps if runs_event_loop(s.frames)}
-    start, end = timeline.sampled_window
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for i, ts in enumerate(times):
+    for ts, (lo, hi) in zip(times, snapshot_bounds(times, timeline.sampled_window), strict=True):
         group = by_ts[ts]
         owner = next((s for s in group if s.holds_gil), None)
-        lo = start if i == 0 else (times[i - 1] + ts) / 2
-        hi = end if i + 1 == len(times) else (ts + times[i + 1]) / 2
         if owner is None or hi <= lo:
             continue
         for s in group:

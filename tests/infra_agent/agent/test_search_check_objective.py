@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.agent.planner import Planner
+from infra_agent.agent.planner import NAMED, Planner
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.proposers.search import SearchProposer
 from infra_agent.agent.proposers.search_objective import Objective, objective_for
@@ -68,7 +68,7 @@ def experiment(ws: Workspace, id_: str, parent: str | None, knobs: dict, cand: l
                           hypothesis=hyp, feedback=Feedback(probe="timeline", tier=Tier.trace),
                           checks={CHECK: ratio_run(cand)})
     probe = ProbeCall(name="timeline", tier=Tier.trace, check=probe_check,
-                      reason="named by the proposer" if probe_check else "the cheapest probe")
+                      reason=NAMED if probe_check else "the cheapest probe")
     return Experiment(id=id_, run_id="r1", seq=int(id_[1:]), parent=parent, proposer=proposer, status="done",
                       knobs=config, hypothesis=hyp, probe=probe,
                       change=Change(knobs=knobs, description="search: " + ", ".join(f"{k}={v}" for k, v in knobs.items())),

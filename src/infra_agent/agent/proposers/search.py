@@ -44,6 +44,7 @@ from typing import Any
 import optuna
 from optuna.trial import Trial
 
+from infra_agent.agent.planner import NAMED
 from infra_agent.agent.proposers.attribution import KnobScore
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.proposers.search_knobs import SearchKnobs
@@ -205,7 +206,7 @@ class SearchProposer:
             if own:
                 h, probe = own[-1].hypothesis, own[-1].probe
                 # The search names a check as its probe only for an objective from that check.
-                check = probe.check if probe is not None and probe.reason == "named by the proposer" else None
+                check = probe.check if probe is not None and probe.reason == NAMED else None
                 self._book.objective = Objective(h.metric, h.direction, h.scenario, source="restored", check=check)
         self._book.backlog.extend(history)
         self._book.flush()
