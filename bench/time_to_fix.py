@@ -182,6 +182,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", choices=sorted(GATES), default="refstack-serving")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds first-seed .. first-seed+seeds-1 (to spread one benchmark's seeds over runs)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--budget-runs", type=int, default=6, help="experiments per run before it counts as not fixed")
     ap.add_argument("--pairs", type=int, default=3)
@@ -201,7 +203,7 @@ def main() -> int:
     print(f"scenario {args.scenario}, {'noisy: a busy loop takes one core' if args.noisy else 'quiet'}; "
           f"load average at start {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="time-to-fix-") as tmp, busy_core(args.noisy):
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for method in methods:
                 r = run_method(method, seed, Path(tmp), args)
                 results.append(r)

@@ -259,6 +259,11 @@ KNOBS: tuple[Knob, ...] = (
          "CALIBRATION knob, with --disagg: modelled bandwidth (GB/s) of the prefill worker's link to the KV store; "
          "each message holds the link (thread 'kv-link') for bytes / bandwidth.  0 = no modelled wire time "
          "(the Unix socket's own speed).", min=0.0, max=1e6, typical=(0.01, 100.0)),
+    Knob("kv_link_compute_ratio", "float", 0.0, ("engine.kv_transfer",),
+         "CALIBRATION knob, with --disagg: a modelled link as fast as the prefill compute, whatever the machine: "
+         "each message holds the link this many times the forward time its bytes took to make (the running "
+         "ratio of the prefill forward's seconds to the KV bytes it posted).  > 0 overrides --kv-link-gbps; "
+         "0 = off.", min=0.0, max=100.0, typical=(0.1, 4.0)),
     Knob("tp", "int", 1, ("runtime", "model", "engine.cache"),
          "Tensor parallelism: ranks (processes, torch.distributed: gloo on the CPU, NCCL on GPUs) behind this "
          "server; 1 is the single-process engine.  KDA and attention are split over heads (o_proj row-parallel, "

@@ -16,6 +16,17 @@ a request id the protocol cannot frame) fails its request only: its later messag
 skipped, ``finish`` raises ``LinkError`` naming it, and the next request starts on a
 fresh connection.  ``drop`` forgets a request's pages in the store after its messages
 (a request that finished at its first token: nobody fetches them).
+
+A fixed bandwidth makes the link/compute balance a property of the machine: a link as
+slow as the prefill on a loaded 2-core box is five times slower than it on an idle one.
+``compute_ratio`` > 0 models the link from the compute instead: the engine reports each
+forward's start and wall time (``forward_started``, ``forward_ended``), the link counts
+the bytes posted, and a message holds the wire ``compute_ratio`` x its bytes x (forward
+seconds / bytes posted).  A forward's bytes leave during it (layer granularity) or right
+after it (request), so at the next forward's start both are in: the sums are folded
+there, each decayed per forward so the pace follows the machine's.  With ratio 1 a
+request's KV takes as long on the wire as its prefill took to compute, on any machine;
+messages posted before the first fold (the warm-up's first forward) take no wire time.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from refstack.disagg.kvstore import GET_TIMEOUT_S, KVStoreClient
 
 log = logging.getLogger(__name__)
 LINK_THREAD = "kv-link"
+DECAY = 0.95  # per forward, of the sums that set a compute-paced link's seconds per byte
 
 
 class LinkError(RuntimeError):
@@ -41,9 +53,16 @@ class KVLink:
     """See the module docstring.  ``post``/``finish``/``drop`` may be called from any thread;
     one request's calls come from one thread at a time (its order is the store's)."""
 
-    def __init__(self, store_path: str, gbps: float) -> None:
+    def __init__(self, store_path: str, gbps: float, compute_ratio: float = 0.0) -> None:
         self.store_path = store_path
-        self.seconds_per_byte = 1.0 / (gbps * 1e9) if gbps > 0 else 0.0
+        self.compute_ratio = compute_ratio
+        self.seconds_per_byte = 1.0 / (gbps * 1e9) if gbps > 0 and compute_ratio <= 0 else 0.0
+        # compute_ratio: forward seconds and bytes posted, decayed per forward (the compute's pace),
+        # and the last forward's seconds and the bytes posted since the last fold, not yet in them
+        self._compute_s = 0.0
+        self._posted = 0.0
+        self._last_s: float | None = None
+        self._posted_since = 0
         self._q: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._pending: dict[str, int] = {}  # messages posted and not yet through, per request
@@ -53,7 +72,30 @@ class KVLink:
 
     def post(self, rid: str, pages: list[bytes], layer: int = -1) -> None:
         """Queue one message of ``pages`` for ``rid`` (``layer``: the model layer it carries, -1 all)."""
+        if self.compute_ratio > 0:
+            with self._cond:
+                self._posted_since += sum(map(len, pages))
         self._enqueue(("put", rid, pages, layer))
+
+    def forward_started(self) -> None:
+        """A prefill forward starts: every byte of the forwards before it is posted by now."""
+        if self.compute_ratio <= 0:
+            return
+        with self._cond:
+            if self._last_s is None:
+                return
+            # Decayed per forward: the pace of the last few dozen forwards, not of the server's life.
+            self._compute_s = DECAY * self._compute_s + self._last_s
+            self._posted = DECAY * self._posted + self._posted_since
+            self._last_s, self._posted_since = None, 0
+            if self._posted > 0:
+                self.seconds_per_byte = self.compute_ratio * self._compute_s / self._posted
+
+    def forward_ended(self, seconds: float) -> None:
+        """The forward took ``seconds`` (wall time, with the layers' sends it made on its thread)."""
+        if self.compute_ratio > 0:
+            with self._cond:
+                self._last_s = (self._last_s or 0.0) + seconds
 
     def finish(self, rid: str, timeout: float = GET_TIMEOUT_S) -> None:
         """Seal ``rid`` after its messages and wait until the seal is through; ``LinkError``

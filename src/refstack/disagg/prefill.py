@@ -13,8 +13,8 @@ Two knobs decide how the KV leaves, one who packs it and one when:
   after layer i is computed, and go out while layer i+1 computes (a KDA state with the
   prompt's last chunk).
 
-``kv_link_gbps`` > 0 (or layer granularity) sends through ``link.KVLink``: a modelled
-wire that the sender posts to and later waits on (``kv.wait``).  With ``kv_transfer``
+``kv_link_gbps`` or ``kv_link_compute_ratio`` > 0 (or layer granularity) sends through
+``link.KVLink``: a modelled wire that the sender posts to and later waits on (``kv.wait``).  With ``kv_transfer``
 false that wait is the engine thread's: the next prefill step starts only when the
 request's pages are out, as a connector whose ``wait_for_save`` ends the forward
 (request granularity: the whole transfer after the compute; layer granularity: only
@@ -66,7 +66,9 @@ class PrefillEngine(WorkerEngine):
         self._store: KVStoreClient | None = None  # the engine thread's (kv_transfer off, no link)
         self._handoffs: list[Request] = []  # this step's, run after its sampling
         layered = config.kv_transfer_granularity == "layer"
-        self._link = KVLink(store_path, config.kv_link_gbps) if layered or config.kv_link_gbps > 0 else None
+        modelled = config.kv_link_gbps > 0 or config.kv_link_compute_ratio > 0
+        self._link = KVLink(store_path, config.kv_link_gbps, config.kv_link_compute_ratio) \
+            if layered or modelled else None
         self._layers = LayerSplit(self.model, self.cache, config.kv_page_tokens, self._send_layer) if layered else None
         self._transfer: threading.Thread | None = None
         if config.kv_transfer:
@@ -106,11 +108,18 @@ class PrefillEngine(WorkerEngine):
         self._publish_counts()
 
     def _run_model(self, chunks: list[Any], seqs: list[Any]) -> torch.Tensor:
-        if self._layers is None:
-            return super()._run_model(chunks, seqs)
-        prefill = [(c.request.request_id, c.request.slot, c.start_pos, c.start_pos + len(c.token_ids),
-                    c.request.prompt_ids) for c in chunks if not c.request.output_ids]
-        return self._layers.run(lambda: super(PrefillEngine, self)._run_model(chunks, seqs), prefill)
+        if self._link is not None:  # a link as fast as the compute learns the compute's pace here
+            self._link.forward_started()
+        start = time.perf_counter()
+        try:
+            if self._layers is None:
+                return super()._run_model(chunks, seqs)
+            prefill = [(c.request.request_id, c.request.slot, c.start_pos, c.start_pos + len(c.token_ids),
+                        c.request.prompt_ids) for c in chunks if not c.request.output_ids]
+            return self._layers.run(lambda: super(PrefillEngine, self)._run_model(chunks, seqs), prefill)
+        finally:
+            if self._link is not None:
+                self._link.forward_ended(time.perf_counter() - start)
 
     def _send_layer(self, rid: str, layer: int, snap: Snapshot, p0: int, p1: int, length: int,
                     keys: list[bytes]) -> None:

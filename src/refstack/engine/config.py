@@ -116,6 +116,10 @@ class EngineConfig:
     # prefill worker's link to the KV store (0: no modelled wire time).  See refstack.disagg.
     kv_transfer_granularity: str = "request"
     kv_link_gbps: float = 0.0
+    # Or a wire as fast as the compute (> 0 overrides kv_link_gbps): each message holds the link
+    # this many times the forward time its bytes took to make (refstack.disagg.link), so a
+    # modelled cluster keeps the same link/compute balance on a fast or a loaded machine.
+    kv_link_compute_ratio: float = 0.0
     # "cpu" (the default: nothing changes for existing launches), "cuda" (refused without a
     # visible GPU) or "auto" (cuda when one is visible); resolved with the kernel knobs by
     # refstack.engine.device.resolve_placement.  On cuda the native CPU kernels are off.
@@ -156,6 +160,7 @@ class EngineConfig:
         assert self.kv_page_tokens >= 1, "kv_page_tokens must be >= 1"
         assert self.kv_transfer_granularity in KV_TRANSFER_GRANULARITIES, self.kv_transfer_granularity
         assert self.kv_link_gbps >= 0.0, "kv_link_gbps must be >= 0"
+        assert self.kv_link_compute_ratio >= 0.0, "kv_link_compute_ratio must be >= 0"
         assert self.device in DEVICES, self.device
         assert self.kda_decode_kernel in KDA_DECODE_KERNELS, self.kda_decode_kernel
         assert self.quantization in QUANTIZATIONS, self.quantization

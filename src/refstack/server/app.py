@@ -156,6 +156,7 @@ def create_app(config: EngineConfig, *, model: Any = None, tokenizer: Any = None
             "disagg": None if not disagg else {
                 "kv_transfer": config.kv_transfer, "store_pid": engine.store.pid,
                 "kv_transfer_granularity": config.kv_transfer_granularity, "kv_link_gbps": config.kv_link_gbps,
+                "kv_link_compute_ratio": config.kv_link_compute_ratio,
                 "workers": {role: w.proc.pid for role, w in engine.workers.items()}},
             "tp": None if tp_model is None else {
                 "world": tp_model.world, "backend": tp_model.backend, "pids": tp_model.pids,

@@ -108,3 +108,38 @@ def test_the_link_holds_each_message_for_its_bytes_and_seals_after_them(store: s
         client.close()
     finally:
         link.close()
+
+
+def test_a_compute_paced_link_holds_a_message_for_the_forward_time_its_bytes_took(store: str) -> None:
+    # Ratio 2: a message holds the wire twice the forward time per byte the link has seen.
+    # Forwards of 10 ms that each post 10 KB (request granularity: the bytes leave after the
+    # forward): 2 x 10 ms per 10 KB, so 20 KB take about 40 ms, whatever the machine's speed.
+    link = KVLink(store, gbps=1000.0, compute_ratio=2.0)  # the ratio overrides the bandwidth
+    try:
+        assert link.seconds_per_byte == 0.0  # nothing measured yet: the warm-up's messages are free
+        for i in range(3):
+            link.forward_started()
+            link.forward_ended(0.010)
+            link.post(f"w{i}", [b"w" * 10_000], -1)
+            link.finish(f"w{i}")
+        link.forward_started()  # folds the third forward in: its bytes are all posted
+        assert link.seconds_per_byte == pytest.approx(2 * 0.010 / 10_000)
+        start = time.perf_counter()
+        link.post("r", [b"a" * 20_000], -1)
+        link.finish("r")
+        assert time.perf_counter() - start >= 0.04
+        # Layer granularity posts during the forward: the same pace, because the fold waits for
+        # the next forward's start either way.
+        layered = KVLink(store, gbps=0.0, compute_ratio=1.0)
+        try:
+            for i in range(3):
+                layered.forward_started()
+                layered.post(f"l{i}", [b"l" * 5_000], 0)
+                layered.post(f"l{i}", [b"l" * 5_000], 1)
+                layered.forward_ended(0.004)
+            layered.forward_started()
+            assert layered.seconds_per_byte == pytest.approx(0.004 / 10_000)
+        finally:
+            layered.close()
+    finally:
+        link.close()

@@ -137,6 +137,11 @@ class LocalExecutor(Executor):
             self._pristine = self.worktrees.workspace_in(path)
         return self._pristine
 
+    def _judge_root(self, ws_dir: Path) -> Path | None:
+        """The tree a kernel check of the code in ``ws_dir`` is judged from: the pristine one for any
+        folder but the user's own tree (a worktree holds code under test or code accepted by this run)."""
+        return None if ws_dir.resolve() == self.ws.root.resolve() else self._pristine_root()
+
     def _measured_dir(self, exp: Experiment) -> Path:
         """Where ``measure`` runs ``exp``: the user's tree, or a worktree of its commit (the confirmation's best)."""
         if not exp.commit:
@@ -173,7 +178,7 @@ class LocalExecutor(Executor):
             return cached.model_copy(update={"meta": {**cached.meta, "reused_from": first}})
         what = f"check {check_name!r} ({check.probe} probe)"
         job = {"kind": "probe", "probe": check.probe, "config": cfg, "workspace": str(ws_dir / self._yaml_name), "knobs": knobs}
-        pristine = self._pristine_root() if check.probe == "kernel" and ws_dir.resolve() != self.ws.root.resolve() else None
+        pristine = self._judge_root(ws_dir) if check.probe == "kernel" else None
         if pristine is not None:
             job["pristine_root"] = str(pristine)
         out = self._job(exp_id, job, self.check_timeout_s, on_event, what)

@@ -143,7 +143,8 @@ class RayExecutor(LocalExecutor):
                 side = self._measured_dir(exp)
                 # The node's windows draw from a block of the run's prompt sets, reserved here (prompt_sets.py).
                 first = self.prompt_sets.reserve(block_size(len(scenarios) * repeats, 1)) if scenarios else None
-                task = self._prepare("measure", exp, {"m": side}, [exp.knobs], scenarios=scenarios, repeats=repeats,
+                sides = self._with_pristine({"m": side})
+                task = self._prepare("measure", exp, sides, [exp.knobs], scenarios=scenarios, repeats=repeats,
                                      checks=checks, result_metrics=result_metrics, first_prompt_set=first)
             return self._run(task, exp, on_event)
         return self._guarded(exp, submit)
@@ -156,10 +157,20 @@ class RayExecutor(LocalExecutor):
                 if plan.mode == "ab":
                     first = self.prompt_sets.reserve(block_size(len(plan.scenarios) * self.pairs,
                                                                  windows_per_run(plan.probe.config)))
-                task = self._prepare(plan.mode, exp, {"a": a_dir, "b": b_dir}, [best.knobs, exp.knobs], plan=plan,
+                sides = self._with_pristine({"a": a_dir, "b": b_dir})
+                task = self._prepare(plan.mode, exp, sides, [best.knobs, exp.knobs], plan=plan,
                                      best=_light(best), first_prompt_set=first)
             return self._run(task, exp, on_event)
         return self._guarded(exp, submit)
+
+    def _with_pristine(self, sides: dict[str, Path]) -> dict[str, Path]:
+        """``sides`` and, where one of them is not the user's tree and a check is a kernel check, the
+        pristine tree as side ``p``: the node judges those checks from it, as the local executor does."""
+        code = any(d.resolve() != self.ws.root.resolve() for d in sides.values())
+        if not code or not any(c.probe == "kernel" for c in self.ws.checks):
+            return sides
+        pristine = self._pristine_root()
+        return {**sides, "p": pristine} if pristine is not None else sides
 
     def _guarded(self, exp: Experiment, submit: Callable[[], Execution]) -> Execution:
         start = time.perf_counter()

@@ -60,9 +60,11 @@ class NodeExecutor(LocalExecutor):
     def _measured_dir(self, exp: Experiment) -> Path:
         return self.sides["m"]
 
-    def _pristine_root(self) -> Path | None:
-        # No git on a node: kernel checks are judged from the baseline side's copy.
-        return self.sides.get("a")
+    def _judge_root(self, ws_dir: Path) -> Path | None:
+        # No git on a node: the driver ships the pristine tree (side "p") with every task whose
+        # sides carry code under a kernel check.  The workspace here was loaded from the candidate's
+        # copy, so "not the user's tree" cannot tell code under test from the pristine code.
+        return self.sides.get("p")
 
     def base_commit(self) -> str | None:
         return None  # the driver recorded it before shipping

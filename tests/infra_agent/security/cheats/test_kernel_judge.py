@@ -281,3 +281,25 @@ def test_an_edit_of_the_references_helper_is_refused_before_it_runs(tmp_path: Pa
     never_accepted(exp)
     assert exp.status == "rejected" and exp.error is not None, exp.error
     assert f"changes {REF_HELPER_PATH}, which the reference or input factory of kernel check {CHECK!r} runs" in exp.error
+
+
+def test_a_ray_node_judges_from_the_pristine_tree(tmp_path: Path) -> None:
+    # The same patch of the comparison, run by the Ray executor: a node has no git, and the
+    # workspace there is loaded from the candidate's copy, so the node judged the candidate's
+    # kernel check in-process from the candidate's own tree (the patch took: failed_checks
+    # 1 -> 0, accepted).  Now the driver ships the pristine tree beside the two sides, and the
+    # node judges from it as the local executor does.
+    ray = pytest.importorskip("ray")
+    root = kernel_workspace(tmp_path / "ws")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        run = run_cheats(root, [kernel_cheat("patch the lab's compare", PATCH_COMPARE)], executor="ray")
+    finally:
+        ray.shutdown()
+    assert not run.baseline.checks[CHECK].ok and run.baseline.checks[CHECK].meta["failed_checks"] == 1
+    exp = run.only()
+    how = never_accepted(exp)
+    assert exp.status == "done" and exp.feedback is not None, how
+    assert exp.feedback.meta["failed_checks"] == 1, (how, exp.feedback.meta)
+    assert exp.verdict is not None and "failed_checks: baseline 1 -> candidate 1" in exp.verdict.message, how
+    assert exp.feedback.meta["executor"]["name"] == "ray", exp.feedback.meta  # it ran on the node
