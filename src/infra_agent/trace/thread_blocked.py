@@ -3,7 +3,10 @@
 A thread that serves requests (an event loop, a tokenizer, an output thread: see
 ``thread_states.role_of``) that spends a share of the window parked off the GIL in a
 call other than its normal wait holds up every request behind it, and no span shows it:
-the thread is not running anything.  The finding names the thread, the kind of wait, the
+the thread is not running anything.  The share is read two ways: of the window, and of
+the thread's own time (the window less its normal wait), since a loaded machine slows
+the engine, the loop waits longer in its selector, and a fixed blocking call becomes a
+smaller share of the window but not of the loop's own time.  The finding names the thread, the kind of wait, the
 call site (function, file:line) and its share, and who ran meanwhile.
 
 A stream whose chunks arrive in bursts (the serving probe's ``bursty_stream``) has one
@@ -15,6 +18,7 @@ that explanation ahead of Nagle's algorithm when such a finding is present.
 from __future__ import annotations
 
 from infra_agent.feedback import Finding, Location
+from infra_agent.trace.blocking_calls import OTHER
 from infra_agent.trace.thread_states import (
     EVENT_LOOP,
     CallSite,
@@ -24,6 +28,11 @@ from infra_agent.trace.thread_states import (
 from infra_agent.vocabulary import FindingKind
 
 BLOCKED_SHARE_MIN = 0.2  # of the thread's sampled time, in calls other than its normal wait
+# Or of the thread's own time (its normal wait left out), for a named blocking call (not
+# "other"), with at least BLOCKED_FLOOR of the window: a loaded machine stretches the
+# window around a fixed blocking call, and the thread's selector wait is what grows.
+OWN_BLOCKED_MIN = 0.5
+BLOCKED_FLOOR = 0.05
 MIN_SAMPLES = 5  # fewer snapshots of a thread say too little about its shares
 MIN_SITE_SAMPLES = 3  # the call site named must have been seen more than once or twice
 HOLDER_SHARE_MIN = 0.5  # a lock's holder is named when seen inside its block in half the waits or more
@@ -62,15 +71,18 @@ def thread_blocked(states: ThreadStatesReport | None) -> list[Finding]:
     out: list[Finding] = []
     for t in states.threads if states is not None else []:
         sites = t.blocked_sites()
-        if t.role is None or t.samples < MIN_SAMPLES or t.blocked_share < BLOCKED_SHARE_MIN or not sites:
+        if t.role is None or t.samples < MIN_SAMPLES or not sites or sites[0].samples < MIN_SITE_SAMPLES:
             continue
         site = sites[0]
-        if site.samples < MIN_SITE_SAMPLES:
-            continue
         kind = site.label.partition(":")[2]
+        of_own = (t.own_blocked_share >= OWN_BLOCKED_MIN and t.blocked_share >= BLOCKED_FLOOR
+                  and kind != OTHER)
+        if t.blocked_share < BLOCKED_SHARE_MIN and not of_own:
+            continue
         call = f" ({site.waits_in})" if site.waits_in else ""
         msg = (f"{t.role} thread {t.thread} was blocked off the GIL {_pct(t.blocked_share)} of the sampled window "
-               f"({t.samples} samples): {_pct(site.share)} in {kind}{call} at {site.function} ({site.where})")
+               f"({_pct(t.own_blocked_share)} of its own time, its normal wait left out; {t.samples} samples): "
+               f"{_pct(site.share)} in {kind}{call} at {site.function} ({site.where})")
         m = site.meanwhile
         if m:
             msg += (f"; meanwhile {m['thread']} {m['how']} at {m['function']} ({m['where']}) in "
@@ -96,7 +108,8 @@ def thread_blocked(states: ThreadStatesReport | None) -> list[Finding]:
                         "guards, and do the long work outside it.")
         out.append(Finding(
             kind=FindingKind.THREAD_BLOCKED, severity="warning", message=msg, location=loc,
-            evidence={"thread": t.thread, "role": t.role, "blocked_share": t.blocked_share, "kind": kind,
+            evidence={"thread": t.thread, "role": t.role, "blocked_share": t.blocked_share,
+                      "own_blocked_share": t.own_blocked_share, "kind": kind,
                       "waits_in": site.waits_in, "function": site.function, "where": site.where,
                       "site_share": site.share, "samples": t.samples, "site_samples": site.samples,
                       **({f"meanwhile_{k}": v for k, v in m.items()} if m else {}),

@@ -116,12 +116,26 @@ class ThreadStates:
     def blocked_share(self) -> float:
         return sum(v for k, v in self.shares.items() if k.startswith(BLOCKED + ":"))
 
+    @property
+    def own_share(self) -> float:
+        """The thread's own time: the window less its normal wait (an event loop's selector)."""
+        return max(0.0, 1.0 - self.shares.get(IDLE, 0.0))
+
+    @property
+    def own_blocked_share(self) -> float:
+        """Blocked off the GIL, as a share of the thread's own time: what a loaded machine keeps.
+        A server whose engine slows waits longer in its selector, which stretches the window and
+        shrinks a fixed blocking call's share of it, not of the loop's own time."""
+        own = self.own_share
+        return self.blocked_share / own if own > 0 else 0.0
+
     def blocked_sites(self) -> list[CallSite]:
         return [s for s in self.sites if s.label.startswith(BLOCKED + ":")]
 
     def to_dict(self) -> dict[str, object]:
         return {"thread": self.thread, "role": self.role, "samples": self.samples, "sampled_us": self.sampled_us,
-                "shares": self.shares, "blocked_share": self.blocked_share, "sites": [s.to_dict() for s in self.sites]}
+                "shares": self.shares, "blocked_share": self.blocked_share,
+                "own_blocked_share": self.own_blocked_share, "sites": [s.to_dict() for s in self.sites]}
 
 
 @dataclass

@@ -102,6 +102,8 @@ def test_a_blocking_call_parks_the_loop_off_the_gil(tmp_path: Path) -> None:
     f = _named(fb, FindingKind.THREAD_BLOCKED, "_respond")
     _in_planted_code(f, planted, LONG_BLOCKING_CALL, "src/refstack/server/openai_routes.py")
     assert f.evidence["role"] == "event loop" and f.evidence["kind"] == "sleep", f.message
+    print(f"thread_blocked: {f.evidence['blocked_share']:.2f} of the window, {f.evidence['own_blocked_share']:.2f} of the "
+          f"loop's own time, {f.evidence['samples']} samples")
     assert not warnings_of(clean, FindingKind.THREAD_BLOCKED), describe(clean)
 
 

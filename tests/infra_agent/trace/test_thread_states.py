@@ -74,6 +74,40 @@ def test_a_loop_waiting_in_its_selector_is_idle_not_blocked(tmp_path: Path) -> N
     assert not [f for f in timeline_feedback(report).findings if f.kind == FindingKind.THREAD_BLOCKED]
 
 
+def _mostly_idle_loop(app: str, blocking: bool, n: int = 80) -> list[list[dict[str, Any]]]:
+    """A loop in its selector most of the window (its engine is slow, as on a loaded machine): one
+    snapshot in ten in its handler's time.sleep (blocking) or in the selector too (clean), one in
+    twenty running its handler."""
+    out = []
+    for i in range(n):
+        if i % 10 == 0 and blocking:
+            loop = thread("MainThread", 1, loop_under(app, frame("handle", app, SLEEP_LINE)))
+        elif i % 20 == 1:
+            loop = thread("MainThread", 1, loop_under(app, frame("handle", app, AWAIT_LINE)), gil=True, active=True)
+        else:
+            loop = thread("MainThread", 1, loop_under(app, frame("EpollSelector.select", f"{LIB}/selectors.py", 468)))
+        out.append([loop])
+    return out
+
+
+def test_a_fixed_blocking_call_is_measured_against_the_loops_own_time(tmp_path: Path) -> None:
+    # A tenth of the window in time.sleep, under the 20% of the window a blocked share needs; but
+    # two thirds of the loop's own time (its selector left out), as when a loaded machine slows
+    # the engine and the loop waits longer between requests: the finding, with both shares.
+    app = app_file(tmp_path)
+    report = analyze(load_timeline([], pyspy=write_dumps(tmp_path / "d.jsonl", _mostly_idle_loop(app, True))))
+    loop = report.thread_states.thread("MainThread")  # type: ignore[union-attr]
+    assert loop is not None and abs(loop.blocked_share - 0.1) < 0.02, loop.shares
+    assert abs(loop.own_blocked_share - 8 / 12) < 0.05, loop.shares
+    found = [f for f in timeline_feedback(report).findings if f.kind == FindingKind.THREAD_BLOCKED]
+    assert len(found) == 1 and found[0].location is not None, [f.message for f in found]
+    assert (found[0].location.line, found[0].evidence["kind"]) == (SLEEP_LINE, "sleep")
+    assert "10% of the sampled window (67% of its own time" in found[0].message, found[0].message
+    # The clean loop: all selector and a little running, no finding.
+    report = analyze(load_timeline([], pyspy=write_dumps(tmp_path / "c.jsonl", _mostly_idle_loop(app, False))))
+    assert not [f for f in timeline_feedback(report).findings if f.kind == FindingKind.THREAD_BLOCKED]
+
+
 def _sample(frames: list[dict[str, Any]], gil: bool = False, active: bool = False, thread: str = "t") -> Sample:
     return Sample(0.0, thread, tuple(Frame(f["name"], f["filename"], f["line"]) for f in reversed(frames)),
                   holds_gil=gil, idle=not active, snapshot=True)

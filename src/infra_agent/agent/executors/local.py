@@ -138,8 +138,7 @@ class LocalExecutor(Executor):
         return self._pristine
 
     def _judge_root(self, ws_dir: Path) -> Path | None:
-        """The tree a kernel check of the code in ``ws_dir`` is judged from: the pristine one for any
-        folder but the user's own tree (a worktree holds code under test or code accepted by this run)."""
+        """Where a kernel check of ``ws_dir`` is judged from: the pristine tree for any worktree."""
         return None if ws_dir.resolve() == self.ws.root.resolve() else self._pristine_root()
 
     def _measured_dir(self, exp: Experiment) -> Path:
@@ -178,8 +177,7 @@ class LocalExecutor(Executor):
             return cached.model_copy(update={"meta": {**cached.meta, "reused_from": first}})
         what = f"check {check_name!r} ({check.probe} probe)"
         job = {"kind": "probe", "probe": check.probe, "config": cfg, "workspace": str(ws_dir / self._yaml_name), "knobs": knobs}
-        pristine = self._judge_root(ws_dir) if check.probe == "kernel" else None
-        if pristine is not None:
+        if check.probe == "kernel" and (pristine := self._judge_root(ws_dir)) is not None:
             job["pristine_root"] = str(pristine)
         out = self._job(exp_id, job, self.check_timeout_s, on_event, what)
         if "feedback" not in out:
