@@ -36,9 +36,12 @@ DEMO_SCENARIOS: dict[str, Any] = {
 }
 # Absolute gates on the chat workload (STEP_DELAY_MS makes them portable): at
 # max_running=2 a batch of 8 queues, TTFT grows with the queue and throughput is
-# capped near 2 tokens per step.
+# capped near 2 tokens per step: at most 100 tok/s with steps of >= 20 ms, on any machine.
+# The fixed batch of 8 reads 140-200 tok/s on a 2-core box loaded by the test suite (a
+# confirmation there read 166 [144, 192]), so the throughput bar sits 25% above the
+# baseline's cap, not near the loaded fix (150 left that confirmation undecided).
 DEMO_CRITERIA: list[dict[str, Any]] = [
-    {"name": "chat-throughput", "metric": "output_throughput", "scenario": "chat", "op": ">=", "value": 150},
+    {"name": "chat-throughput", "metric": "output_throughput", "scenario": "chat", "op": ">=", "value": 125},
     {"name": "chat-p90-ttft", "metric": "p90_ttft_ms", "scenario": "chat", "op": "<=", "value": 400},
 ]
 # The mis-set baseline: a batch cap far below the workload's concurrency, and a tf32 LM
