@@ -6,8 +6,9 @@ call other than its normal wait holds up every request behind it, and no span sh
 the thread is not running anything.  The share is read two ways: of the window, and of
 the thread's own time (the window less its normal wait), since a loaded machine slows
 the engine, the loop waits longer in its selector, and a fixed blocking call becomes a
-smaller share of the window but not of the loop's own time.  The finding names the thread, the kind of wait, the
-call site (function, file:line) and its share, and who ran meanwhile.
+smaller share of the window but not of the loop's own time.  The finding names the
+thread, the kind of wait, the call site (function, file:line) and its share, and who
+ran meanwhile.
 
 A stream whose chunks arrive in bursts (the serving probe's ``bursty_stream``) has one
 explanation the data can show first: the thread that writes the stream was parked, so

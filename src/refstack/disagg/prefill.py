@@ -14,11 +14,11 @@ Two knobs decide how the KV leaves, one who packs it and one when:
   prompt's last chunk).
 
 ``kv_link_gbps`` or ``kv_link_compute_ratio`` > 0 (or layer granularity) sends through
-``link.KVLink``: a modelled wire that the sender posts to and later waits on (``kv.wait``).  With ``kv_transfer``
-false that wait is the engine thread's: the next prefill step starts only when the
-request's pages are out, as a connector whose ``wait_for_save`` ends the forward
-(request granularity: the whole transfer after the compute; layer granularity: only
-what the wire still holds when the last layer is done).
+``link.KVLink``: a modelled wire that the sender posts to and later waits on
+(``kv.wait``).  With ``kv_transfer`` false that wait is the engine thread's: the next
+prefill step starts only when the request's pages are out, as a connector whose
+``wait_for_save`` ends the forward (request granularity: the whole transfer after the
+compute; layer granularity: only what the wire still holds when the last layer is done).
 
 A request is handed off (``("handoff", rid, meta)`` to the front end) only after its
 store entry is sealed behind every page, so the decode side never starts from a partial

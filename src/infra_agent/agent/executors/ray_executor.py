@@ -166,11 +166,10 @@ class RayExecutor(LocalExecutor):
     def _with_pristine(self, sides: dict[str, Path]) -> dict[str, Path]:
         """``sides`` and, where one of them is not the user's tree and a check is a kernel check, the
         pristine tree as side ``p``: the node judges those checks from it, as the local executor does."""
-        code = any(d.resolve() != self.ws.root.resolve() for d in sides.values())
-        if not code or not any(c.probe == "kernel" for c in self.ws.checks):
+        if not any(c.probe == "kernel" for c in self.ws.checks):
             return sides
-        pristine = self._pristine_root()
-        return {**sides, "p": pristine} if pristine is not None else sides
+        judged = {root for d in sides.values() if (root := self._judge_root(d)) is not None}
+        return {**sides, "p": judged.pop()} if judged else sides
 
     def _guarded(self, exp: Experiment, submit: Callable[[], Execution]) -> Execution:
         start = time.perf_counter()
