@@ -177,7 +177,8 @@ def test_a_lost_worker_is_recorded_and_retried_once(cluster: str, tmp_path: Path
     assert exps["e0"].status == "done"
     e1 = exps["e1"]
     assert e1.status == "done" and e1.verdict is not None and e1.verdict.outcome == "supported", e1.error
-    assert e1.cost.e2e_runs == 6  # the retry's own pairs, not the lost attempt's
+    # The retry's own pairs (three a look), not the lost attempt's.
+    assert e1.cost.e2e_runs == 6 * e1.sample_plan["looks_taken"]
     assert [x["experiment"] for x in lost] == ["e1"] and lost[0]["pid"] == killed[0]
     meta = e1.feedback.meta["executor"] if e1.feedback else {}
     assert meta["attempts"] == 2 and meta["lost"][0]["pid"] == killed[0]

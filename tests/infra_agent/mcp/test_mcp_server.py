@@ -178,7 +178,11 @@ def test_full_session_on_refstack(tmp_path: Path) -> None:
         run = ledger.get_run(run_id)
         exps = {e.id: e for e in ledger.experiments(run_id)}
     assert run.proposer == "mcp" and run.status == "done" and run.best == "e1"
-    assert exps["e0"].role == "baseline" and exps["e1"].accepted and exps["e1"].cost.e2e_runs == 6
+    assert exps["e0"].role == "baseline" and exps["e1"].accepted
+    # --pairs 3: each look is a batch of 3 interleaved pairs (6 runs); a loaded machine may leave
+    # the first look undecided and take the design's second, so the runs follow the looks taken.
+    looks = exps["e1"].sample_plan["looks_taken"]
+    assert looks in (1, 2) and exps["e1"].cost.e2e_runs == 6 * looks, (exps["e1"].sample_plan, exps["e1"].cost)
     assert secret not in (ws / ".infra-agent" / "ledger.db").read_bytes().decode(errors="replace")
     # Nothing left running; no worktree left behind.
     assert marked_pids(run_id + "/") == [] and marked_pids("mcp-") == []
