@@ -119,7 +119,7 @@ def no_gain(history: Sequence[Experiment], run: RunRecord) -> str | None:
     change = ", ".join(f"{k}={val}" for k, val in best.change.knobs.items()) + (" + code" if best.change.diff else "")
     where = f"{h.metric}" + (f" @{h.scenario}" if h.scenario else "")
     text = (f"no gain found: the best configuration tried, {best.id} ({change or 'a change'}), is {v.effect:.3f}x the "
-            f"baseline on {where} [{v.low:.3f}, {v.high:.3f}], short of its {h.min_effect:.0%} minimum effect; "
+            f"baseline on {where} [{v.low:.3f}, {v.high:.3f}], short of its {h.min_effect * 100:.3g}% minimum effect; "
             f"{len(tried)} configuration(s) tried")
     plans = [e.sample_plan for e in tried if e.sample_plan and e.sample_plan.get("detectable") is not None]
     if plans:

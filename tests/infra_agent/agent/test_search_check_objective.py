@@ -16,7 +16,12 @@ import pytest
 from infra_agent.agent.planner import NAMED, Planner
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.proposers.search import SearchProposer
-from infra_agent.agent.proposers.search_objective import Objective, objective_for
+from infra_agent.agent.proposers.search_objective import (
+    LACK_FLOOR,
+    Objective,
+    objective_for,
+    step_min_effect,
+)
 from infra_agent.feedback import Feedback, Finding, Location, Measurement, Tier
 from infra_agent.records import (
     Change,
@@ -155,3 +160,28 @@ def test_once_the_check_passes_a_failing_criterion_takes_over(ws: Workspace) -> 
     step = p.propose(state(ws, [base], [crit, check_gate("pass", 0.97)]))
     assert p.objective == Objective("total_token_throughput", "higher", "prefill")
     assert step is not None and step.probe is None
+
+
+def test_a_step_toward_a_gate_that_lacks_little_asks_for_what_it_lacks(ws: Workspace) -> None:
+    """Case B on a busy host: after ``ep_release_gil`` the check read 0.925 against 0.95, and a
+    step raising the ratio 2.5% [0.9%, 4.2%] was refuted against the search's fixed 5%."""
+    base = experiment(ws, "e0", None, {}, [0.92, 0.93, 0.925])
+    far, near, above = check_gate("fail", 0.80), check_gate("fail", 0.925), check_gate("inconclusive", 0.96)
+    obj = Objective(RATIO, "higher", None, check=CHECK)
+    assert step_min_effect([GUARD, far], obj, 0.05) == 0.05  # lacks 19%: the search's own bar
+    assert step_min_effect([GUARD, near], obj, 0.05) == pytest.approx(0.95 / 0.925 - 1)  # lacks 2.7%
+    assert step_min_effect([GUARD, above], obj, 0.05) == LACK_FLOOR  # lacks samples, not effect
+    assert step_min_effect([GUARD, check_gate("pass", 0.97)], obj, 0.05) == 0.05  # no gate of it fails
+    # A lower-is-better criterion: p90 TTFT 410 ms against <= 400 lacks 2.5%; another scenario's is not it.
+    ttft = GateResult(name="t", gate="p90_ttft_ms<=400 @prefill", kind="absolute", outcome="fail", value=410.0,
+                      spec=GateSpec(kind="absolute", metric="p90_ttft_ms", op="<=", threshold=400.0, scenario="prefill"))
+    assert step_min_effect([ttft], Objective("p90_ttft_ms", "lower", "prefill"), 0.05) == pytest.approx(0.025)
+    assert step_min_effect([ttft], Objective("p90_ttft_ms", "lower", "chat"), 0.05) == 0.05
+
+    # The proposer's hypothesis carries it, and its rationale says why.
+    p = SearchProposer(seed=0)
+    step = p.propose(state(ws, [base], [GUARD, near]))
+    assert step is not None and step.hypothesis.min_effect == pytest.approx(0.95 / 0.925 - 1)
+    assert "what its gate still lacks" in step.rationale
+    step = SearchProposer(seed=0).propose(state(ws, [base], [GUARD, far]))
+    assert step is not None and step.hypothesis.min_effect == 0.05 and "still lacks" not in step.rationale

@@ -48,7 +48,11 @@ from infra_agent.agent.planner import NAMED
 from infra_agent.agent.proposers.attribution import KnobScore
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.proposers.search_knobs import SearchKnobs
-from infra_agent.agent.proposers.search_objective import Objective, objective_for
+from infra_agent.agent.proposers.search_objective import (
+    Objective,
+    objective_for,
+    step_min_effect,
+)
 from infra_agent.agent.proposers.search_ranges import KnobRange
 from infra_agent.agent.proposers.search_space import (
     LOCAL_MISSES,
@@ -90,6 +94,7 @@ class SearchProposer:
         self.widen_after = widen_after
         self.n_startup_trials = DEFAULT_STARTUP_TRIALS if n_startup_trials is None else n_startup_trials
         self.min_effect = min_effect
+        self._step_min_effect = min_effect  # this proposal's: less where the gate lacks less (step_min_effect)
         self.top_k = top_k
         # Optuna logs every finished trial at INFO; the loop reports experiments itself.
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -163,6 +168,7 @@ class SearchProposer:
         book.backlog.extend(state.history)
         book.flush()
         book.drop_pending()
+        self._step_min_effect = step_min_effect(state.gates, book.objective, self.min_effect)
         if self._space.ranking is None:
             self._space.rank(state, self._knobs.dists, book.records)
         elif state.best.id != self._space.ranked_on and not self.blind:
@@ -324,8 +330,12 @@ class SearchProposer:
         self._book.pending = PendingTrial(trial, Change(knobs=values, diff=None).key(), active, local)
         space = self._space
         stage = Stage(space.ranking or [], space.stage, len(space.stages), space.widenings, self.blind)
-        return search_step(self._knobs.workspace, objective, values, active, stage, self._knobs.ranges, trial.number,
-                           local, self.min_effect)
+        step = search_step(self._knobs.workspace, objective, values, active, stage, self._knobs.ranges, trial.number,
+                           local, self._step_min_effect)
+        if self._step_min_effect < self.min_effect:
+            step.rationale += (f"; minimum effect {self._step_min_effect:.1%}, what its gate still lacks "
+                               f"(less than the search's {self.min_effect:.0%})")
+        return step
 
 
 __all__ = ["SearchProposer"]

@@ -80,6 +80,36 @@ def objective_for(workspace: Any, gates: Iterable[GateResult]) -> Objective | No
     return None
 
 
+# The smallest minimum effect a step toward a gate gets: below it the sample plan's cap
+# decides nothing at the noise of a shared machine, and a 1% effect is about what a
+# serving metric's pairs resolve.
+LACK_FLOOR = 0.01
+
+
+def step_min_effect(gates: Iterable[GateResult], objective: Objective, default: float) -> float:
+    """The minimum effect of a search step toward ``objective``: ``default``, or what its gate
+    still lacks when that is less (never below :data:`LACK_FLOOR`).
+
+    After the right change, case B's check read 0.925 [0.904, 0.947] against ``>= 0.95`` on a
+    busy host: the gate lacked 2.7%, and a step that raised the ratio 2.5% [0.9%, 4.2%] was
+    refuted against a fixed 5%, so the run ended with the gate failing.  The effect worth
+    having is the one that closes the gate: ``threshold / estimate - 1`` (``estimate /
+    threshold - 1`` for a lower-is-better metric).  An inconclusive gate whose estimate
+    already clears its threshold lacks samples, not effect: the floor."""
+    for g in gates:
+        spec = g.spec
+        if g.outcome not in ("fail", "inconclusive") or spec is None or spec.metric != objective.metric:
+            continue
+        if (spec.check or None) != objective.check or (objective.check is None and spec.scenario != objective.scenario):
+            continue
+        if g.value is None or g.value <= 0 or spec.threshold <= 0 or spec.kind not in ("absolute", "relative", "check"):
+            return default
+        higher = spec.op in (">=", ">")
+        lack = spec.threshold / g.value - 1 if higher else g.value / spec.threshold - 1
+        return min(default, max(LACK_FLOOR, lack))
+    return default
+
+
 def _find(feedback: Feedback, name: str, scenario: str | None) -> Measurement | None:
     """The measurement of ``scenario``; else one without a scenario tag (as the judge reads it)."""
     named = [m for m in feedback.measurements if m.name == name]
