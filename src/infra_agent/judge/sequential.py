@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import stats as sstats
+
+from infra_agent.stats.dist import norm_ppf, t_ppf, t_sf
 
 # c_K at alpha 0.05 (Jennison & Turnbull, table 2.1), so that the loop does not integrate a
 # K-variate normal each time (8 looks take ~20 s); test_sequential.py recomputes K = 2 to 4.
@@ -40,7 +41,7 @@ def pocock_constant(looks: int, alpha: float = 0.05) -> float:
     if looks < 1:
         raise ValueError(f"looks must be >= 1, got {looks}")
     if looks == 1:
-        return float(sstats.norm.ppf(1 - alpha / 2))
+        return norm_ppf(1 - alpha / 2)
     if alpha == 0.05 and looks in _POCOCK_05:
         return _POCOCK_05[looks]
     return compute_pocock_constant(looks, alpha)
@@ -52,12 +53,16 @@ def compute_pocock_constant(looks: int, alpha: float = 0.05) -> float:
     # Z_k at look k of K equally spaced looks: corr(Z_i, Z_j) = sqrt(i / j) for i <= j.
     idx = np.arange(1, looks + 1, dtype=np.float64)
     cov = np.sqrt(np.minimum.outer(idx, idx) / np.maximum.outer(idx, idx))
+    from scipy import (
+        stats as sstats,  # the K-variate normal: only for a design not in the table
+    )
+
     mvn = sstats.multivariate_normal(mean=np.zeros(looks), cov=cov, seed=0)
 
     def stays_inside(c: float) -> float:
         return float(mvn.cdf(np.full(looks, c), lower_limit=np.full(looks, -c)))
 
-    lo, hi = float(sstats.norm.ppf(1 - alpha / 2)), 4.0
+    lo, hi = norm_ppf(1 - alpha / 2), 4.0
     for _ in range(24):  # bisection on P(all |Z_k| < c) = 1 - alpha
         mid = (lo + hi) / 2
         if stays_inside(mid) < 1 - alpha:
@@ -128,7 +133,7 @@ def t_look_confidence(looks: int, batch: int, alpha: float = 0.05, replicates: i
         mean = csum[:, n - 1] / n
         var = (csq[:, n - 1] - n * mean * mean) / (n - 1)
         t = np.abs(mean) / np.sqrt(np.maximum(var, 1e-300) / n)
-        p_min = np.minimum(p_min, 2 * sstats.t.sf(t, n - 1))
+        p_min = np.minimum(p_min, 2 * t_sf(t, n - 1))
     return float(1.0 - np.quantile(p_min, alpha))
 
 
@@ -167,10 +172,10 @@ def detectable_effect(sd: float, pairs: int, *, power: float = 0.9, confidence: 
     restarts = math.ceil(pairs / batch) if batch else 1
     known = process_noise / math.sqrt(restarts)
     own = sd / math.sqrt(pairs)
-    t_a = float(sstats.t.ppf(0.5 + confidence / 2, pairs - 1))
-    t_b = float(sstats.t.ppf(power, pairs - 1))
-    z_a = float(sstats.norm.ppf(0.5 + confidence / 2))
-    z_b = float(sstats.norm.ppf(power))
+    t_a = t_ppf(0.5 + confidence / 2, pairs - 1)
+    t_b = t_ppf(power, pairs - 1)
+    z_a = norm_ppf(0.5 + confidence / 2)
+    z_b = norm_ppf(power)
     return math.expm1(math.hypot(t_a * own, z_a * known) + math.hypot(t_b * own, z_b * known))
 
 

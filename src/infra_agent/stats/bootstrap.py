@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats as sstats
+
+from infra_agent.stats.dist import norm_cdf, t_ppf
 
 StatFn = Callable[[np.ndarray], np.ndarray]  # reduces axis 1 of a (B, n) block
 
@@ -76,8 +77,8 @@ def expanded_alpha(n: int, confidence: float) -> float:
     alpha = 1.0 - confidence
     if n < 2:
         return alpha
-    t = float(sstats.t.ppf(1 - alpha / 2, n - 1))
-    return float(2 * sstats.norm.cdf(-math.sqrt(n / (n - 1)) * t))
+    t = t_ppf(1 - alpha / 2, n - 1)
+    return 2 * norm_cdf(-math.sqrt(n / (n - 1)) * t)
 
 
 def _boot_stats(rng: np.random.Generator, x: np.ndarray, idx_source: Callable[[int], np.ndarray], fn: StatFn, n_boot: int) -> np.ndarray:
@@ -198,5 +199,5 @@ def t_interval_log(values: Sequence[float], *, confidence: float = 0.95) -> tupl
     if n < 2:
         v = float(np.exp(centre))
         return v, v, v
-    half = float(sstats.t.ppf(0.5 + confidence / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+    half = t_ppf(0.5 + confidence / 2, n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
     return float(np.exp(centre)), float(np.exp(centre - half)), float(np.exp(centre + half))

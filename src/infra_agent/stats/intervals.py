@@ -33,9 +33,9 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats as sstats
 
 from infra_agent.stats.bootstrap import RatioCI
+from infra_agent.stats.dist import norm_ppf, t_ppf
 
 
 def _check(values: Sequence[float], what: str) -> np.ndarray:
@@ -63,8 +63,8 @@ def _t_half(sd: float, n: int, confidence: float, extra_var: float = 0.0, df: fl
     if n < 2 and extra_var <= 0:
         return 0.0
     dof = df if df is not None else max(n - 1, 1)
-    own = float(sstats.t.ppf(0.5 + confidence / 2, dof)) * sd / math.sqrt(n) if n >= 2 else 0.0
-    known = float(sstats.norm.ppf(0.5 + confidence / 2)) * math.sqrt(max(extra_var, 0.0))
+    own = t_ppf(0.5 + confidence / 2, dof) * sd / math.sqrt(n) if n >= 2 else 0.0
+    known = norm_ppf(0.5 + confidence / 2) * math.sqrt(max(extra_var, 0.0))
     return math.hypot(own, known)
 
 
@@ -105,8 +105,8 @@ def unpaired_ratio_interval(candidate: Sequence[float], baseline: Sequence[float
         # in quadrature at the normal quantile, as in _t_half.
         denom = (vb * vb / (lb.size - 1) if lb.size > 1 else 0.0) + (va * va / (la.size - 1) if la.size > 1 else 0.0)
         dof = (vb + va) ** 2 / denom if denom > 0 else float(min(lb.size, la.size) - 1)
-        own = float(sstats.t.ppf(0.5 + confidence / 2, max(dof, 1.0))) * math.sqrt(vb + va)
-        half = math.hypot(own, float(sstats.norm.ppf(0.5 + confidence / 2)) * math.sqrt(extra))
+        own = t_ppf(0.5 + confidence / 2, max(dof, 1.0)) * math.sqrt(vb + va)
+        half = math.hypot(own, norm_ppf(0.5 + confidence / 2) * math.sqrt(extra))
     return RatioCI(ratio=_exp(centre), low=_exp(centre - half), high=_exp(centre + half),
                    confidence=confidence, stat="geomean", n_candidate=int(lb.size), n_baseline=int(la.size),
                    paired=False, n_boot=0, process_noise=process_noise, restarts=restarts)

@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats as sstats
+
+from infra_agent.stats.dist import f_sf
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def between_process_spread(blocks: Sequence[Sequence[float]]) -> ProcessSpread:
     tau2 = max(0.0, (msb - msw) / n0)
     if msw > 0:
         f = msb / msw
-        p = float(sstats.f.sf(f, k - 1, n - k))
+        p = f_sf(f, k - 1, n - k)
     else:
         f, p = math.nan, math.nan
     return ProcessSpread(tau=math.sqrt(tau2), within_sd=math.sqrt(msw), f=f, df=(k - 1, n - k), p=p, blocks=k,
