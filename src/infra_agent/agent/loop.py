@@ -37,6 +37,7 @@ from infra_agent.agent.judging import commit_message
 from infra_agent.agent.progress import RunProgress
 from infra_agent.agent.proposers.base import LoopState
 from infra_agent.agent.protocols import Executor, Proposer, RunLedger, StepPlanner
+from infra_agent.agent.settle import settle_best
 from infra_agent.agent.steps import reopen_best_open, run_experiment, take_step
 from infra_agent.errors import InfraAgentError
 from infra_agent.judge.process_noise import resolve as resolve_noise
@@ -214,6 +215,9 @@ class Loop:
             # An open experiment on the best (inconclusive, promising) gets its one more batch
             # before anything new is tried: a right but undecided change is not dropped.
             if reopen_best_open(self, state.best):
+                continue
+            # A best whose gate lacks samples, not a change, gets them first (agent/settle.py).
+            if settle_best(self, state.best):
                 continue
             try:
                 step = self.proposer.propose(state)

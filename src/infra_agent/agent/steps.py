@@ -52,7 +52,11 @@ def take_step(loop: Loop, step: Step, best: Experiment) -> Experiment:
 def one_more_batch(loop: Loop, exp: Experiment) -> bool:
     """One more batch of the open experiment ``exp``, judged and recorded; False when it could not run."""
     best = loop.find(exp.parent) or loop.best()
-    step = Step(hypothesis=exp.hypothesis, change=exp.change)
+    # The probe it named (a search step's check) again, as run_experiment rebuilds it.
+    named = exp.probe is not None and exp.probe.reason == NAMED
+    step = Step(hypothesis=exp.hypothesis, change=exp.change,
+                probe=(exp.probe.check or exp.probe.name) if exp.probe and named else None,
+                probe_config=exp.probe.config if exp.probe and named else {})
     try:
         plan = loop.planner.plan(step, changed_components(loop, exp))
     except InfraAgentError:
