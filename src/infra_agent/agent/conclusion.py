@@ -118,9 +118,18 @@ def no_gain(history: Sequence[Experiment], run: RunRecord) -> str | None:
     h = best.hypothesis
     change = ", ".join(f"{k}={val}" for k, val in best.change.knobs.items()) + (" + code" if best.change.diff else "")
     where = f"{h.metric}" + (f" @{h.scenario}" if h.scenario else "")
-    text = (f"no gain found: the best configuration tried, {best.id} ({change or 'a change'}), is {v.effect:.3f}x the "
-            f"baseline on {where} [{v.low:.3f}, {v.high:.3f}], short of its {h.min_effect * 100:.3g}% minimum effect; "
-            f"{len(tried)} configuration(s) tried")
+    line = h.ratio_threshold()
+    past = v.effect >= line if h.direction == "higher" else v.effect <= line
+    # An estimate past the line with an interval across it is undecided, not short of the effect:
+    # "no gain found" would say the layer-granular 1.63x [1.04, 2.54] against a 10% line was none.
+    verdict = (f"no gain established: the best configuration tried, {best.id} ({change or 'a change'}), is "
+               f"{v.effect:.3f}x the baseline on {where} [{v.low:.3f}, {v.high:.3f}], an interval across its "
+               f"{h.min_effect * 100:.3g}% minimum effect (undecided, not refuted)"
+               if v.outcome == "inconclusive" and past else
+               f"no gain found: the best configuration tried, {best.id} ({change or 'a change'}), is {v.effect:.3f}x "
+               f"the baseline on {where} [{v.low:.3f}, {v.high:.3f}], short of its {h.min_effect * 100:.3g}% "
+               "minimum effect")
+    text = f"{verdict}; {len(tried)} configuration(s) tried"
     plans = [e.sample_plan for e in tried if e.sample_plan and e.sample_plan.get("detectable") is not None]
     if plans:
         last = plans[-1]

@@ -132,8 +132,10 @@ def test_an_open_experiment_reopened_once_stays_open_and_the_run_says_no_gain(tm
     assert fake.batches == 2, "the open experiment got its one more batch"
     assert e1.verdict is not None and e1.verdict.outcome == "inconclusive" and e1.open
     assert e1.sample_plan and e1.sample_plan["reopened"] and not e1.accepted
-    assert run.message.startswith("the script proposer has nothing more to try; no gain found: the best configuration "
-                                  "tried, e1 (max_running=16)"), run.message
+    # Its estimate is past the 5% line with an interval across it: undecided, not "no gain found".
+    assert run.message.startswith("the script proposer has nothing more to try; no gain established: the best "
+                                  "configuration tried, e1 (max_running=16)"), run.message
+    assert "an interval across its 5% minimum effect (undecided, not refuted)" in run.message
     assert "not every gate passes" in run.message
 
 
