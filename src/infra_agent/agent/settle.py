@@ -35,7 +35,7 @@ def lacks_samples(g: GateResult) -> bool:
     spec = g.spec
     if g.kind == "hypothesis" or g.outcome != "inconclusive" or spec is None or g.value is None:
         return False
-    return g.value >= spec.threshold if spec.op in (">=", ">") else g.value <= spec.threshold
+    return g.value >= spec.threshold if spec.higher else g.value <= spec.threshold
 
 
 def settle_best(loop: Loop, best: Experiment) -> bool:

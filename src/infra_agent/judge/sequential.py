@@ -53,9 +53,8 @@ def compute_pocock_constant(looks: int, alpha: float = 0.05) -> float:
     # Z_k at look k of K equally spaced looks: corr(Z_i, Z_j) = sqrt(i / j) for i <= j.
     idx = np.arange(1, looks + 1, dtype=np.float64)
     cov = np.sqrt(np.minimum.outer(idx, idx) / np.maximum.outer(idx, idx))
-    from scipy import (
-        stats as sstats,  # the K-variate normal: only for a design not in the table
-    )
+    # The K-variate normal is scipy.stats' alone; imported only for a design not in the table.
+    from scipy import stats as sstats
 
     mvn = sstats.multivariate_normal(mean=np.zeros(looks), cov=cov, seed=0)
 

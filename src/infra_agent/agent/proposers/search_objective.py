@@ -104,8 +104,7 @@ def step_min_effect(gates: Iterable[GateResult], objective: Objective, default: 
             continue
         if g.value is None or g.value <= 0 or spec.threshold <= 0 or spec.kind not in ("absolute", "relative", "check"):
             return default
-        higher = spec.op in (">=", ">")
-        lack = spec.threshold / g.value - 1 if higher else g.value / spec.threshold - 1
+        lack = spec.threshold / g.value - 1 if spec.higher else g.value / spec.threshold - 1
         return min(default, max(LACK_FLOOR, lack))
     return default
 
